@@ -1,0 +1,152 @@
+"""The `stallwatch` command line: argument parsing and wiring of the stages, nothing more."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stallwatch.config import ConfigError, ProfilerConfig, ProfilingRange
+from stallwatch.log import configure_cli_logging, logger
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
+
+
+def parse_interval_ms(text: str) -> int:
+    """'500ms', '0.5s', '1m' or a bare number of milliseconds."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid interval {text!r}: use e.g. 100ms, 500ms, 1s, 5s, 1m")
+    value, unit = float(m.group(1)), m.group(2) or "ms"
+    factor = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000}[unit]
+    return int(round(value * factor))
+
+
+def _range_arg(name: str):
+    def parse(text: str) -> ProfilingRange:
+        try:
+            return ProfilingRange.parse(name, text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("profiling configuration (same fields as a JSON config file)")
+    g.add_argument("--config", metavar="FILE", help="JSON file of config fields; flags given here override it")
+    g.add_argument("--interval", dest="sample_interval_ms", type=parse_interval_ms, metavar="DURATION",
+                   help="system sampling interval, 100ms … 60s (default 500ms; presets 100ms 200ms 500ms 1s 5s 1m)")
+    g.add_argument("--out", metavar="DIR_OR_URI", help="the run directory itself (local path or s3://bucket/prefix/run)")
+    g.add_argument("--runs-dir", metavar="DIR", help="where new runs go when --out is not given (default ./stallwatch-runs)")
+    g.add_argument("--node", metavar="NAME", help="this machine's name in the run (default: hostname)")
+    g.add_argument("--flush-interval", dest="flush_interval_s", type=float, metavar="SECONDS",
+                   help="how often buffered samples are written (default 5)")
+    g.add_argument("--max-storage-mb", type=float, metavar="MB", help="storage cap for this node's data (default 10240)")
+    g.add_argument("--upload-timeout", dest="upload_timeout_s", type=float, metavar="SECONDS",
+                   help="how long to keep uploading to S3 after the job ended (default 30)")
+    g.add_argument("--no-gpu", dest="gpu", action="store_false", default=None, help="do not sample GPUs")
+    g.add_argument("--detailed-profiling", type=_range_arg("detailed_profiling"), metavar="START:NUM|TIME/SECONDS",
+                   help="torch.profiler for these steps or this time window")
+    g.add_argument("--dataloader-profiling", type=_range_arg("dataloader_profiling"), metavar="START:NUM|TIME/SECONDS")
+    g.add_argument("--python-profiling", type=_range_arg("python_profiling"), metavar="START:NUM|TIME/SECONDS")
+    g.add_argument("--python-profiler", choices=["cprofile", "pyinstrument"])
+    g.add_argument("--cprofile-timer", choices=["total", "cpu", "off_cpu"])
+
+
+_CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
+                 "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
+                 "python_profiler", "cprofile_timer")
+
+
+def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:
+    """Defaults, then the config file, then flags. A bad file is an error when `strict_file`, else a
+    warning and the defaults (a job must not fail to start over its profiling config)."""
+    base = ProfilerConfig()
+    if getattr(args, "config", None):
+        try:
+            base = ProfilerConfig.load(args.config)
+        except ConfigError as exc:
+            if strict_file:
+                raise
+            logger.error("%s — running with the default configuration instead", exc)
+    changes = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k, None) is not None}
+    return base.replace(**changes)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from stallwatch.collect.launcher import RunConflictError, launch
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("stallwatch run: give the command to profile after --, e.g. stallwatch run -- python train.py",
+              file=sys.stderr)
+        return 2
+    try:
+        config = config_from_args(args, strict_file=False)
+    except ConfigError as exc:
+        print(f"stallwatch run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = launch(command, config)
+    except RunConflictError as exc:
+        print(f"stallwatch run: {exc}", file=sys.stderr)
+        return 2
+    _print_run_summary(result, config)
+    return result.exit_code
+
+
+def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
+    """Best effort: a summary that cannot be read (e.g. S3 down) is one line, never a failure."""
+    from stallwatch.analyze.usage import node_spans, usage_stats
+    from stallwatch.present.console import run_summary
+    from stallwatch.store.reader import open_run
+
+    try:
+        table = open_run(result.run_uri).system(nodes=[result.node])
+        text = run_summary(run_uri=result.run_uri, exit_code=result.exit_code, start_us=result.start_us,
+                           end_us=result.end_us, spans=node_spans(table), stats=usage_stats(table),
+                           interval_ms=config.sample_interval_ms)
+    except Exception as exc:
+        text = f"stallwatch: run {result.run_uri} (exit code {result.exit_code}); summary unavailable: {exc}"
+    print(text, file=sys.stderr)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from stallwatch.present.info import render_info
+    from stallwatch.store.reader import RunNotFoundError, open_run
+
+    try:
+        run = open_run(args.run)
+    except RunNotFoundError as exc:
+        print(f"stallwatch info: {exc}", file=sys.stderr)
+        return 2
+    print(render_info(run))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run", help="run a command under the profiler",
+                       usage="stallwatch run [options] -- CMD [ARGS...]")
+    _add_config_flags(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
+    p.add_argument("run", help="run directory or s3:// URI")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_cli_logging()
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

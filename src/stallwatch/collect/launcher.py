@@ -1,0 +1,276 @@
+"""`stallwatch run -- CMD`: create the run, start the sampler process, run CMD under it, stop cleanly.
+
+The command gets its own process group. In an interactive terminal that group is made the foreground
+one, so Ctrl-C reaches the job (and its data-loader workers) exactly as without stallwatch, while the
+sampler, in its own session, keeps sampling until the job has ended. Signals sent to the launcher itself
+are forwarded to the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from stallwatch.collect.sampler_process import StartMessage
+from stallwatch.config import ProfilerConfig
+from stallwatch.log import logger
+from stallwatch.store import layout
+from stallwatch.store.location import RunLocation
+from stallwatch.timeutil import now_us
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+SAMPLER_READY_TIMEOUT_S = 15.0
+MAX_SAMPLER_RESTARTS = 3
+REMOTE_CHECK_TIMEOUT_S = 5.0
+
+
+class RunConflictError(RuntimeError):
+    """The run already holds data of this node; nothing was started and nothing was changed."""
+
+
+@dataclass
+class LaunchResult:
+    run_uri: str
+    node: str
+    exit_code: int
+    start_us: int
+    end_us: int
+    sampler_restarts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def default_node_name() -> str:
+    host = socket.gethostname().split(".")[0] or "node"
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in host)[:128]
+
+
+def resolve_run_uri(config: ProfilerConfig) -> str:
+    if config.out:
+        return config.out.rstrip("/")
+    return os.path.join(config.runs_dir, layout.new_run_id())
+
+
+def versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for dist in ("stallwatch", "psutil", "pyarrow", "numpy", "nvidia-ml-py", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def job_environment(run_uri: str, node: str, run_id: str) -> dict[str, str]:
+    """What the framework hooks inside the job read to find their run."""
+    env = dict(os.environ)
+    env.update(STALLWATCH_RUN=run_uri, STALLWATCH_NODE=node, STALLWATCH_RUN_ID=run_id)
+    return env
+
+
+class _SamplerHandle:
+    """The sampler child process and its stdin control channel."""
+
+    def __init__(self, start: StartMessage) -> None:
+        self.start = start
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stallwatch.collect.sampler_process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+        )
+        self.send(start.to_json())
+
+    def send(self, line: str) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it died; the watcher restarts it
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        buf = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(fd, 64)
+            if not chunk:
+                return False
+            buf += chunk
+            if b"ready\n" in buf:
+                return True
+        return False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float) -> None:
+        """Close the lifeline (the sampler flushes and exits); terminate it if it overstays."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("the system sampler did not finish within %.0f s; stopping it", timeout_s)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _reserve_node(location: RunLocation, node: str, record: dict[str, Any]) -> None:
+    """Claim `nodes/<node>.json`; a run never gets two samplers for one node."""
+    data = json.dumps(record, indent=2, sort_keys=True).encode()
+    hint = "pass --node NAME for another machine of this run, or a new --out for a new run"
+    if not location.remote:
+        if not location.create_exclusive(layout.node_json(node), data):
+            raise RunConflictError(f"run {location.uri} already has a node named {node!r}; {hint}")
+        return
+    found: dict[str, Any] = {}
+
+    def check() -> None:
+        try:
+            found["exists"] = location.exists(layout.node_json(node))
+        except Exception as exc:
+            found["error"] = exc
+
+    t = threading.Thread(target=check, daemon=True)
+    t.start()
+    t.join(REMOTE_CHECK_TIMEOUT_S)
+    if found.get("exists"):
+        raise RunConflictError(f"run {location.uri} already has a node named {node!r}; {hint}")
+    if "exists" not in found:
+        logger.warning("could not check %s (%s); starting anyway, the data is spooled locally until it answers",
+                       location.uri, found.get("error", "no answer in time"))
+
+
+def _first_files(location: RunLocation, run_record: dict[str, Any], config: ProfilerConfig) -> dict[str, str]:
+    """run.json and config.json: created by the first node of a run; later nodes leave them as they are."""
+    files = {layout.RUN_JSON: json.dumps(run_record, indent=2, sort_keys=True),
+             layout.CONFIG_JSON: config.to_json()}
+    if location.remote:
+        return files  # written by the sampler through its spool, so a dead endpoint cannot block the start
+    for rel, text in files.items():
+        location.create_exclusive(rel, text.encode())
+    return {}
+
+
+def _preexec_own_group(take_terminal: bool):
+    def fn() -> None:
+        os.setpgid(0, 0)
+        if take_terminal:
+            old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                os.tcsetpgrp(sys.stdin.fileno(), os.getpgrp())
+            except OSError:
+                pass
+            signal.signal(signal.SIGTTOU, old)
+    return fn
+
+
+def _we_own_terminal() -> bool:
+    try:
+        return os.isatty(sys.stdin.fileno()) and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
+
+
+def _take_terminal_back() -> None:
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(sys.stdin.fileno(), os.getpgrp())
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
+def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
+    """Run `command` under the sampler; returns once it has ended and the sampler has flushed."""
+    run_uri = resolve_run_uri(config)
+    run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
+    node = config.node or default_node_name()
+    location = RunLocation(run_uri)
+    start_us = now_us()
+    node_record = {"node": node, "start_us": start_us, "end_us": None, "command": command,
+                   "cwd": os.getcwd(), "status": "starting"}
+    _reserve_node(location, node, node_record)
+    run_record = {"format_version": 1, "run_id": run_id, "created_us": start_us, "created_by_node": node,
+                  "command": command, "versions": versions(), "config": config.to_dict()}
+    files = _first_files(location, run_record, config)
+
+    start = StartMessage(run=run_uri, node=node, interval_ms=config.sample_interval_ms,
+                         flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
+                         gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
+                         files=files)
+    sampler = _SamplerHandle(start)
+    if not sampler.wait_ready(SAMPLER_READY_TIMEOUT_S):
+        logger.warning("the system sampler did not start in time; the command runs anyway")
+    start.files = {}  # a restarted sampler must not rewrite them
+
+    take_terminal = _we_own_terminal()
+    try:
+        child = subprocess.Popen(command, env=job_environment(run_uri, node, run_id),
+                                 preexec_fn=_preexec_own_group(take_terminal))
+    except OSError as exc:
+        logger.error("cannot run %s: %s", command[0], exc.strerror or exc)
+        end_us = now_us()
+        sampler.send(json.dumps({"exit": 127, "end_us": end_us}))
+        sampler.stop(timeout_s=config.upload_timeout_s + 15)
+        return LaunchResult(run_uri, node, 127, start_us, end_us)
+    sampler.send(json.dumps({"pid": child.pid}))
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            if signum == signal.SIGINT:
+                os.killpg(child.pid, signum)  # as a terminal would: the job and its workers
+            else:
+                child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    restarts = 0
+    try:
+        while True:
+            try:
+                child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if not sampler.alive and restarts < MAX_SAMPLER_RESTARTS:
+                restarts += 1
+                logger.warning("the system sampler exited (code %s); restarting it (%d of %d)",
+                               sampler.proc.returncode, restarts, MAX_SAMPLER_RESTARTS)
+                sampler = _SamplerHandle(start)
+                sampler.wait_ready(SAMPLER_READY_TIMEOUT_S)
+                sampler.send(json.dumps({"pid": child.pid}))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if take_terminal:
+            _take_terminal_back()
+    end_us = now_us()
+    code = child.returncode
+    exit_code = 128 - code if code < 0 else code
+    sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
+    sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
+    return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts)

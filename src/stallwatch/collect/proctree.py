@@ -1,0 +1,122 @@
+"""The training job's process tree: its CPU and memory, and how many data-loader workers are alive and busy."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from stallwatch import records as r
+from stallwatch.records import MetricKey
+
+PROC_METRICS = (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE, r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)
+# A worker counts as busy when it used at least this share of one core during the interval.
+BUSY_CORE_FRACTION = 0.10
+# Finding children scans all of /proc (~0.4 ms on a quiet machine): do it at this period, not every snapshot.
+TREE_REFRESH_S = 5.0
+
+
+@dataclass
+class _Member:
+    proc: psutil.Process
+    is_worker: bool
+    cpu_s: float | None = None
+
+
+def looks_like_worker(cmdline: list[str], parent_cmdline: list[str] | None) -> bool:
+    """A data-loader worker is a multiprocessing child: forked (same command line as its parent) or spawned."""
+    if parent_cmdline is not None and cmdline and cmdline == parent_cmdline:
+        return True
+    text = " ".join(cmdline)
+    return "multiprocessing.spawn" in text or "multiprocessing.forkserver" in text or "--multiprocessing-fork" in text
+
+
+class ProcessTreeReader:
+    """Follows one root pid and its descendants; gives zeros until a root is set and after it is gone."""
+
+    def __init__(self, cores: int, refresh_s: float = TREE_REFRESH_S) -> None:
+        self._cores = max(1, cores)
+        self._refresh_s = refresh_s
+        self._root: psutil.Process | None = None
+        self._members: dict[int, _Member] = {}
+        self._cmdlines: dict[int, list[str]] = {}
+        self._next_refresh = 0.0
+        self._prev_mono = time.monotonic()
+
+    def set_root(self, pid: int) -> None:
+        try:
+            self._root = psutil.Process(pid)
+        except psutil.Error:
+            self._root = None
+        self._members.clear()
+        self._next_refresh = 0.0
+
+    @staticmethod
+    def keys() -> list[MetricKey]:
+        return [MetricKey(r.PROC, m) for m in PROC_METRICS]
+
+    def _refresh(self, now: float) -> None:
+        self._next_refresh = now + self._refresh_s
+        root = self._root
+        if root is None:
+            return
+        try:
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            procs = [m.proc for m in self._members.values() if m.proc.is_running()]
+        seen: dict[int, _Member] = {}
+        for p in procs:
+            known = self._members.get(p.pid)
+            if known is not None and known.proc.is_running():
+                seen[p.pid] = known
+                continue
+            try:
+                cmdline = p.cmdline()
+                parent = p.ppid()
+            except psutil.Error:
+                continue
+            self._cmdlines[p.pid] = cmdline
+            worker = p.pid != root.pid and looks_like_worker(cmdline, self._cmdlines.get(parent))
+            seen[p.pid] = _Member(p, worker)
+        self._members = seen
+        self._cmdlines = {pid: self._cmdlines[pid] for pid in seen if pid in self._cmdlines}
+
+    def read(self) -> list[float]:
+        now = time.monotonic()
+        dt = max(now - self._prev_mono, 1e-6)
+        self._prev_mono = now
+        if self._root is None:
+            return [0.0] * len(PROC_METRICS)
+        if now >= self._next_refresh:
+            self._refresh(now)
+        cpu_total = rss = 0.0
+        count = alive = busy = 0
+        workers_cpu = 0.0
+        gone = []
+        for pid, m in self._members.items():
+            try:
+                with m.proc.oneshot():
+                    t = m.proc.cpu_times()
+                    mem = m.proc.memory_info().rss
+            except psutil.Error:
+                gone.append(pid)
+                continue
+            cpu_s = t.user + t.system
+            used = 0.0 if m.cpu_s is None else max(0.0, cpu_s - m.cpu_s)
+            m.cpu_s = cpu_s
+            cpu_total += used
+            rss += mem
+            count += 1
+            if m.is_worker:
+                alive += 1
+                workers_cpu += used
+                if used >= BUSY_CORE_FRACTION * dt:
+                    busy += 1
+        for pid in gone:
+            self._members.pop(pid, None)
+        if gone:
+            self._next_refresh = 0.0  # the tree changed: look again at the next snapshot
+        capacity = dt * self._cores
+        return [100.0 * cpu_total / capacity, rss, float(count), float(alive), float(busy),
+                100.0 * workers_cpu / capacity]

@@ -1,0 +1,197 @@
+"""The system sampler's own process: `python -m stallwatch.collect.sampler_process`, driven over stdin.
+
+stdin carries JSON lines from the launcher — first the start message, then {"pid": N} when the job started
+and {"exit": code} when it ended — and is the sampler's lifeline: end-of-file (the launcher exited or was
+killed) makes it take a last snapshot, flush and exit. Ctrl-C in the terminal is ignored here; the launcher
+decides when sampling stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallwatch.log import configure_cli_logging, logger
+from stallwatch.timeutil import now_us
+
+FINAL_UPLOAD_TIMEOUT_S = 30.0
+
+
+@dataclass
+class StartMessage:
+    """Everything the sampler needs, sent by the launcher as the first stdin line."""
+
+    run: str
+    node: str
+    interval_ms: int
+    flush_interval_s: float
+    max_storage_bytes: int
+    gpu: bool = True
+    spool_dir: str | None = None
+    node_record: dict[str, Any] = field(default_factory=dict)
+    upload_timeout_s: float = FINAL_UPLOAD_TIMEOUT_S
+    files: dict[str, str] = field(default_factory=dict)  # written once at start (remote runs' run.json…)
+
+    @classmethod
+    def from_json(cls, line: str) -> StartMessage:
+        return cls(**json.loads(line))
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+
+class _Control:
+    """Non-blocking line reader over stdin; `wait()` doubles as the sampler's sleep."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def wait(self, timeout: float) -> list[dict[str, Any]]:
+        if self.eof:
+            time.sleep(max(0.0, timeout))
+            return []
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if not ready:
+            return []
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            self.eof = True
+            return []
+        self.buf += chunk
+        out = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    logger.warning("ignoring a malformed control line from the launcher")
+        return out
+
+
+def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = None) -> int:
+    from stallwatch.collect.system import SystemSampler
+    from stallwatch.store import layout
+    from stallwatch.store.location import RunLocation
+    from stallwatch.store.spool import SpoolingSink
+    from stallwatch.store.system_writer import SystemWriter
+
+    stop = {"now": False}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+
+    sampler = SystemSampler(gpu=start.gpu)
+    if sampler.gpus.count == 0:
+        logger.info("no GPU metrics on %s: %s", start.node, sampler.gpus.reason_absent)
+    location = RunLocation(start.run)
+    sink: Any = location
+    if location.remote:
+        spool = Path(start.spool_dir or _default_spool(start.run, start.node))
+        sink = SpoolingSink(location, spool)
+    stored = sum(e.size for e in location.list(layout.system_dir(start.node))) if not location.remote else 0
+    interval_s = start.interval_ms / 1000.0
+    writer = SystemWriter(sink, start.node, sampler.keys, interval_us=start.interval_ms * 1000,
+                          flush_interval_us=int(start.flush_interval_s * 1e6),
+                          max_bytes=start.max_storage_bytes, stored_bytes=stored)
+    node_record = dict(start.node_record)
+    node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.interval_ms,
+                       status="running")
+    for rel, text in start.files.items():
+        try:
+            sink.write_atomic(rel, text.encode())
+        except Exception as exc:
+            logger.warning("cannot write %s (%s)", rel, exc)
+    _write_node(sink, start.node, node_record)
+    if ready_fd is not None:
+        os.write(ready_fd, b"ready\n")
+
+    missed = 0
+    last_snapshot = time.monotonic()
+    next_tick = time.monotonic() + interval_s
+    while not stop["now"] and not control.eof:
+        for msg in control.wait(next_tick - time.monotonic()):
+            if "pid" in msg:
+                sampler.set_job_pid(int(msg["pid"]))
+                node_record["job_pid"] = int(msg["pid"])
+            if "exit" in msg:
+                node_record["exit_code"] = msg["exit"]
+                node_record["end_us"] = msg.get("end_us")
+        now = time.monotonic()
+        if now < next_tick:
+            continue
+        try:
+            last_snapshot = now
+            ts, values = sampler.snapshot()
+            writer.append(ts, values)
+            writer.tick(ts)
+        except Exception as exc:  # a reading that fails in a new way must not end sampling
+            logger.warning("a snapshot failed (%s: %s); sampling goes on", type(exc).__name__, exc)
+        # Deadlines advance on the steady clock: no drift, and a stall skips ticks instead of bunching them.
+        next_tick += interval_s
+        if next_tick <= time.monotonic():
+            behind = int((time.monotonic() - next_tick) // interval_s) + 1
+            missed += behind
+            next_tick += behind * interval_s
+
+    if time.monotonic() - last_snapshot >= interval_s / 2:  # cover the final partial interval
+        try:
+            ts, values = sampler.snapshot()
+            writer.append(ts, values)
+        except Exception:
+            pass
+    writer.close()
+    sampler.close()
+    node_record.update(status="finished" if "exit_code" in node_record else "sampler_stopped",
+                       samples_written=writer.samples_written, samples_dropped=writer.samples_dropped,
+                       ticks_missed=missed, sampler_end_us=now_us())
+    node_record.setdefault("end_us", now_us())
+    _write_node(sink, start.node, node_record)
+    if location.remote:
+        sink.close(start.upload_timeout_s)
+    return 0
+
+
+def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:
+    from stallwatch.store import layout
+
+    try:
+        sink.write_atomic(layout.node_json(node), json.dumps(record, indent=2, sort_keys=True).encode())
+    except Exception as exc:
+        logger.warning("cannot write %s (%s)", layout.node_json(node), exc)
+
+
+def _default_spool(run: str, node: str) -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run.split("://", 1)[-1])
+    return os.path.join(base, "stallwatch", "spool", safe, node)
+
+
+def main() -> int:
+    configure_cli_logging()
+    control = _Control(sys.stdin.fileno())
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(control.fd, 1)
+        if not chunk:
+            return 1  # the launcher went away before saying anything
+        line += chunk
+    start = StartMessage.from_json(line.decode())
+    ready_fd = sys.stdout.fileno()
+    try:
+        return run_sampler(start, control, ready_fd)
+    except Exception as exc:
+        logger.warning("system sampler stopped: %s: %s", type(exc).__name__, exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""One snapshot of a node: host, GPUs and the job's process tree read together under one timestamp."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+from stallwatch.collect.gpu import GpuReader
+from stallwatch.collect.host import HostReader
+from stallwatch.collect.proctree import ProcessTreeReader
+from stallwatch.records import MetricKey
+from stallwatch.timeutil import now_us
+
+
+class SystemSampler:
+    """The column order (`keys`) is fixed at start, so every snapshot of a node has the same shape."""
+
+    def __init__(self, *, gpu: bool = True, nvml: ModuleType | None = None) -> None:
+        self.host = HostReader()
+        self.gpus = GpuReader(nvml=nvml, enabled=gpu)
+        self.tree = ProcessTreeReader(cores=self.host.cores)
+        self.keys: list[MetricKey] = self.host.keys() + self.gpus.keys() + self.tree.keys()
+
+    def set_job_pid(self, pid: int) -> None:
+        self.tree.set_root(pid)
+
+    def snapshot(self) -> tuple[int, list[float]]:
+        ts = now_us()
+        values = self.host.read()
+        values += self.gpus.read()
+        values += self.tree.read()
+        return ts, values
+
+    def close(self) -> None:
+        self.gpus.close()
+
+    def describe_node(self) -> dict[str, Any]:
+        """Static facts about the machine, stored with the node so the rules can compare against them."""
+        vm = psutil.virtual_memory()
+        return {
+            "hostname": socket.gethostname(),
+            "cpu_cores_logical": self.host.cores,
+            "cpu_cores_physical": psutil.cpu_count(logical=False),
+            "memory_total_bytes": int(vm.total),
+            "gpus": self.gpus.devices,
+            "gpu_driver": self.gpus.driver_version(),
+            "gpu_absent_reason": self.gpus.reason_absent,
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "sampler_pid": os.getpid(),
+            "metrics": [k.column for k in self.keys],
+        }

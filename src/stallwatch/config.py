@@ -1,0 +1,234 @@
+"""The profiling configuration: one set of fields shared by the Python API, CLI flags and JSON files."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SAMPLE_INTERVAL_PRESETS_MS = (100, 200, 500, 1000, 5000, 60000)
+MIN_SAMPLE_INTERVAL_MS = 100
+MAX_SAMPLE_INTERVAL_MS = 60_000
+PYTHON_PROFILERS = ("cprofile", "pyinstrument")
+CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """A configuration value that is not allowed; the message names the field, the value and the fix."""
+
+    def __init__(self, field_name: str, value: Any, allowed: str):
+        self.field = field_name
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"invalid {field_name}={value!r}: {allowed}")
+
+
+@dataclass(frozen=True)
+class ProfilingRange:
+    """Which steps (or which wall-clock window) a profiling layer covers, as in SageMaker's FrameworkProfile."""
+
+    start_step: int | None = None
+    num_steps: int | None = None
+    start_time_us: int | None = None
+    duration_s: float | None = None
+
+    @property
+    def by_steps(self) -> bool:
+        return self.start_step is not None
+
+    def validate(self, name: str) -> None:
+        by_step = self.start_step is not None or self.num_steps is not None
+        by_time = self.start_time_us is not None or self.duration_s is not None
+        if by_step and by_time:
+            raise ConfigError(name, self.to_spec(), "give either steps (START:NUM) or a time window (TIME/SECONDS), not both")
+        if by_step:
+            if self.start_step is None or self.start_step < 0:
+                raise ConfigError(f"{name}.start_step", self.start_step, "must be an integer >= 0")
+            if self.num_steps is None or self.num_steps < 1:
+                raise ConfigError(f"{name}.num_steps", self.num_steps, "must be an integer >= 1")
+        if by_time:
+            if self.start_time_us is None or self.start_time_us < 0:
+                raise ConfigError(f"{name}.start_time_us", self.start_time_us, "must be µs since the Unix epoch (>= 0)")
+            if self.duration_s is None or not (0 < self.duration_s <= 86_400) or math.isnan(self.duration_s):
+                raise ConfigError(f"{name}.duration_s", self.duration_s, "must be > 0 and <= 86400 seconds")
+
+    def to_spec(self) -> str:
+        if self.start_step is not None or self.num_steps is not None:
+            return f"{self.start_step}:{self.num_steps}"
+        start = datetime.fromtimestamp((self.start_time_us or 0) / 1e6, tz=timezone.utc)
+        return f"{start.isoformat().replace('+00:00', 'Z')}/{self.duration_s:g}"
+
+    @classmethod
+    def parse(cls, name: str, spec: str) -> ProfilingRange:
+        """Parse `START:NUM` (steps) or `TIME/SECONDS` (TIME is ISO-8601 or Unix seconds)."""
+        text = spec.strip()
+        if "/" in text:
+            start_text, _, dur_text = text.partition("/")
+            start_us = _parse_time_us(name, start_text)
+            dur_text = dur_text.strip().removesuffix("s")
+            try:
+                duration = float(dur_text)
+            except ValueError:
+                raise ConfigError(name, spec, "time windows are TIME/SECONDS, e.g. 2026-11-22T06:00:00Z/30") from None
+            rng = cls(start_time_us=start_us, duration_s=duration)
+        else:
+            m = re.fullmatch(r"(\d+)(?::(\d+))?", text)
+            if not m:
+                raise ConfigError(name, spec, "use START:NUM for steps (e.g. 5:2) or TIME/SECONDS for a time window")
+            rng = cls(start_step=int(m.group(1)), num_steps=int(m.group(2) or 1))
+        rng.validate(name)
+        return rng
+
+
+def _parse_time_us(name: str, text: str) -> int:
+    text = text.strip()
+    try:
+        return int(round(float(text) * 1e6))
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(name, text, "the start time must be ISO-8601 (2026-11-22T06:00:00Z) or Unix seconds") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return int(round(when.timestamp() * 1e6))
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """Everything a run can be told; immutable, validated on construction."""
+
+    sample_interval_ms: int = 500
+    out: str | None = None
+    runs_dir: str = "stallwatch-runs"
+    node: str | None = None
+    flush_interval_s: float = 5.0
+    max_storage_mb: float = 10_240.0
+    upload_timeout_s: float = 30.0
+    gpu: bool = True
+    detailed_profiling: ProfilingRange | None = None
+    dataloader_profiling: ProfilingRange | None = None
+    python_profiling: ProfilingRange | None = None
+    python_profiler: str = "cprofile"
+    cprofile_timer: str = "total"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        iv = self.sample_interval_ms
+        if isinstance(iv, bool) or not isinstance(iv, int) or not MIN_SAMPLE_INTERVAL_MS <= iv <= MAX_SAMPLE_INTERVAL_MS:
+            presets = ", ".join(str(p) for p in SAMPLE_INTERVAL_PRESETS_MS)
+            raise ConfigError(
+                "sample_interval_ms", iv,
+                f"must be an integer from {MIN_SAMPLE_INTERVAL_MS} to {MAX_SAMPLE_INTERVAL_MS} ms (presets: {presets})",
+            )
+        if not _is_number(self.flush_interval_s) or not 0.2 <= self.flush_interval_s <= 300:
+            raise ConfigError("flush_interval_s", self.flush_interval_s, "must be from 0.2 to 300 seconds")
+        if self.flush_interval_s * 1000 < iv:
+            raise ConfigError("flush_interval_s", self.flush_interval_s,
+                              f"must not be shorter than the sampling interval ({iv} ms)")
+        if not _is_number(self.max_storage_mb) or self.max_storage_mb <= 0:
+            raise ConfigError("max_storage_mb", self.max_storage_mb, "must be a number of megabytes > 0")
+        if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
+            raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
+        if self.node is not None and not _NODE_NAME.match(str(self.node)):
+            raise ConfigError("node", self.node,
+                              "must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+        if self.out is not None and not str(self.out).strip():
+            raise ConfigError("out", self.out, "must be a directory path or an s3:// URI")
+        if not isinstance(self.gpu, bool):
+            raise ConfigError("gpu", self.gpu, "must be true or false")
+        if self.python_profiler not in PYTHON_PROFILERS:
+            raise ConfigError("python_profiler", self.python_profiler, f"must be one of {', '.join(PYTHON_PROFILERS)}")
+        if self.cprofile_timer not in CPROFILE_TIMERS:
+            raise ConfigError("cprofile_timer", self.cprofile_timer, f"must be one of {', '.join(CPROFILE_TIMERS)}")
+        for name in ("detailed_profiling", "dataloader_profiling", "python_profiling"):
+            rng = getattr(self, name)
+            if rng is not None:
+                if not isinstance(rng, ProfilingRange):
+                    raise ConfigError(name, rng, "must be a ProfilingRange, START:NUM or TIME/SECONDS")
+                rng.validate(name)
+
+    @property
+    def flush_interval_us(self) -> int:
+        return int(self.flush_interval_s * 1e6)
+
+    @property
+    def max_storage_bytes(self) -> int:
+        return int(self.max_storage_mb * 1024 * 1024)
+
+    def replace(self, **changes: Any) -> ProfilerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, ProfilingRange):
+                value = {k: v for k, v in dataclasses.asdict(value).items() if v is not None}
+            out[f.name] = value
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, base: ProfilerConfig | None = None) -> ProfilerConfig:
+        """Build from a JSON-like dict; unknown keys are errors (a typo must not be silently ignored)."""
+        if not isinstance(data, dict):
+            raise ConfigError("config", type(data).__name__, "must be a JSON object of field: value")
+        known = {f.name for f in fields(cls)}
+        changes: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(key, value, f"is not a config field; known fields: {', '.join(sorted(known))}")
+            if key.endswith("_profiling") and value is not None:
+                value = _range_from_json(key, value)
+            changes[key] = value
+        return dataclasses.replace(base or cls(), **changes)
+
+    @classmethod
+    def load(cls, path: str | Path, *, base: ProfilerConfig | None = None) -> ProfilerConfig:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("config file", str(path), f"cannot be read ({exc.strerror or exc})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("config file", str(path), f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        try:
+            return cls.from_dict(data, base=base)
+        except TypeError as exc:  # a value of the wrong type that comparison choked on
+            raise ConfigError("config file", str(path), f"has a value of the wrong type ({exc})") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+def _range_from_json(name: str, value: Any) -> ProfilingRange:
+    if isinstance(value, ProfilingRange):
+        return value
+    if isinstance(value, str):
+        return ProfilingRange.parse(name, value)
+    if isinstance(value, dict):
+        allowed = {f.name for f in fields(ProfilingRange)}
+        extra = set(value) - allowed
+        if extra:
+            raise ConfigError(name, value, f"unknown keys {sorted(extra)}; allowed: {', '.join(sorted(allowed))}")
+        rng = ProfilingRange(**value)
+        rng.validate(name)
+        return rng
+    raise ConfigError(name, value, "must be START:NUM, TIME/SECONDS or an object with start_step/num_steps or start_time_us/duration_s")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,55 @@
+"""Plain-text tables for the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stallwatch.analyze.usage import NodeSpan, UsageStat
+from stallwatch.timeutil import format_duration, format_us
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
+    """Columns padded to their widest cell; `align` has one 'l' or 'r' per column."""
+    align = align or "l" * len(headers)
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).rjust(w) if a == "r" else str(c).ljust(w) for c, w, a in zip(cells, widths, align)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def human(value: float, unit: str) -> str:
+    if value != value:  # NaN
+        return "-"
+    if unit in ("B", "B/s"):
+        for prefix in ("", "K", "M", "G", "T"):
+            if abs(value) < 1024 or prefix == "T":
+                return f"{value:.0f} {prefix}{unit}" if prefix == "" else f"{value:.1f} {prefix}{unit}"
+            value /= 1024
+    if unit == "%":
+        return f"{value:.1f}%"
+    return f"{value:.1f}"
+
+
+def usage_table(stats: Sequence[UsageStat]) -> str:
+    rows = [[s.node, s.label, human(s.mean, s.unit), human(s.p50, s.unit), human(s.p95, s.unit), human(s.max, s.unit)]
+            for s in stats]
+    return table(["node", "metric", "mean", "p50", "p95", "max"], rows, "llrrrr")
+
+
+def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
+                spans: Sequence[NodeSpan], stats: Sequence[UsageStat], interval_ms: int | None = None) -> str:
+    lines = [
+        f"stallwatch: run {run_uri}",
+        f"  command exit code {exit_code}, duration {format_duration((end_us - start_us) / 1e6)} "
+        f"({format_us(start_us)} → {format_us(end_us)})",
+    ]
+    for s in spans:
+        every = f", one every {interval_ms} ms" if interval_ms else ""
+        lines.append(f"  {s.node}: {s.snapshots} system snapshots{every}")
+    if stats:
+        lines += ["", usage_table(stats)]
+    else:
+        lines.append("  no system samples were stored")
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""`stallwatch info`: what a run holds, as text."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from stallwatch.present.console import human, table
+from stallwatch.store.reader import Run
+from stallwatch.timeutil import format_duration, format_us
+
+
+def render_info(run: Run) -> str:
+    info = run.info
+    overview = run.system_overview()
+    ranks = run.ranks()
+    files = run.files()
+    lines = [
+        f"run        {run.uri}",
+        f"run id     {info.get('run_id', '-')}",
+        f"command    {' '.join(info.get('command') or []) or '-'}",
+        f"span       {format_us(info.get('start_us'))} → {format_us(info.get('end_us'))}"
+        + (f" ({format_duration((info['end_us'] - info['start_us']) / 1e6)})"
+           if info.get("start_us") and info.get("end_us") else ""),
+        f"size       {human(sum(f.size for f in files), 'B')} in {len(files)} files",
+        "",
+    ]
+    rows = []
+    for name in run.nodes:
+        node = info["nodes"].get(name, {})
+        ov = overview.get(name)
+        gpus = node.get("gpus") or []
+        rows.append([
+            name, str(node.get("cpu_cores_logical", "-")),
+            str(len(gpus)) if gpus else "0",
+            str(ov.snapshots if ov else 0),
+            format_us(ov.start_us) if ov else "-", format_us(ov.end_us) if ov else "-",
+            human(ov.bytes, "B") if ov else "-",
+            str(node.get("status", "-")), str(node.get("exit_code", "-")),
+            ",".join(ranks.get(name, [])) or "-",
+        ])
+    lines.append(table(["node", "cores", "gpus", "snapshots", "first", "last", "stored", "status", "exit", "ranks"],
+                       rows, "lrrrllrllr"))
+    for name in run.nodes:
+        keys = run.system_keys(name)
+        if not keys:
+            continue
+        devices: dict[str, list[str]] = defaultdict(list)
+        for k in keys:
+            devices[k.metric].append(k.device)
+        lines += ["", f"metrics of {name}:"]
+        for metric, devs in sorted(devices.items()):
+            lines.append(f"  {metric:<20} {_compact(devs)}")
+        bad = overview.get(name)
+        if bad and bad.unreadable:
+            lines.append(f"  ({bad.unreadable} unreadable file(s) skipped)")
+    return "\n".join(lines)
+
+
+def _compact(devices: list[str]) -> str:
+    """cpu0 … cpu15 instead of sixteen names."""
+    plain = [d for d in devices if not d[-1:].isdigit()]
+    numbered: dict[str, list[int]] = defaultdict(list)
+    for d in devices:
+        if d[-1:].isdigit():
+            stem = d.rstrip("0123456789")
+            numbered[stem].append(int(d[len(stem):]))
+    parts = plain + [f"{stem}{min(n)}…{stem}{max(n)}" if len(n) > 2 else ", ".join(f"{stem}{i}" for i in sorted(n))
+                     for stem, n in numbered.items()]
+    return ", ".join(parts)

@@ -1,0 +1,73 @@
+"""Record types shared by every stage: the system-metric vocabulary and the Arrow schemas of what readers return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Devices of a node's snapshot. Cores are "cpu0"…, GPUs "gpu0"….
+CPU = "cpu"
+MEMORY = "memory"
+DISK = "disk"
+NET = "net"
+PROC = "proc"
+
+# Metric names (units in the name, percentages are 0-100).
+CPU_UTIL = "cpu_util"
+CPU_IOWAIT = "cpu_iowait"
+MEM_UTIL = "mem_util"
+MEM_USED_BYTES = "mem_used_bytes"
+DISK_READ_BPS = "disk_read_bps"
+DISK_WRITE_BPS = "disk_write_bps"
+NET_RX_BPS = "net_rx_bps"
+NET_TX_BPS = "net_tx_bps"
+GPU_UTIL = "gpu_util"
+GPU_MEM_UTIL = "gpu_mem_util"
+GPU_MEM_USED_BYTES = "gpu_mem_used_bytes"
+GPU_MEM_BW_UTIL = "gpu_mem_bw_util"
+GPU_POWER_W = "gpu_power_w"
+GPU_TEMP_C = "gpu_temp_c"
+GPU_SM_CLOCK_MHZ = "gpu_sm_clock_mhz"
+PROC_CPU_UTIL = "cpu_util"
+PROC_RSS_BYTES = "rss_bytes"
+PROC_COUNT = "num_procs"
+WORKERS_ALIVE = "workers_alive"
+WORKERS_BUSY = "workers_busy"
+WORKERS_CPU_UTIL = "workers_cpu_util"
+
+COLUMN_SEP = "/"
+TIMESTAMP = "timestamp_us"
+
+
+@dataclass(frozen=True, order=True)
+class MetricKey:
+    """One stored series of a node: a device and a metric; its column name in system files is `device/metric`."""
+
+    device: str
+    metric: str
+
+    @property
+    def column(self) -> str:
+        return f"{self.device}{COLUMN_SEP}{self.metric}"
+
+    @classmethod
+    def from_column(cls, column: str) -> MetricKey:
+        device, _, metric = column.partition(COLUMN_SEP)
+        return cls(device, metric)
+
+
+def system_schema() -> pa.Schema:
+    """The tidy table `Run.system()` returns: one row per (snapshot, device, metric)."""
+    import pyarrow as pa
+
+    text = pa.dictionary(pa.int32(), pa.string())
+    return pa.schema([
+        pa.field(TIMESTAMP, pa.int64(), nullable=False),
+        pa.field("node", text, nullable=False),
+        pa.field("device", text, nullable=False),
+        pa.field("metric", text, nullable=False),
+        pa.field("value", pa.float64()),
+    ])

@@ -1,0 +1,78 @@
+"""Names of everything in a run directory; the one place that knows the layout (docs/format.md mirrors it)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+RUN_JSON = "run.json"
+CONFIG_JSON = "config.json"
+NODES_DIR = "nodes"
+SYSTEM_DIR = "system"
+FRAMEWORK_DIR = "framework"
+TRACES_DIR = "traces"
+RULES_DIR = "rules"
+REPORT_HTML = "report.html"
+
+PART = "part"  # one flush: small, written every few seconds so a crash loses at most one interval
+SEGMENT = "seg"  # one rotation period, compacted from its parts; the parts are deleted afterwards
+_CHUNK = re.compile(r"^(part|seg)-(\d{16,})-(\d{16,})\.parquet$")
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    return f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
+def node_json(node: str) -> str:
+    return f"{NODES_DIR}/{node}.json"
+
+
+def system_dir(node: str) -> str:
+    return f"{SYSTEM_DIR}/{node}"
+
+
+def chunk_name(kind: str, start_us: int, end_us: int) -> str:
+    """Time-ordered, fixed-width names: listing order is time order and a time range picks files by name."""
+    return f"{kind}-{start_us:016d}-{end_us:016d}.parquet"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    path: str
+    node: str
+    kind: str
+    start_us: int
+    end_us: int
+    size: int
+
+    def overlaps(self, start_us: int | None, end_us: int | None) -> bool:
+        return (start_us is None or self.end_us >= start_us) and (end_us is None or self.start_us < end_us)
+
+
+def parse_chunk(path: str, size: int = 0) -> Chunk | None:
+    parts = path.split("/")
+    if len(parts) < 3:
+        return None
+    m = _CHUNK.match(parts[-1])
+    if not m:
+        return None
+    return Chunk(path, parts[-2], m.group(1), int(m.group(2)), int(m.group(3)), size)
+
+
+def live_chunks(chunks: list[Chunk]) -> list[Chunk]:
+    """Drop parts already compacted into a segment (a crash between writing a segment and deleting its
+    parts leaves both); the result holds every sample exactly once, sorted by node and time."""
+    segments: dict[str, list[Chunk]] = {}
+    for c in chunks:
+        if c.kind == SEGMENT:
+            segments.setdefault(c.node, []).append(c)
+    out = []
+    for c in chunks:
+        if c.kind == PART and any(s.start_us <= c.start_us and c.end_us <= s.end_us for s in segments.get(c.node, ())):
+            continue
+        out.append(c)
+    out.sort(key=lambda c: (c.node, c.start_us, c.kind != SEGMENT))
+    return out

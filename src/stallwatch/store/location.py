@@ -1,0 +1,148 @@
+"""A run directory on local disk or in an S3-compatible store, behind one small interface over pyarrow.fs."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+# Remote calls give up quickly so a dead endpoint costs seconds, not minutes; callers retry with back-off.
+S3_CONNECT_TIMEOUT_S = 3.0
+S3_REQUEST_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str  # relative to the run root, '/'-separated
+    size: int
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+class RunLocation:
+    """Where a run lives. Paths given to its methods are relative to the run root and use '/'."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri.rstrip("/") or uri
+        if is_remote(uri):
+            scheme = uri.split("://", 1)[0]
+            if scheme != "s3":
+                raise ValueError(f"unsupported run location {uri!r}: use a local path or s3://bucket/prefix/run")
+            # Credentials and endpoint come from the standard AWS chain (AWS_ENDPOINT_URL included).
+            fs, root = pafs.FileSystem.from_uri(uri)
+            self.fs = pafs.S3FileSystem(
+                endpoint_override=getattr(fs, "endpoint_override", None) or _endpoint_from_env(),
+                connect_timeout=S3_CONNECT_TIMEOUT_S,
+                request_timeout=S3_REQUEST_TIMEOUT_S,
+                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2),
+                region=getattr(fs, "region", None) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+                scheme=_scheme_from_env(),
+            )
+            self.root = root.rstrip("/")
+            self.remote = True
+        else:
+            local = uri[len("file://"):] if uri.startswith("file://") else uri
+            self.fs = pafs.LocalFileSystem()
+            self.root = str(Path(local).expanduser().absolute())
+            self.remote = False
+
+    def _abs(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def local_path(self, rel: str = "") -> Path:
+        if self.remote:
+            raise ValueError(f"{self.uri} is not on local disk")
+        return Path(self._abs(rel))
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Readers see the whole file or nothing: local files are renamed into place, S3 puts are atomic."""
+        target = self._abs(rel)
+        if self.remote:
+            with self.fs.open_output_stream(target) as out:
+                out.write(data)
+            return
+        parent = os.path.dirname(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Write `rel` only if it does not exist yet; False when it already did (nothing is overwritten)."""
+        if self.remote:
+            if self.exists(rel):
+                return False
+            self.write_atomic(rel, data)
+            return True
+        target = self._abs(rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        try:
+            os.link(tmp, target)  # atomic and fails if the target exists
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def read(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self._abs(rel)) as fh:
+            return fh.read()
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound
+
+    def list(self, rel_dir: str, recursive: bool = True) -> list[FileEntry]:
+        """Files under `rel_dir` (hidden and temporary files left out); empty when it does not exist."""
+        base = self._abs(rel_dir)
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=recursive))
+        except FileNotFoundError:
+            return []
+        out = []
+        prefix = self.root + "/"
+        for info in infos:
+            if info.type != pafs.FileType.File:
+                continue
+            name = info.base_name
+            if name.startswith(".") or name.endswith(".tmp"):
+                continue
+            out.append(FileEntry(info.path[len(prefix):] if info.path.startswith(prefix) else info.path, info.size or 0))
+        return out
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.delete_file(self._abs(rel))
+        except FileNotFoundError:
+            pass
+
+    def open_parquet_source(self, rel: str):
+        """A random-access file for pyarrow.parquet, so only the needed columns and row groups are fetched."""
+        return self.fs.open_input_file(self._abs(rel))
+
+
+def _endpoint_from_env() -> str | None:
+    url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not url:
+        return None
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def _scheme_from_env() -> str:
+    url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    return "http" if url.startswith("http://") else "https"

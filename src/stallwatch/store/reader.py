@@ -1,0 +1,208 @@
+"""Reading a run: its metadata and its system metrics as tidy Arrow tables, from local disk or S3."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from stallwatch.log import warn_once
+from stallwatch.records import TIMESTAMP, MetricKey, system_schema
+from stallwatch.store import layout
+from stallwatch.store.location import FileEntry, RunLocation
+from stallwatch.store.system_codec import to_tidy
+
+
+class RunNotFoundError(FileNotFoundError):
+    """The location holds no stallwatch run."""
+
+
+def open_run(uri: str) -> Run:
+    """Open a run directory (`stallwatch-runs/<id>` or `s3://bucket/prefix/<id>`) for reading."""
+    return Run(uri)
+
+
+@dataclass
+class SystemTail:
+    """New system rows since the previous `read()`, for following a live run."""
+
+    run: Run
+    nodes: list[str] | None = None
+    metrics: list[str] | None = None
+    last_us: dict[str, int] = field(default_factory=dict)
+
+    def read(self) -> pa.Table:
+        tables = []
+        for chunk in self.run._system_chunks(nodes=self.nodes):
+            after = self.last_us.get(chunk.node)
+            if after is not None and chunk.end_us <= after:
+                continue
+            start = None if after is None else after + 1
+            t = self.run._read_chunk(chunk, metrics=self.metrics, start_us=start, end_us=None)
+            if t.num_rows:
+                tables.append(t)
+                newest = int(pc.max(t.column(TIMESTAMP)).as_py())
+                self.last_us[chunk.node] = max(newest, self.last_us.get(chunk.node, newest))
+        return _concat(tables)
+
+
+@dataclass
+class SystemOverview:
+    node: str
+    snapshots: int = 0
+    files: int = 0
+    bytes: int = 0
+    unreadable: int = 0
+    start_us: int | None = None
+    end_us: int | None = None
+
+
+class Run:
+    """One run directory. Cheap to create; every call lists and reads only what it needs."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.location = RunLocation(uri)
+        if not self.location.exists(layout.RUN_JSON) and not self.location.list(layout.NODES_DIR):
+            raise RunNotFoundError(
+                f"{uri} is not a stallwatch run (no {layout.RUN_JSON} and no {layout.NODES_DIR}/ there); "
+                "pass the run directory itself, e.g. stallwatch-runs/<run-id>")
+
+    # -- metadata ---------------------------------------------------------------------------------------
+    @property
+    def info(self) -> dict[str, Any]:
+        """run.json merged with every node's record; start/end span all nodes (end from data if a node died)."""
+        info: dict[str, Any] = self._read_json(layout.RUN_JSON) or {}
+        nodes: dict[str, Any] = {}
+        for entry in self.location.list(layout.NODES_DIR, recursive=False):
+            if entry.path.endswith(".json"):
+                data = self._read_json(entry.path)
+                if data is not None:
+                    nodes[data.get("node") or entry.path.rsplit("/", 1)[-1][:-5]] = data
+        chunks = self._system_chunks()
+        for name, node in nodes.items():
+            if node.get("end_us") is None:
+                ends = [c.end_us for c in chunks if c.node == name]
+                node["end_us_from_data"] = max(ends) if ends else None
+        info["nodes"] = nodes
+        starts = [n.get("start_us") for n in nodes.values() if n.get("start_us") is not None]
+        ends = [n.get("end_us") or n.get("end_us_from_data") for n in nodes.values()]
+        ends = [e for e in ends if e is not None]
+        info["start_us"] = min(starts) if starts else info.get("created_us")
+        info["end_us"] = max(ends) if ends else None
+        return info
+
+    @property
+    def nodes(self) -> list[str]:
+        names = {c.node for c in self._system_chunks()}
+        names.update(e.path.rsplit("/", 1)[-1][:-5] for e in self.location.list(layout.NODES_DIR, recursive=False)
+                     if e.path.endswith(".json"))
+        return sorted(names)
+
+    def ranks(self) -> dict[str, list[str]]:
+        """Ranks with framework data, per node (empty until framework profiling writes some)."""
+        out: dict[str, set[str]] = {}
+        for entry in self.location.list(layout.FRAMEWORK_DIR):
+            parts = entry.path.split("/")
+            if len(parts) >= 4:
+                out.setdefault(parts[1], set()).add(parts[2])
+        return {node: sorted(r, key=_rank_key) for node, r in sorted(out.items())}
+
+    def files(self) -> list[FileEntry]:
+        return self.location.list("")
+
+    # -- system metrics ---------------------------------------------------------------------------------
+    def system(self, start_us: int | None = None, end_us: int | None = None,
+               nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> pa.Table:
+        """Tidy system metrics (timestamp_us, node, device, metric, value) in [start_us, end_us)."""
+        metric_list = None if metrics is None else list(metrics)
+        tables = [self._read_chunk(c, metrics=metric_list, start_us=start_us, end_us=end_us)
+                  for c in self._system_chunks(nodes=nodes) if c.overlaps(start_us, end_us)]
+        return _concat(tables)
+
+    def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
+        """A follower whose `read()` returns only rows newer than what it returned before."""
+        return SystemTail(self, None if nodes is None else list(nodes), None if metrics is None else list(metrics))
+
+    def system_keys(self, node: str) -> list[MetricKey]:
+        """The (device, metric) series stored for a node, from the newest file's schema."""
+        chunks = [c for c in self._system_chunks(nodes=[node])]
+        for chunk in reversed(chunks):
+            try:
+                schema = pq.ParquetFile(self.location.open_parquet_source(chunk.path)).schema_arrow
+            except Exception:
+                continue
+            return [MetricKey.from_column(n) for n in schema.names if n != TIMESTAMP]
+        return []
+
+    def system_overview(self) -> dict[str, SystemOverview]:
+        """Per node: how many snapshots, over which span, in how many files and bytes (footers only)."""
+        out: dict[str, SystemOverview] = {}
+        for chunk in self._system_chunks():
+            ov = out.setdefault(chunk.node, SystemOverview(chunk.node))
+            try:
+                ov.snapshots += pq.ParquetFile(self.location.open_parquet_source(chunk.path)).metadata.num_rows
+            except Exception:
+                ov.unreadable += 1
+                continue
+            ov.files += 1
+            ov.bytes += chunk.size
+            ov.start_us = chunk.start_us if ov.start_us is None else min(ov.start_us, chunk.start_us)
+            ov.end_us = chunk.end_us if ov.end_us is None else max(ov.end_us, chunk.end_us)
+        return out
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _system_chunks(self, nodes: Iterable[str] | None = None) -> list[layout.Chunk]:
+        wanted = None if nodes is None else set(nodes)
+        chunks = []
+        for entry in self.location.list(layout.SYSTEM_DIR):
+            chunk = layout.parse_chunk(entry.path, entry.size)
+            if chunk is not None and (wanted is None or chunk.node in wanted):
+                chunks.append(chunk)
+        return layout.live_chunks(chunks)
+
+    def _read_chunk(self, chunk: layout.Chunk, *, metrics: list[str] | None,
+                    start_us: int | None, end_us: int | None) -> pa.Table:
+        try:
+            pf = pq.ParquetFile(self.location.open_parquet_source(chunk.path))
+            columns = None
+            if metrics is not None:
+                wanted = set(metrics)
+                columns = [TIMESTAMP] + [n for n in pf.schema_arrow.names
+                                         if n != TIMESTAMP and MetricKey.from_column(n).metric in wanted]
+            table = pf.read(columns=columns)
+        except Exception as exc:  # truncated, corrupt or vanished (compacted) file
+            if isinstance(exc, FileNotFoundError):
+                return system_schema().empty_table()
+            warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
+                      self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return system_schema().empty_table()
+        return to_tidy(table, chunk.node, None if metrics is None else set(metrics), start_us, end_us)
+
+    def _read_json(self, rel: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.location.read(rel))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            warn_once(f"bad-json-{self.uri}-{rel}", "skipping unreadable %s/%s (%s)", self.uri, rel, exc)
+            return None
+
+    def __repr__(self) -> str:
+        return f"Run({self.uri!r})"
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return system_schema().empty_table()
+    return pa.concat_tables(tables)
+
+
+def _rank_key(rank: str) -> tuple[int, str]:
+    return (int(rank), rank) if rank.isdigit() else (1 << 30, rank)

@@ -1,0 +1,89 @@
+"""How system snapshots become Parquet bytes and back: one wide row per snapshot, float32 values."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stallwatch.records import TIMESTAMP, MetricKey
+
+# Resolution kept per metric: far finer than the sensors, coarse enough that zstd finds the repetition.
+_DECIMALS_BY_SUFFIX = (("_util", 2), ("_iowait", 2), ("_bps", 0), ("_bytes", 0), ("_w", 1), ("_c", 1), ("_mhz", 0))
+# Integer-like series with few distinct values compress best with a dictionary; the rest with byte-stream-split.
+_DICTIONARY_METRICS = ("gpu_util", "gpu_mem_bw_util", "gpu_temp_c", "gpu_sm_clock_mhz", "num_procs",
+                       "workers_alive", "workers_busy")
+
+
+def decimals_for(metric: str) -> int | None:
+    for suffix, d in _DECIMALS_BY_SUFFIX:
+        if metric.endswith(suffix):
+            return d
+    return None
+
+
+def encode(keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> bytes:
+    """One Parquet file (zstd, one row group) of `values[row, column]` taken at `timestamps`."""
+    arrays = [pa.array(timestamps.astype(np.int64, copy=False))]
+    names = [TIMESTAMP]
+    dict_cols = []
+    encodings = {TIMESTAMP: "DELTA_BINARY_PACKED"}
+    for j, key in enumerate(keys):
+        col = values[:, j]
+        d = decimals_for(key.metric)
+        if d is not None:
+            col = np.round(col, d)
+        arrays.append(pa.array(col.astype(np.float32), from_pandas=True))  # NaN -> null
+        names.append(key.column)
+        if key.metric in _DICTIONARY_METRICS:
+            dict_cols.append(key.column)
+        else:
+            encodings[key.column] = "BYTE_STREAM_SPLIT"
+    table = pa.Table.from_arrays(arrays, names=names)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dict_cols or False,
+                   column_encoding=encodings, write_statistics=[TIMESTAMP], row_group_size=1 << 20)
+    return sink.getvalue()
+
+
+def to_tidy(table: pa.Table, node: str, metrics: set[str] | None = None,
+            start_us: int | None = None, end_us: int | None = None) -> pa.Table:
+    """Wide file rows -> tidy rows (timestamp_us, node, device, metric, value), nulls dropped."""
+    from stallwatch.records import system_schema
+
+    schema = system_schema()
+    ts = table.column(TIMESTAMP).to_numpy()
+    keep = np.ones(len(ts), dtype=bool)
+    if start_us is not None:
+        keep &= ts >= start_us
+    if end_us is not None:
+        keep &= ts < end_us
+    cols = [c for c in table.column_names if c != TIMESTAMP]
+    keys = [MetricKey.from_column(c) for c in cols]
+    if metrics is not None:
+        picked = [(c, k) for c, k in zip(cols, keys) if k.metric in metrics]
+        cols, keys = [c for c, _ in picked], [k for _, k in picked]
+    n = int(keep.sum())
+    if n == 0 or not cols:
+        return schema.empty_table()
+    ts = ts[keep]
+    block = np.empty((n, len(cols)), dtype=np.float64)
+    for j, (c, k) in enumerate(zip(cols, keys)):
+        col = table.column(c).to_numpy(zero_copy_only=False)[keep].astype(np.float64)  # null -> NaN
+        d = decimals_for(k.metric)
+        block[:, j] = np.round(col, d) if d is not None else col  # float32 back to the stored resolution
+    flat = block.reshape(-1)
+    valid = ~np.isnan(flat)
+    devices = sorted({k.device for k in keys})
+    names = sorted({k.metric for k in keys})
+    dev_idx = np.array([devices.index(k.device) for k in keys], dtype=np.int32)
+    met_idx = np.array([names.index(k.metric) for k in keys], dtype=np.int32)
+    return pa.Table.from_arrays([
+        pa.array(np.repeat(ts, len(cols))[valid]),
+        pa.DictionaryArray.from_arrays(pa.array(np.zeros(int(valid.sum()), dtype=np.int32)), pa.array([node])),
+        pa.DictionaryArray.from_arrays(pa.array(np.tile(dev_idx, n)[valid]), pa.array(devices)),
+        pa.DictionaryArray.from_arrays(pa.array(np.tile(met_idx, n)[valid]), pa.array(names)),
+        pa.array(flat[valid]),
+    ], schema=schema)
