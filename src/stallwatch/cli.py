@@ -64,15 +64,26 @@ def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> Profiler
     """Defaults, then the config file, then flags. A bad file is an error when `strict_file`, else a
     warning and the defaults (a job must not fail to start over its profiling config)."""
     base = ProfilerConfig()
+    from_file = False
     if getattr(args, "config", None):
         try:
             base = ProfilerConfig.load(args.config)
+            from_file = True
         except ConfigError as exc:
             if strict_file:
                 raise
             logger.error("%s — running with the default configuration instead", exc)
     changes = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k, None) is not None}
-    return base.replace(**changes)
+    try:
+        return base.replace(**changes)
+    except ConfigError as exc:
+        if strict_file or not from_file:
+            raise
+        fallback = ProfilerConfig().replace(**changes)  # raises when the flags alone are wrong: a usage error
+        # The file's values clash with the flags (e.g. its flush_interval_s is shorter than --interval).
+        logger.error("%s (from %s together with the command-line flags) — running with the default "
+                     "configuration and the flags instead", exc, args.config)
+        return fallback
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ MIN_SAMPLE_INTERVAL_MS = 100
 MAX_SAMPLE_INTERVAL_MS = 60_000
 PYTHON_PROFILERS = ("cprofile", "pyinstrument")
 CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
+MAX_TIME_US = 253_402_300_800 * 1_000_000  # 10000-01-01T00:00:00Z
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -48,14 +49,15 @@ class ProfilingRange:
         if by_step and by_time:
             raise ConfigError(name, self.to_spec(), "give either steps (START:NUM) or a time window (TIME/SECONDS), not both")
         if by_step:
-            if self.start_step is None or self.start_step < 0:
+            if not _is_int(self.start_step) or self.start_step < 0:
                 raise ConfigError(f"{name}.start_step", self.start_step, "must be an integer >= 0")
-            if self.num_steps is None or self.num_steps < 1:
+            if not _is_int(self.num_steps) or self.num_steps < 1:
                 raise ConfigError(f"{name}.num_steps", self.num_steps, "must be an integer >= 1")
         if by_time:
-            if self.start_time_us is None or self.start_time_us < 0:
-                raise ConfigError(f"{name}.start_time_us", self.start_time_us, "must be µs since the Unix epoch (>= 0)")
-            if self.duration_s is None or not (0 < self.duration_s <= 86_400) or math.isnan(self.duration_s):
+            if not _is_int(self.start_time_us) or not 0 <= self.start_time_us < MAX_TIME_US:
+                raise ConfigError(f"{name}.start_time_us", self.start_time_us,
+                                  "must be an integer of µs since the Unix epoch (>= 0, before the year 10000)")
+            if not _is_number(self.duration_s) or not 0 < self.duration_s <= 86_400:
                 raise ConfigError(f"{name}.duration_s", self.duration_s, "must be > 0 and <= 86400 seconds")
 
     def to_spec(self) -> str:
@@ -67,6 +69,8 @@ class ProfilingRange:
     @classmethod
     def parse(cls, name: str, spec: str) -> ProfilingRange:
         """Parse `START:NUM` (steps) or `TIME/SECONDS` (TIME is ISO-8601 or Unix seconds)."""
+        if not isinstance(spec, str):
+            raise ConfigError(name, spec, "must be a string: START:NUM for steps or TIME/SECONDS for a time window")
         text = spec.strip()
         if "/" in text:
             start_text, _, dur_text = text.partition("/")
@@ -89,9 +93,13 @@ class ProfilingRange:
 def _parse_time_us(name: str, text: str) -> int:
     text = text.strip()
     try:
-        return int(round(float(text) * 1e6))
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise ConfigError(name, text, "the start time must be ISO-8601 (2026-11-22T06:00:00Z) or Unix seconds")
+        return int(round(seconds * 1e6))
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -139,11 +147,13 @@ class ProfilerConfig:
             raise ConfigError("max_storage_mb", self.max_storage_mb, "must be a number of megabytes > 0")
         if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
             raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
-        if self.node is not None and not _NODE_NAME.match(str(self.node)):
+        if self.node is not None and not (isinstance(self.node, str) and _NODE_NAME.match(self.node)):
             raise ConfigError("node", self.node,
                               "must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
-        if self.out is not None and not str(self.out).strip():
+        if self.out is not None and not (isinstance(self.out, str) and self.out.strip()):
             raise ConfigError("out", self.out, "must be a directory path or an s3:// URI")
+        if not isinstance(self.runs_dir, str) or not self.runs_dir.strip():
+            raise ConfigError("runs_dir", self.runs_dir, "must be a directory path (where new runs are created)")
         if not isinstance(self.gpu, bool):
             raise ConfigError("gpu", self.gpu, "must be true or false")
         if self.python_profiler not in PYTHON_PROFILERS:
@@ -228,6 +238,10 @@ def _range_from_json(name: str, value: Any) -> ProfilingRange:
         rng.validate(name)
         return rng
     raise ConfigError(name, value, "must be START:NUM, TIME/SECONDS or an object with start_step/num_steps or start_time_us/duration_s")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:

@@ -78,6 +78,7 @@ def usage_stats(table: pa.Table) -> list[UsageStat]:
             v = v[~np.isnan(v)]
             if label == "CPU busiest core" and len(v):
                 v = _busiest_per_snapshot(t, mask)
+                v = v[~np.isnan(v)]  # a snapshot where no core had a value
             if not len(v):
                 continue
             p50, p95 = np.percentile(v, [50, 95])

@@ -106,7 +106,8 @@ class GpuReader:
             self._handles = []
 
     def _call(self, index: int, what: str, fn: Callable[[], Any]) -> Any:
-        if (index, what) in self._unsupported:
+        # A lost GPU is not asked again (calls on a GPU that fell off the bus can block for seconds).
+        if (index, what) in self._unsupported or index in self._lost:
             return None
         try:
             return fn()
@@ -120,8 +121,10 @@ class GpuReader:
                 warn_once(f"gpu-lost-{index}", "GPU %d stopped answering (%s); its metrics are left empty from now on",
                           index, _err_text(exc))
             else:
-                warn_once(f"gpu-err-{index}-{what}-{name}",
-                          "reading %s of GPU %d failed (%s); left empty where it fails", what, index, _err_text(exc))
+                # One line per kind of error, not per GPU and metric: a driver hiccup on 8 GPUs is one line.
+                warn_once(f"gpu-err-{name}",
+                          "reading %s of GPU %d failed (%s); GPU readings are left empty where they fail",
+                          what, index, _err_text(exc))
             return None
 
     @staticmethod

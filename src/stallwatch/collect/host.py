@@ -44,11 +44,12 @@ class HostReader:
 
     def __init__(self) -> None:
         fields = psutil.cpu_times()._fields
-        self._idle = [fields.index(f) for f in ("idle", "iowait") if f in fields]
-        self._iowait = fields.index("iowait") if "iowait" in fields else None
-        # guest time is already part of user/nice on Linux; counting it again inflates the total.
-        self._sum_fields = [i for i, f in enumerate(fields) if f not in ("guest", "guest_nice")]
-        self.cores = psutil.cpu_count(logical=True) or 1
+        # One matrix product turns each core's counter deltas into (total, idle, iowait) seconds.
+        # guest time is already part of user/nice on Linux; counting it again would inflate the total.
+        self._weights = np.array([[f not in ("guest", "guest_nice"), f in ("idle", "iowait"), f == "iowait"]
+                                  for f in fields], dtype=np.float64)
+        # The rows /proc/stat has (online cores), so the per-core columns match what is read each time.
+        self.cores = len(psutil.cpu_times(percpu=True)) or psutil.cpu_count(logical=True) or 1
         disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
         self._disks = physical_disks(list(disks))
         nics = psutil.net_io_counters(pernic=True, nowrap=False) or {}
@@ -91,22 +92,16 @@ class HostReader:
         prev, self._prev = self._prev, cur
         dt = cur.mono_s - prev.mono_s
         delta = cur.cpu - prev.cpu
-        if delta.shape != (self.cores, cur.cpu.shape[1]):  # a core went offline: skip this interval's CPU
-            delta = np.full((self.cores, cur.cpu.shape[1]), np.nan)
-        per_total = delta[:, self._sum_fields].sum(axis=1)
-        per_idle = delta[:, self._idle].sum(axis=1)
-        per_iowait = delta[:, self._iowait] if self._iowait is not None else np.zeros(self.cores)
+        if delta.shape != (self.cores, self._weights.shape[0]):  # a core went offline: no CPU values this time
+            delta = np.full((self.cores, self._weights.shape[0]), np.nan)
+        per_core = delta @ self._weights
+        rows = np.vstack((per_core.sum(axis=0), per_core))  # row 0: all cores, then each core
+        total = rows[:, 0]
         with np.errstate(divide="ignore", invalid="ignore"):
-            per_util = np.clip(100.0 * (per_total - per_idle) / per_total, 0.0, 100.0)
-            per_io = np.clip(100.0 * per_iowait / per_total, 0.0, 100.0)
-            total = per_total.sum()
-            util = float(np.clip(100.0 * (total - per_idle.sum()) / total, 0.0, 100.0)) if total > 0 else _NAN
-            io = float(np.clip(100.0 * per_iowait.sum() / total, 0.0, 100.0)) if total > 0 else _NAN
-        out = [util, io]
-        pairs = np.empty(2 * self.cores)
-        pairs[0::2] = per_util
-        pairs[1::2] = per_io
-        out += pairs.tolist()
+            total = np.where(total > 0, total, np.nan)
+            util = np.clip(100.0 * (total - rows[:, 1]) / total, 0.0, 100.0)
+            iowait = np.clip(100.0 * rows[:, 2] / total, 0.0, 100.0)
+        out = np.column_stack((util, iowait)).ravel().tolist()
         vm = psutil.virtual_memory()
         out += [float(vm.percent), float(vm.total - vm.available)]
         out += [_rate(cur.disk_read - prev.disk_read, dt), _rate(cur.disk_write - prev.disk_write, dt),

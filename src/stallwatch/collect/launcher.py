@@ -117,6 +117,15 @@ class _SamplerHandle:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def close(self) -> None:
+        """Release the pipes of a sampler that has exited."""
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+
     def stop(self, timeout_s: float) -> None:
         """Close the lifeline (the sampler flushes and exits); terminate it if it overstays."""
         try:
@@ -203,42 +212,100 @@ def _take_terminal_back() -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
+def _start_sampler(start: StartMessage) -> _SamplerHandle | None:
+    try:
+        sampler = _SamplerHandle(start)
+    except OSError as exc:  # cannot even start a process (out of pids, fds, memory): the job still runs
+        logger.error("cannot start the system sampler (%s); the command runs without it", exc.strerror or exc)
+        return None
+    if not sampler.wait_ready(SAMPLER_READY_TIMEOUT_S):
+        logger.warning("the system sampler did not start in time; the command runs anyway")
+    return sampler
+
+
+def _wait_step(child: subprocess.Popen, take_terminal: bool, poll_s: float = 0.5) -> bool:
+    """Wait up to `poll_s` for the job; True once it has exited. When Ctrl-Z stops the job, the launcher
+    stops too, so the shell gets its prompt back; `fg` resumes both and hands the terminal back."""
+    deadline = time.monotonic() + poll_s
+    while True:
+        try:
+            pid, status = os.waitpid(child.pid, os.WNOHANG | os.WUNTRACED)
+        except ChildProcessError:  # already reaped elsewhere
+            return child.poll() is not None
+        if pid and os.WIFSTOPPED(status):
+            if take_terminal:
+                _take_terminal_back()
+            os.kill(os.getpid(), signal.SIGSTOP)  # the shell sees its job stop
+            if take_terminal:  # resumed by fg
+                _give_terminal(child.pid)
+            try:
+                os.killpg(child.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            continue
+        if pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _give_terminal(pgid: int) -> None:
+    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        os.tcsetpgrp(sys.stdin.fileno(), pgid)
+    except OSError:
+        pass
+    finally:
+        signal.signal(signal.SIGTTOU, old)
+
+
 def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
-    """Run `command` under the sampler; returns once it has ended and the sampler has flushed."""
+    """Run `command` under the sampler; returns once it has ended and the sampler has flushed.
+
+    Only a node-name conflict (RunConflictError) stops the command from running: a run directory that
+    cannot be written (full disk, bad location) is logged and the command runs anyway."""
     run_uri = resolve_run_uri(config)
     run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
     node = config.node or default_node_name()
-    location = RunLocation(run_uri)
     start_us = now_us()
     node_record = {"node": node, "start_us": start_us, "end_us": None, "command": command,
                    "cwd": os.getcwd(), "status": "starting"}
-    _reserve_node(location, node, node_record)
     run_record = {"format_version": 1, "run_id": run_id, "created_us": start_us, "created_by_node": node,
                   "command": command, "versions": versions(), "config": config.to_dict()}
-    files = _first_files(location, run_record, config)
+    files: dict[str, str] = {}
+    try:
+        location: RunLocation | None = RunLocation(run_uri)
+    except ValueError as exc:  # e.g. an unsupported URI scheme: nothing can be stored there
+        logger.error("%s; the command runs without profiling", exc)
+        location = None
+    if location is not None:
+        try:
+            _reserve_node(location, node, node_record)
+            files = _first_files(location, run_record, config)
+        except RunConflictError:
+            raise
+        except OSError as exc:  # a full disk, a read-only or missing mount: sample anyway, the writer degrades
+            logger.warning("cannot write the run directory %s (%s); the command runs, samples are stored "
+                           "once it can be written", run_uri, exc.strerror or exc)
 
     start = StartMessage(run=run_uri, node=node, interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
                          files=files)
-    sampler = _SamplerHandle(start)
-    if not sampler.wait_ready(SAMPLER_READY_TIMEOUT_S):
-        logger.warning("the system sampler did not start in time; the command runs anyway")
+    sampler = _start_sampler(start) if location is not None else None
     start.files = {}  # a restarted sampler must not rewrite them
 
-    take_terminal = _we_own_terminal()
-    try:
-        child = subprocess.Popen(command, env=job_environment(run_uri, node, run_id),
-                                 preexec_fn=_preexec_own_group(take_terminal))
-    except OSError as exc:
-        logger.error("cannot run %s: %s", command[0], exc.strerror or exc)
-        end_us = now_us()
-        sampler.send(json.dumps({"exit": 127, "end_us": end_us}))
-        sampler.stop(timeout_s=config.upload_timeout_s + 15)
-        return LaunchResult(run_uri, node, 127, start_us, end_us)
-    sampler.send(json.dumps({"pid": child.pid}))
+    # Signals are forwarded from before the job starts: one that arrives while it is being started is
+    # delivered to it right after, instead of killing the launcher and orphaning the job.
+    child: subprocess.Popen | None = None
+    pending: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
+        if child is None:
+            pending.append(signum)
+            return
         try:
             if signum == signal.SIGINT:
                 os.killpg(child.pid, signum)  # as a terminal would: the job and its workers
@@ -247,22 +314,37 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
         except ProcessLookupError:
             pass
 
+    take_terminal = _we_own_terminal()
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     restarts = 0
     try:
+        try:
+            child = subprocess.Popen(command, env=job_environment(run_uri, node, run_id),
+                                     preexec_fn=_preexec_own_group(take_terminal))
+        except OSError as exc:
+            # as a shell says it: 126 found but cannot be executed, 127 not found
+            code = 126 if isinstance(exc, PermissionError) else 127
+            logger.error("cannot run %s: %s", command[0], exc.strerror or exc)
+            end_us = now_us()
+            if sampler is not None:
+                sampler.send(json.dumps({"exit": code, "end_us": end_us}))
+                sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
+            return LaunchResult(run_uri, node, code, start_us, end_us)
+        if sampler is not None:
+            sampler.send(json.dumps({"pid": child.pid}))
+        for signum in pending:
+            forward(signum, None)
         while True:
-            try:
-                child.wait(timeout=0.5)
+            if _wait_step(child, take_terminal):
                 break
-            except subprocess.TimeoutExpired:
-                pass
-            if not sampler.alive and restarts < MAX_SAMPLER_RESTARTS:
+            if sampler is not None and not sampler.alive and restarts < MAX_SAMPLER_RESTARTS:
                 restarts += 1
                 logger.warning("the system sampler exited (code %s); restarting it (%d of %d)",
                                sampler.proc.returncode, restarts, MAX_SAMPLER_RESTARTS)
-                sampler = _SamplerHandle(start)
-                sampler.wait_ready(SAMPLER_READY_TIMEOUT_S)
-                sampler.send(json.dumps({"pid": child.pid}))
+                sampler.close()
+                sampler = _start_sampler(start)
+                if sampler is not None:
+                    sampler.send(json.dumps({"pid": child.pid}))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -271,6 +353,7 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
     end_us = now_us()
     code = child.returncode
     exit_code = 128 - code if code < 0 else code
-    sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
-    sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
+    if sampler is not None:
+        sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
+        sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
     return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts)

@@ -25,11 +25,13 @@ class _Member:
 
 
 def looks_like_worker(cmdline: list[str], parent_cmdline: list[str] | None) -> bool:
-    """A data-loader worker is a multiprocessing child: forked (same command line as its parent) or spawned."""
+    """A data-loader worker is a multiprocessing child: forked (same command line as its parent, which also
+    covers children of a fork server) or spawned. The fork server and the resource tracker themselves are
+    helpers, not workers."""
     if parent_cmdline is not None and cmdline and cmdline == parent_cmdline:
         return True
     text = " ".join(cmdline)
-    return "multiprocessing.spawn" in text or "multiprocessing.forkserver" in text or "--multiprocessing-fork" in text
+    return "multiprocessing.spawn" in text or "--multiprocessing-fork" in text
 
 
 class ProcessTreeReader:
@@ -68,7 +70,7 @@ class ProcessTreeReader:
         seen: dict[int, _Member] = {}
         for p in procs:
             known = self._members.get(p.pid)
-            if known is not None and known.proc.is_running():
+            if known is not None and _alive(known.proc):
                 seen[p.pid] = known
                 continue
             try:
@@ -97,6 +99,8 @@ class ProcessTreeReader:
         for pid, m in self._members.items():
             try:
                 with m.proc.oneshot():
+                    if m.proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped: not alive
+                        raise psutil.ZombieProcess(pid)
                     t = m.proc.cpu_times()
                     mem = m.proc.memory_info().rss
             except psutil.Error:
@@ -120,3 +124,11 @@ class ProcessTreeReader:
         capacity = dt * self._cores
         return [100.0 * cpu_total / capacity, rss, float(count), float(alive), float(busy),
                 100.0 * workers_cpu / capacity]
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (a process that exited but was not reaped yet)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

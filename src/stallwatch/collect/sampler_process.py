@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallwatch.log import configure_cli_logging, logger
+from stallwatch.collect.schedule import TickSchedule
+from stallwatch.log import configure_cli_logging, logger, warn_once
 from stallwatch.timeutil import now_us
 
 FINAL_UPLOAD_TIMEOUT_S = 30.0
@@ -105,44 +106,36 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     node_record = dict(start.node_record)
     node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.interval_ms,
                        status="running")
-    for rel, text in start.files.items():
+    for rel, text in start.files.items():  # remote runs only: a later node leaves the first one's files alone
         try:
-            sink.write_atomic(rel, text.encode())
+            sink.create_exclusive(rel, text.encode())
         except Exception as exc:
             logger.warning("cannot write %s (%s)", rel, exc)
     _write_node(sink, start.node, node_record)
     if ready_fd is not None:
         os.write(ready_fd, b"ready\n")
 
-    missed = 0
-    last_snapshot = time.monotonic()
-    next_tick = time.monotonic() + interval_s
+    ticks = TickSchedule(interval_s)
     while not stop["now"] and not control.eof:
-        for msg in control.wait(next_tick - time.monotonic()):
+        for msg in control.wait(ticks.time_left()):
             if "pid" in msg:
                 sampler.set_job_pid(int(msg["pid"]))
                 node_record["job_pid"] = int(msg["pid"])
             if "exit" in msg:
                 node_record["exit_code"] = msg["exit"]
                 node_record["end_us"] = msg.get("end_us")
-        now = time.monotonic()
-        if now < next_tick:
+        if not ticks.due():
             continue
         try:
-            last_snapshot = now
             ts, values = sampler.snapshot()
             writer.append(ts, values)
             writer.tick(ts)
         except Exception as exc:  # a reading that fails in a new way must not end sampling
             logger.warning("a snapshot failed (%s: %s); sampling goes on", type(exc).__name__, exc)
-        # Deadlines advance on the steady clock: no drift, and a stall skips ticks instead of bunching them.
-        next_tick += interval_s
-        if next_tick <= time.monotonic():
-            behind = int((time.monotonic() - next_tick) // interval_s) + 1
-            missed += behind
-            next_tick += behind * interval_s
+        ticks.done()
 
-    if time.monotonic() - last_snapshot >= interval_s / 2:  # cover the final partial interval
+    # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
+    if ticks.last_tick is None or ticks.since_last() >= interval_s / 2:
         try:
             ts, values = sampler.snapshot()
             writer.append(ts, values)
@@ -152,11 +145,22 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     sampler.close()
     node_record.update(status="finished" if "exit_code" in node_record else "sampler_stopped",
                        samples_written=writer.samples_written, samples_dropped=writer.samples_dropped,
-                       ticks_missed=missed, sampler_end_us=now_us())
+                       ticks_missed=ticks.missed, sampler_end_us=now_us())
     node_record.setdefault("end_us", now_us())
     _write_node(sink, start.node, node_record)
     if location.remote:
-        sink.close(start.upload_timeout_s)
+        if sink.close(start.upload_timeout_s):
+            if not start.spool_dir:
+                try:
+                    spool.parent.rmdir()  # the run's spool folder, once no node of it has anything left
+                except OSError:
+                    pass
+        else:
+            # The uploader may be inside a request to an endpoint that never answers, and pyarrow's S3
+            # finalization at exit waits for it: leave now, everything unsent is in the spool (logged).
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(0)
     return 0
 
 
@@ -165,8 +169,8 @@ def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:
 
     try:
         sink.write_atomic(layout.node_json(node), json.dumps(record, indent=2, sort_keys=True).encode())
-    except Exception as exc:
-        logger.warning("cannot write %s (%s)", layout.node_json(node), exc)
+    except Exception as exc:  # said once: the same full disk fails the final write too
+        warn_once(f"node-json-{node}", "cannot write %s (%s)", layout.node_json(node), exc)
 
 
 def _default_spool(run: str, node: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import time
 from types import ModuleType
 from typing import Any
 
@@ -14,7 +15,6 @@ from stallwatch.collect.gpu import GpuReader
 from stallwatch.collect.host import HostReader
 from stallwatch.collect.proctree import ProcessTreeReader
 from stallwatch.records import MetricKey
-from stallwatch.timeutil import now_us
 
 
 class SystemSampler:
@@ -25,12 +25,19 @@ class SystemSampler:
         self.gpus = GpuReader(nvml=nvml, enabled=gpu)
         self.tree = ProcessTreeReader(cores=self.host.cores)
         self.keys: list[MetricKey] = self.host.keys() + self.gpus.keys() + self.tree.keys()
+        # Timestamps: the wall clock read once, then advanced on the monotonic clock. They never go
+        # backwards when NTP steps the clock, and NTP's rate corrections (slewing) still apply.
+        self._wall0_ns = time.time_ns()
+        self._mono0_ns = time.monotonic_ns()
+
+    def now_us(self) -> int:
+        return (self._wall0_ns + time.monotonic_ns() - self._mono0_ns) // 1000
 
     def set_job_pid(self, pid: int) -> None:
         self.tree.set_root(pid)
 
     def snapshot(self) -> tuple[int, list[float]]:
-        ts = now_us()
+        ts = self.now_us()
         values = self.host.read()
         values += self.gpus.read()
         values += self.tree.read()

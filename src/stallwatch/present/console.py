@@ -24,8 +24,9 @@ def human(value: float, unit: str) -> str:
         return "-"
     if unit in ("B", "B/s"):
         for prefix in ("", "K", "M", "G", "T"):
-            if abs(value) < 1024 or prefix == "T":
-                return f"{value:.0f} {prefix}{unit}" if prefix == "" else f"{value:.1f} {prefix}{unit}"
+            text = f"{value:.0f}" if prefix == "" else f"{value:.1f}"
+            if abs(float(text)) < 1024 or prefix == "T":  # judged as shown: 1023.96 K is "1.0 M", not "1024.0 K"
+                return f"{text} {prefix}{unit}"
             value /= 1024
     if unit == "%":
         return f"{value:.1f}%"

@@ -42,7 +42,8 @@ def render_info(run: Run) -> str:
                        rows, "lrrrllrllr"))
     for name in run.nodes:
         keys = run.system_keys(name)
-        if not keys:
+        bad = overview.get(name)
+        if not keys and not (bad and bad.unreadable):
             continue
         devices: dict[str, list[str]] = defaultdict(list)
         for k in keys:
@@ -50,7 +51,6 @@ def render_info(run: Run) -> str:
         lines += ["", f"metrics of {name}:"]
         for metric, devs in sorted(devices.items()):
             lines.append(f"  {metric:<20} {_compact(devs)}")
-        bad = overview.get(name)
         if bad and bad.unreadable:
             lines.append(f"  ({bad.unreadable} unreadable file(s) skipped)")
     return "\n".join(lines)
@@ -64,6 +64,7 @@ def _compact(devices: list[str]) -> str:
         if d[-1:].isdigit():
             stem = d.rstrip("0123456789")
             numbered[stem].append(int(d[len(stem):]))
-    parts = plain + [f"{stem}{min(n)}…{stem}{max(n)}" if len(n) > 2 else ", ".join(f"{stem}{i}" for i in sorted(n))
+    parts = plain + [f"{stem}{min(n)}…{stem}{max(n)}" if len(n) > 2 and max(n) - min(n) + 1 == len(set(n))
+                     else ", ".join(f"{stem}{i}" for i in sorted(n))  # a gap is shown, not hidden in a range
                      for stem, n in numbered.items()]
     return ", ".join(parts)

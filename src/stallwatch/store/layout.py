@@ -16,9 +16,13 @@ TRACES_DIR = "traces"
 RULES_DIR = "rules"
 REPORT_HTML = "report.html"
 
-PART = "part"  # one flush: small, written every few seconds so a crash loses at most one interval
-SEGMENT = "seg"  # one rotation period, compacted from its parts; the parts are deleted afterwards
-_CHUNK = re.compile(r"^(part|seg)-(\d{16,})-(\d{16,})\.parquet$")
+# One flush: written every few seconds so a crash loses at most one interval. Arrow IPC, because a
+# part lives only until its segment is written and Parquet's encoding would cost ~10 ms per flush.
+PART = "part"
+# One rotation period, compacted from its parts into Parquet; the parts are deleted afterwards.
+SEGMENT = "seg"
+EXTENSIONS = {PART: "arrow", SEGMENT: "parquet"}
+_CHUNK = re.compile(r"^(part|seg)-(\d{16,})-(\d{16,})\.(arrow|parquet)$")
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -36,7 +40,7 @@ def system_dir(node: str) -> str:
 
 def chunk_name(kind: str, start_us: int, end_us: int) -> str:
     """Time-ordered, fixed-width names: listing order is time order and a time range picks files by name."""
-    return f"{kind}-{start_us:016d}-{end_us:016d}.parquet"
+    return f"{kind}-{start_us:016d}-{end_us:016d}.{EXTENSIONS[kind]}"
 
 
 @dataclass(frozen=True)

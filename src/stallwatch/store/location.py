@@ -6,12 +6,19 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pyarrow.fs as pafs
 
+from stallwatch.log import warn_once
+
 # Remote calls give up quickly so a dead endpoint costs seconds, not minutes; callers retry with back-off.
+# The request timeout is curl's "no byte moved for this long" limit (a slow upload that makes progress is
+# not cut), so a few seconds are plenty for S3 and keep a black-holed endpoint from holding a caller (the
+# run summary, the node check) for long: one call costs at most attempts x timeout.
 S3_CONNECT_TIMEOUT_S = 3.0
-S3_REQUEST_TIMEOUT_S = 20.0
+S3_REQUEST_TIMEOUT_S = 5.0
+S3_MAX_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -34,16 +41,28 @@ class RunLocation:
             if scheme != "s3":
                 raise ValueError(f"unsupported run location {uri!r}: use a local path or s3://bucket/prefix/run")
             # Credentials and endpoint come from the standard AWS chain (AWS_ENDPOINT_URL included).
-            fs, root = pafs.FileSystem.from_uri(uri)
+            # Not FileSystem.from_uri: without an endpoint it asks AWS for the bucket's region over the network
+            # even when AWS_REGION is set, and raises when that fails, so a run could not even start offline.
+            parts = urlsplit(uri)
+            query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+            if not parts.netloc:
+                raise ValueError(f"run location {uri!r} names no bucket: use s3://bucket/prefix/run")
+            endpoint = query.get("endpoint_override") or _endpoint_from_env()
+            scheme = query.get("scheme") or _scheme_from_env()
+            region = (query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+                      or (None if endpoint else _resolve_region(parts.netloc)))
             self.fs = pafs.S3FileSystem(
-                endpoint_override=getattr(fs, "endpoint_override", None) or _endpoint_from_env(),
+                endpoint_override=endpoint,
                 connect_timeout=S3_CONNECT_TIMEOUT_S,
                 request_timeout=S3_REQUEST_TIMEOUT_S,
-                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2),
-                region=getattr(fs, "region", None) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
-                scheme=_scheme_from_env(),
+                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS),
+                region=region,
+                scheme=scheme,
+                # A small file is then one PutObject at close instead of a three-request multipart upload
+                # (fewer round trips to a slow endpoint, no half-made uploads left behind by a dead one).
+                allow_delayed_open=True,
             )
-            self.root = root.rstrip("/")
+            self.root = f"{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
             self.remote = True
         else:
             local = uri[len("file://"):] if uri.startswith("file://") else uri
@@ -89,16 +108,28 @@ class RunLocation:
             return True
         target = self._abs(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
+        tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            os.link(tmp, target)  # atomic and fails if the target exists
-            return True
-        except FileExistsError:
-            return False
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            try:
+                os.link(tmp, target)  # atomic, and fails if the target exists
+                return True
+            except FileExistsError:
+                return False
+            except OSError:  # a filesystem without hard links: exclusive create, then the bytes
+                try:
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                return True
         finally:
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def read(self, rel: str) -> bytes:
         with self.fs.open_input_stream(self._abs(rel)) as fh:
@@ -131,8 +162,8 @@ class RunLocation:
         except FileNotFoundError:
             pass
 
-    def open_parquet_source(self, rel: str):
-        """A random-access file for pyarrow.parquet, so only the needed columns and row groups are fetched."""
+    def open_input_file(self, rel: str):
+        """A random-access file, so a Parquet reader fetches only the needed columns and row groups."""
         return self.fs.open_input_file(self._abs(rel))
 
 
@@ -146,3 +177,13 @@ def _endpoint_from_env() -> str | None:
 def _scheme_from_env() -> str:
     url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
     return "http" if url.startswith("http://") else "https"
+
+
+def _resolve_region(bucket: str) -> str | None:
+    """Real AWS with no region configured: ask for the bucket's (one network call); None falls back to the SDK's."""
+    try:
+        return pafs.resolve_s3_region(bucket)
+    except Exception as exc:
+        warn_once(f"s3-region-{bucket}", "cannot find the region of bucket %s (%s); set AWS_REGION to skip this",
+                  bucket, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return None

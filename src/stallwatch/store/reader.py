@@ -9,13 +9,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from stallwatch.log import warn_once
 from stallwatch.records import TIMESTAMP, MetricKey, system_schema
 from stallwatch.store import layout
 from stallwatch.store.location import FileEntry, RunLocation
-from stallwatch.store.system_codec import to_tidy
+from stallwatch.store.system_codec import count_rows, read_columns, read_schema, to_tidy
+
+
+_LIST_ATTEMPTS = 3  # a live run's parts can be compacted between listing and reading: list again
 
 
 class RunNotFoundError(FileNotFoundError):
@@ -38,12 +40,20 @@ class SystemTail:
 
     def read(self) -> pa.Table:
         tables = []
+        gap: set[str] = set()  # nodes with a file that vanished under us (compacted): read past it next time
         for chunk in self.run._system_chunks(nodes=self.nodes):
+            if chunk.node in gap:
+                continue
             after = self.last_us.get(chunk.node)
             if after is not None and chunk.end_us <= after:
                 continue
             start = None if after is None else after + 1
-            t = self.run._read_chunk(chunk, metrics=self.metrics, start_us=start, end_us=None)
+            t = self.run._load_chunk(chunk, metrics=self.metrics, start_us=start, end_us=None)
+            if t is None:
+                # Its rows are now in a segment this listing did not see; advancing past newer parts
+                # would skip them for good.
+                gap.add(chunk.node)
+                continue
             if t.num_rows:
                 tables.append(t)
                 newest = int(pc.max(t.column(TIMESTAMP)).as_py())
@@ -77,7 +87,7 @@ class Run:
     @property
     def info(self) -> dict[str, Any]:
         """run.json merged with every node's record; start/end span all nodes (end from data if a node died)."""
-        info: dict[str, Any] = self._read_json(layout.RUN_JSON) or {}
+        info: dict[str, Any] = dict(self._read_json(layout.RUN_JSON) or {})
         nodes: dict[str, Any] = {}
         for entry in self.location.list(layout.NODES_DIR, recursive=False):
             if entry.path.endswith(".json"):
@@ -120,21 +130,31 @@ class Run:
     def system(self, start_us: int | None = None, end_us: int | None = None,
                nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> pa.Table:
         """Tidy system metrics (timestamp_us, node, device, metric, value) in [start_us, end_us)."""
-        metric_list = None if metrics is None else list(metrics)
-        tables = [self._read_chunk(c, metrics=metric_list, start_us=start_us, end_us=end_us)
-                  for c in self._system_chunks(nodes=nodes) if c.overlaps(start_us, end_us)]
+        metric_list, node_list = _names(metrics), _names(nodes)
+        for attempt in range(_LIST_ATTEMPTS):
+            tables = []
+            for c in self._system_chunks(nodes=node_list):
+                if not c.overlaps(start_us, end_us):
+                    continue
+                t = self._load_chunk(c, metrics=metric_list, start_us=start_us, end_us=end_us)
+                if t is None and attempt + 1 < _LIST_ATTEMPTS:
+                    break  # compacted since listed: its rows are in a segment the next listing shows
+                if t is not None:
+                    tables.append(t)
+            else:
+                return _concat(tables)
         return _concat(tables)
 
     def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
         """A follower whose `read()` returns only rows newer than what it returned before."""
-        return SystemTail(self, None if nodes is None else list(nodes), None if metrics is None else list(metrics))
+        return SystemTail(self, _names(nodes), _names(metrics))
 
     def system_keys(self, node: str) -> list[MetricKey]:
         """The (device, metric) series stored for a node, from the newest file's schema."""
         chunks = [c for c in self._system_chunks(nodes=[node])]
         for chunk in reversed(chunks):
             try:
-                schema = pq.ParquetFile(self.location.open_parquet_source(chunk.path)).schema_arrow
+                schema = read_schema(self.location.open_input_file(chunk.path), chunk.kind)
             except Exception:
                 continue
             return [MetricKey.from_column(n) for n in schema.names if n != TIMESTAMP]
@@ -146,7 +166,7 @@ class Run:
         for chunk in self._system_chunks():
             ov = out.setdefault(chunk.node, SystemOverview(chunk.node))
             try:
-                ov.snapshots += pq.ParquetFile(self.location.open_parquet_source(chunk.path)).metadata.num_rows
+                ov.snapshots += count_rows(self.location.open_input_file(chunk.path), chunk.kind)
             except Exception:
                 ov.unreadable += 1
                 continue
@@ -168,17 +188,18 @@ class Run:
 
     def _read_chunk(self, chunk: layout.Chunk, *, metrics: list[str] | None,
                     start_us: int | None, end_us: int | None) -> pa.Table:
+        t = self._load_chunk(chunk, metrics=metrics, start_us=start_us, end_us=end_us)
+        return system_schema().empty_table() if t is None else t
+
+    def _load_chunk(self, chunk: layout.Chunk, *, metrics: list[str] | None,
+                    start_us: int | None, end_us: int | None) -> pa.Table | None:
+        """The chunk's tidy rows; None when the file vanished (compacted since it was listed)."""
         try:
-            pf = pq.ParquetFile(self.location.open_parquet_source(chunk.path))
-            columns = None
-            if metrics is not None:
-                wanted = set(metrics)
-                columns = [TIMESTAMP] + [n for n in pf.schema_arrow.names
-                                         if n != TIMESTAMP and MetricKey.from_column(n).metric in wanted]
-            table = pf.read(columns=columns)
+            source = self.location.open_input_file(chunk.path)
+            table = read_columns(source, chunk.kind, None if metrics is None else set(metrics))
         except Exception as exc:  # truncated, corrupt or vanished (compacted) file
             if isinstance(exc, FileNotFoundError):
-                return system_schema().empty_table()
+                return None
             warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
                       self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
             return system_schema().empty_table()
@@ -186,15 +207,27 @@ class Run:
 
     def _read_json(self, rel: str) -> dict[str, Any] | None:
         try:
-            return json.loads(self.location.read(rel))
+            data = json.loads(self.location.read(rel))
         except FileNotFoundError:
             return None
         except Exception as exc:
             warn_once(f"bad-json-{self.uri}-{rel}", "skipping unreadable %s/%s (%s)", self.uri, rel, exc)
             return None
+        if not isinstance(data, dict):
+            warn_once(f"bad-json-{self.uri}-{rel}", "skipping %s/%s (a JSON object was expected, not %s)",
+                      self.uri, rel, type(data).__name__)
+            return None
+        return data
 
     def __repr__(self) -> str:
         return f"Run({self.uri!r})"
+
+
+def _names(names: Iterable[str] | str | None) -> list[str] | None:
+    """A filter of names; one name given as a plain string means that name, not its characters."""
+    if names is None:
+        return None
+    return [names] if isinstance(names, str) else list(names)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

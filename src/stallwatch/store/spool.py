@@ -18,34 +18,51 @@ BACKOFF_MAX_S = 30.0
 
 
 class SpoolingSink:
-    """Same `write_atomic`/`delete` as a RunLocation; the remote side catches up in the background."""
+    """Same `write_atomic`/`create_exclusive`/`delete` as a RunLocation; the remote side catches up in the
+    background, strictly in the order the calls were made."""
 
     def __init__(self, remote: RunLocation, spool_dir: Path) -> None:
         self.remote = remote
         self.spool = RunLocation(str(spool_dir))
-        self._ops: deque[tuple[str, str]] = deque()  # ("put" | "delete", rel path), applied in order
+        # ("put" | "create" | "delete", rel path), applied in order; the head is the one being uploaded.
+        self._ops: deque[tuple[str, str]] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._stopped = False  # close() gave up: the uploader ends after its current attempt
+        self._wake = False  # cut a back-off wait short (close() wants a last try now)
         self._failing_since: float | None = None
         self.uploaded = 0
         self._thread = threading.Thread(target=self._run, name="stallwatch-upload", daemon=True)
         self._thread.start()
 
     def write_atomic(self, rel: str, data: bytes) -> None:
+        self._enqueue("put", rel, data)
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Upload `rel` unless the remote store has it by then (checked when it is uploaded, so the answer is
+        not known yet: returns True once it is queued)."""
+        self._enqueue("create", rel, data)
+        return True
+
+    def _enqueue(self, op: str, rel: str, data: bytes) -> None:
         self.spool.write_atomic(rel, data)
         with self._cond:
-            self._ops.append(("put", rel))
-            self._cond.notify()
+            self._ops.append((op, rel))
+            self._cond.notify_all()
 
     def delete(self, rel: str) -> None:
         with self._cond:
-            in_flight = bool(self._ops) and self._ops[0] == ("put", rel)
-            if not in_flight and ("put", rel) in self._ops:  # never uploaded: nothing to delete remotely
-                self._ops.remove(("put", rel))
+            head = self._ops[0] if self._ops else None
+            queued = [o for o in list(self._ops)[1:] if o[1] == rel and o[0] != "delete"]
+            for o in queued:  # never uploaded: nothing to upload, nothing to delete remotely
+                self._ops.remove(o)
+            if head is not None and head[1] == rel and head[0] != "delete":
+                self._ops.append(("delete", rel))  # being uploaded now: delete it remotely afterwards
+            elif queued:
                 self.spool.delete(rel)
-                return
-            self._ops.append(("delete", rel))
-            self._cond.notify()
+            else:
+                self._ops.append(("delete", rel))
+            self._cond.notify_all()
 
     @property
     def backlog(self) -> int:
@@ -53,18 +70,24 @@ class SpoolingSink:
             return len(self._ops)
 
     def close(self, timeout_s: float) -> bool:
-        """Upload what is left within `timeout_s`; True when everything reached the remote store."""
+        """Upload what is left within `timeout_s`; True when everything reached the remote store. On False
+        the rest stays in the spool directory (one line says where) and the uploader stops."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._closing = True
+            self._wake = True  # the endpoint may be back: retry now rather than after a long back-off
             self._cond.notify_all()
-            while self._ops and time.monotonic() < deadline:
+            while self._ops and not self._stopped and time.monotonic() < deadline:
                 self._cond.wait(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
             left = len(self._ops)
+            if left:
+                self._stopped = True
+                self._cond.notify_all()
         if left:
             logger.warning("%d file(s) could not be uploaded to %s in time; they are kept in %s",
                            left, self.remote.uri, self.spool.root)
             return False
+        self._thread.join(timeout=1.0)
         self._remove_empty_spool()
         return True
 
@@ -72,25 +95,36 @@ class SpoolingSink:
         delay = BACKOFF_START_S
         while True:
             with self._cond:
-                while not self._ops:
+                while not self._ops and not self._stopped:
                     if self._closing:
                         return
                     self._cond.wait(timeout=1.0)
+                if self._stopped:
+                    return
                 op, rel = self._ops[0]
             try:
-                if op == "put":
-                    data = self.spool.read(rel)
+                data = self.spool.read(rel) if op != "delete" else b""
+            except FileNotFoundError:
+                data = None  # the spool copy vanished (cancelled): nothing to upload
+            try:
+                if data is None:
+                    pass
+                elif op == "put":
                     self.remote.write_atomic(rel, data)
+                elif op == "create":
+                    if not self.remote.create_exclusive(rel, data):
+                        logger.debug("%s/%s exists already; left as it is", self.remote.uri, rel)
                 else:
                     self.remote.delete(rel)
-            except FileNotFoundError:
-                pass  # the spool copy vanished (cancelled): nothing to upload
             except Exception as exc:
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     logger.warning("cannot reach %s (%s); keeping data in %s and retrying",
                                    self.remote.uri, _short(exc), self.spool.root)
-                time.sleep(delay * (0.5 + random.random()))
+                with self._cond:
+                    if not self._wake and not self._stopped:
+                        self._cond.wait(timeout=delay * (0.5 + random.random()))
+                    self._wake = False
                 delay = min(delay * 2, BACKOFF_MAX_S)
                 continue
             if self._failing_since is not None:
@@ -101,9 +135,12 @@ class SpoolingSink:
             with self._cond:
                 if self._ops and self._ops[0] == (op, rel):
                     self._ops.popleft()
-                    if op == "put" and ("put", rel) not in self._ops:
-                        self.spool.delete(rel)
-                    self.uploaded += op == "put"
+                    if op != "delete" and not any(o[1] == rel and o[0] != "delete" for o in self._ops):
+                        try:
+                            self.spool.delete(rel)
+                        except OSError:
+                            pass
+                    self.uploaded += op != "delete" and data is not None
                 self._cond.notify_all()
 
     def _remove_empty_spool(self) -> None:

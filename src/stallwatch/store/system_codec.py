@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stallwatch.records import TIMESTAMP, MetricKey
+from stallwatch.store.layout import PART
 
 # Resolution kept per metric: far finer than the sensors, coarse enough that zstd finds the repetition.
 _DECIMALS_BY_SUFFIX = (("_util", 2), ("_iowait", 2), ("_bps", 0), ("_bytes", 0), ("_w", 1), ("_c", 1), ("_mhz", 0))
@@ -24,28 +26,61 @@ def decimals_for(metric: str) -> int | None:
     return None
 
 
-def encode(keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> bytes:
-    """One Parquet file (zstd, one row group) of `values[row, column]` taken at `timestamps`."""
+def _to_table(keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> pa.Table:
     arrays = [pa.array(timestamps.astype(np.int64, copy=False))]
-    names = [TIMESTAMP]
-    dict_cols = []
-    encodings = {TIMESTAMP: "DELTA_BINARY_PACKED"}
     for j, key in enumerate(keys):
         col = values[:, j]
         d = decimals_for(key.metric)
         if d is not None:
             col = np.round(col, d)
         arrays.append(pa.array(col.astype(np.float32), from_pandas=True))  # NaN -> null
-        names.append(key.column)
-        if key.metric in _DICTIONARY_METRICS:
-            dict_cols.append(key.column)
-        else:
-            encodings[key.column] = "BYTE_STREAM_SPLIT"
-    table = pa.Table.from_arrays(arrays, names=names)
+    return pa.Table.from_arrays(arrays, names=[TIMESTAMP] + [k.column for k in keys])
+
+
+def encode(kind: str, keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> bytes:
+    """A part (Arrow IPC: cheap to write, short-lived) or a segment (Parquet: compact, long-lived)."""
+    table = _to_table(keys, timestamps, values)
     sink = io.BytesIO()
+    if kind == PART:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+    dict_cols = [k.column for k in keys if k.metric in _DICTIONARY_METRICS]
+    encodings = {TIMESTAMP: "DELTA_BINARY_PACKED"}
+    encodings.update({k.column: "BYTE_STREAM_SPLIT" for k in keys if k.metric not in _DICTIONARY_METRICS})
     pq.write_table(table, sink, compression="zstd", use_dictionary=dict_cols or False,
                    column_encoding=encodings, write_statistics=[TIMESTAMP], row_group_size=1 << 20)
     return sink.getvalue()
+
+
+def read_schema(source: Any, kind: str) -> pa.Schema:
+    if kind == PART:
+        return pa.ipc.open_file(source).schema
+    return pq.ParquetFile(source).schema_arrow
+
+
+def count_rows(source: Any, kind: str) -> int:
+    if kind == PART:
+        reader = pa.ipc.open_file(source)
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    return pq.ParquetFile(source).metadata.num_rows
+
+
+def read_columns(source: Any, kind: str, metrics: set[str] | None) -> pa.Table:
+    """The timestamp and the columns of `metrics` (all when None); a segment reads only those columns."""
+    if kind == PART:
+        table = pa.ipc.open_file(source).read_all()
+        names = table.column_names
+    else:
+        pf = pq.ParquetFile(source)
+        names = pf.schema_arrow.names
+        table = None
+    columns = None
+    if metrics is not None:
+        columns = [TIMESTAMP] + [n for n in names if n != TIMESTAMP and MetricKey.from_column(n).metric in metrics]
+    if table is not None:
+        return table if columns is None else table.select(columns)
+    return pf.read(columns=columns)
 
 
 def to_tidy(table: pa.Table, node: str, metrics: set[str] | None = None,

@@ -74,8 +74,8 @@ class SystemWriter:
         if self.pending == 0:
             return
         lo, hi = self._flushed, self._n
-        name = f"{self._dir}/{layout.chunk_name(layout.PART, int(self._ts[lo]), int(self._ts[hi - 1]))}"
-        data = encode(self.keys, self._ts[lo:hi], self._values[lo:hi])
+        name = self._name(layout.PART, lo, hi)
+        data = encode(layout.PART, self.keys, self._ts[lo:hi], self._values[lo:hi])
         if self._write(name, data, replaces=0):
             self._parts.append((name, len(data)))
             self.samples_written += hi - lo
@@ -85,8 +85,8 @@ class SystemWriter:
         """Write the whole segment as one compact file, then delete its parts."""
         if self._n == 0:
             return
-        name = f"{self._dir}/{layout.chunk_name(layout.SEGMENT, int(self._ts[0]), int(self._ts[self._n - 1]))}"
-        data = encode(self.keys, self._ts[: self._n], self._values[: self._n])
+        name = self._name(layout.SEGMENT, 0, self._n)
+        data = encode(layout.SEGMENT, self.keys, self._ts[: self._n], self._values[: self._n])
         parts_bytes = sum(size for _, size in self._parts)
         if not self._write(name, data, replaces=parts_bytes):
             if self._n - self._flushed == 0:
@@ -100,6 +100,7 @@ class SystemWriter:
             except Exception as exc:  # a leftover part is harmless: readers skip parts covered by a segment
                 warn_once("part-delete", "could not delete compacted part %s (%s); readers skip it", path, exc)
         self.samples_written += self._n - self._flushed
+        self._last_flush_us = int(self._ts[self._n - 1])  # the segment holds everything: no flush is due now
         self._reset()
 
     def close(self) -> None:
@@ -110,6 +111,11 @@ class SystemWriter:
         if self._n - self._flushed:
             self._drop_segment("it could not be written at exit")
 
+    def _name(self, kind: str, lo: int, hi: int) -> str:
+        # min/max, not first/last: after a wall-clock step back, a file's name must still cover all its samples
+        ts = self._ts[lo:hi]
+        return f"{self._dir}/{layout.chunk_name(kind, int(ts.min()), int(ts.max()))}"
+
     def _reset(self) -> None:
         self._n = 0
         self._flushed = 0
@@ -119,7 +125,7 @@ class SystemWriter:
     def _drop_segment(self, why: str) -> None:
         lost = self._n - self._flushed
         self.samples_dropped += lost
-        if lost:
+        if lost and not self._cap_hit:  # past the storage cap, dropping is what its one warning announced
             logger.warning("dropped %d system snapshots because %s", lost, why)
         self._reset()
 

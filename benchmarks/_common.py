@@ -1,0 +1,50 @@
+"""Helpers shared by the benchmark scripts (not part of the package)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def cpu_ns(pid: int) -> int:
+    """Nanoseconds on CPU of all threads of `pid` (schedstat: finer than psutil's 10 ms ticks)."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as fh:
+                total += int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def start_job(workers: int = 2) -> subprocess.Popen:
+    """A stand-in training job: a process with forked data-loader-like workers, all idle."""
+    code = textwrap.dedent(f"""
+        import multiprocessing as mp, time, sys
+        def work():
+            time.sleep(3600)
+        if __name__ == "__main__":
+            mp.set_start_method("fork")
+            ps = [mp.Process(target=work, daemon=True) for _ in range({workers})]
+            [p.start() for p in ps]
+            print("up", flush=True)
+            time.sleep(3600)
+    """)
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert job.stdout is not None and job.stdout.readline().strip() == "up"
+    return job
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [" | ".join(h.ljust(w) for h, w in zip(headers, widths)), "-|-".join("-" * w for w in widths)]
+    lines += [" | ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"

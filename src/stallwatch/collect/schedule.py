@@ -1,0 +1,44 @@
+"""When to take the next snapshot: deadlines on a steady clock, so sampling never drifts."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+
+class TickSchedule:
+    """Deadline k is `start + k * interval`, exactly. A snapshot that overruns skips the deadlines it
+    missed (counted in `missed`) instead of bunching snapshots together or shifting every later one."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._start = clock()
+        self._k = 1
+        self.missed = 0
+        self.last_tick: float | None = None
+
+    @property
+    def next_deadline(self) -> float:
+        return self._start + self._k * self.interval_s
+
+    def time_left(self) -> float:
+        return self.next_deadline - self._clock()
+
+    def due(self) -> bool:
+        return self._clock() >= self.next_deadline
+
+    def done(self) -> None:
+        """Call after the snapshot of the current deadline."""
+        self.last_tick = self._clock()
+        self._k += 1
+        now = self._clock()
+        if now >= self.next_deadline:
+            behind = math.floor((now - self.next_deadline) / self.interval_s) + 1
+            self.missed += behind
+            self._k += behind
+
+    def since_last(self) -> float:
+        """Seconds since the last snapshot (or since the start, before the first one)."""
+        return self._clock() - (self.last_tick if self.last_tick is not None else self._start)

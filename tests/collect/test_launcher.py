@@ -1,0 +1,226 @@
+"""`stallwatch run -- CMD` end to end, through the real command line, with real processes and files."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallwatch import records as r
+
+from ._support import (PAYLOAD, STALLWATCH, Background, job, node_record, read_json, snapshot_times, stallwatch, system_table,
+                       wait_until)
+
+INTERVAL_MS = 200
+
+
+def test_one_snapshot_per_interval_with_every_metric(tmp_path):
+    run = tmp_path / "run"
+    p = stallwatch(tmp_path, "run", "--interval", f"{INTERVAL_MS}ms", "--flush-interval", "1",
+                   "--out", str(run), "--node", "n1", "--", "sleep", "3")
+    assert p.returncode == 0, p.stderr
+    times = snapshot_times(run, "n1")
+    expected = 3.0 / (INTERVAL_MS / 1000)
+    assert 0.6 * expected <= len(times) <= 1.2 * expected + 1, (len(times), expected)
+    gaps_ms = [(b - a) / 1000 for a, b in zip(times, times[1:])]
+    assert 0.5 * INTERVAL_MS <= statistics.median(gaps_ms) <= 1.5 * INTERVAL_MS, gaps_ms
+
+    table = system_table(run, "n1")
+    present = {(d, m) for d, m in zip(table.column("device").to_pylist(), table.column("metric").to_pylist())}
+    cores = node_record(run, "n1")["cpu_cores_logical"]
+    wanted = {(r.CPU, r.CPU_UTIL), (r.CPU, r.CPU_IOWAIT), (r.MEMORY, r.MEM_UTIL), (r.MEMORY, r.MEM_USED_BYTES),
+              (r.DISK, r.DISK_READ_BPS), (r.DISK, r.DISK_WRITE_BPS), (r.NET, r.NET_RX_BPS), (r.NET, r.NET_TX_BPS),
+              (r.PROC, r.PROC_CPU_UTIL), (r.PROC, r.PROC_RSS_BYTES), (r.PROC, r.PROC_COUNT),
+              (r.PROC, r.WORKERS_ALIVE), (r.PROC, r.WORKERS_BUSY), (r.PROC, r.WORKERS_CPU_UTIL)}
+    wanted |= {(f"cpu{i}", r.CPU_UTIL) for i in range(cores)} | {(f"cpu{i}", r.CPU_IOWAIT) for i in range(cores)}
+    assert wanted <= present, sorted(wanted - present)
+    # no GPU here: no GPU series, and the node says why
+    assert not any(d.startswith("gpu") for d, _ in present)
+    node = node_record(run, "n1")
+    assert node["gpus"] == [] and "NVML" in node["gpu_absent_reason"]
+    assert node["status"] == "finished" and node["exit_code"] == 0
+    assert node["sample_interval_ms"] == INTERVAL_MS
+    # the job was followed: `sleep` is one process, with memory, for most of the snapshots
+    counts = [v for d, m, v in zip(table.column("device").to_pylist(), table.column("metric").to_pylist(),
+                                    table.column("value").to_pylist()) if (d, m) == (r.PROC, r.PROC_COUNT)]
+    assert counts.count(1.0) >= 0.5 * len(times), counts
+    # values are in range
+    for d, m, v in zip(table.column("device").to_pylist(), table.column("metric").to_pylist(),
+                       table.column("value").to_pylist()):
+        if m.endswith("_util") or m == r.CPU_IOWAIT:
+            assert 0.0 <= v <= 100.0, (d, m, v)
+        else:
+            assert v >= 0.0, (d, m, v)
+    assert "n1" in p.stderr and "snapshots" in p.stderr  # the summary
+
+
+@pytest.mark.parametrize("command, code", [
+    (["sh", "-c", "exit 3"], 3),
+    ([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], 137),
+    ([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"], 143),
+    (["no-such-command-for-stallwatch"], 127),
+])
+def test_exit_codes_propagate(tmp_path, command, code):
+    run = tmp_path / "run"
+    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "n", "--", *command)
+    assert p.returncode == code, p.stderr
+    node = node_record(run, "n")
+    assert node["exit_code"] == code and node["status"] == "finished"
+    if code == 127:
+        assert "no-such-command-for-stallwatch" in p.stderr and "No such file" in p.stderr
+
+
+def test_a_command_that_is_not_executable_gives_126(tmp_path):
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--", str(script))
+    assert p.returncode == 126, p.stderr
+    assert "Permission denied" in p.stderr
+
+
+def test_stdout_is_unchanged_byte_for_byte(tmp_path):
+    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
+                   *job(tmp_path, "time.sleep(0.3)", exit_code=0))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == PAYLOAD
+    assert "stallwatch:" in p.stderr  # the summary goes to stderr, never into the command's stdout
+
+
+def test_stdin_reaches_the_command(tmp_path):
+    full_env = dict(os.environ)
+    p = subprocess.run([*STALLWATCH, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
+                        sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read()[::-1])"],
+                       input=b"abc\xc3\xa9\n", capture_output=True, timeout=60, env=full_env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "\n\u00e9cba".encode()  # "abcé\n" reversed, by the command itself
+
+
+def _trap_job(tmp_path: Path, signame: str) -> list[str]:
+    return [sys.executable, "-c",
+            "import signal, sys, time, os\n"
+            f"def on(sig, frame):\n"
+            f"    open({str(tmp_path / 'marker')!r}, 'w').write('got ' + signal.Signals(sig).name)\n"
+            f"    sys.exit(0)\n"
+            f"signal.signal(signal.{signame}, on)\n"
+            f"open({str(tmp_path / 'started')!r}, 'w').write(str(os.getpid()))\n"
+            "time.sleep(60)\n"
+            "sys.exit(9)\n"]
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGUSR1"])
+def test_signals_to_the_launcher_reach_the_command(tmp_path, signame):
+    bg = Background(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--node", "n", "--",
+                    *_trap_job(tmp_path, signame))
+    try:
+        wait_until(lambda: (tmp_path / "started").exists(), 30, what="the command to start")
+        bg.proc.send_signal(getattr(signal, signame))
+        assert bg.wait(timeout=60) == 0, bg.stderr
+    finally:
+        bg.kill_all()
+    assert (tmp_path / "marker").read_text() == f"got {signame}"
+    node = node_record(tmp_path / "run", "n")
+    assert node["exit_code"] == 0 and node["status"] == "finished"
+
+
+def test_sigterm_to_a_command_that_does_not_trap_it_gives_143(tmp_path):
+    bg = Background(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
+                    "sh", "-c", f"echo $$ > {tmp_path / 'started'}; exec sleep 60")
+    try:
+        wait_until(lambda: (tmp_path / "started").exists(), 30, what="the command to start")
+        bg.proc.send_signal(signal.SIGTERM)
+        assert bg.wait(timeout=60) == 143, bg.stderr
+    finally:
+        bg.kill_all()
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int, str]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path, run_stallwatch):
+    run = tmp_path / "run"
+    first = run_stallwatch("run", "--interval", "100ms", "--out", str(run), "--node", "a", "--", "sleep", "0.5",
+                           timeout=60)
+    assert first.returncode == 0, first.stderr
+    before = _tree(run)
+    assert any(k.startswith("system/a/") for k in before) and "nodes/a.json" in before and "run.json" in before
+    marker = tmp_path / "ran"
+    second = run_stallwatch("run", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
+                            "touch", str(marker), timeout=60)
+    assert second.returncode == 2
+    assert "already has a node named 'a'" in second.stderr and "--node" in second.stderr
+    assert not marker.exists()  # the command did not run
+    assert _tree(run) == before  # not a byte, not a timestamp changed
+    assert read_json(run / "nodes" / "a.json")["exit_code"] == 0
+
+
+def test_two_nodes_build_one_run(tmp_path, run_stallwatch):
+    run = tmp_path / "run"
+    a = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
+                   *job(tmp_path, "time.sleep(1.5)", exit_code=0), name="a")
+    b = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "b", "--",
+                   *job(tmp_path, "time.sleep(1.5)", exit_code=4), name="b")
+    try:
+        assert a.wait(60) == 0, a.stderr
+        assert b.wait(60) == 4, b.stderr
+    finally:
+        a.kill_all()
+        b.kill_all()
+    assert a.stdout == PAYLOAD and b.stdout == PAYLOAD
+    import stallwatch as sw
+
+    opened = sw.open_run(str(run))
+    assert opened.nodes == ["a", "b"]
+    info = opened.info
+    assert set(info["nodes"]) == {"a", "b"}
+    assert info["nodes"]["a"]["exit_code"] == 0 and info["nodes"]["b"]["exit_code"] == 4
+    assert info["created_by_node"] in ("a", "b")  # run.json written once, by whichever came first
+    assert len(snapshot_times(run, "a")) >= 5 and len(snapshot_times(run, "b")) >= 5
+    nodes_in_data = set(system_table(run).column("node").to_pylist())
+    assert nodes_in_data == {"a", "b"}
+
+    p = run_stallwatch("info", str(run), timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[0]: line.split() for line in p.stdout.splitlines() if line.split()[:1] in (["a"], ["b"])}
+    assert set(rows) == {"a", "b"}, p.stdout
+    assert "finished" in rows["a"] and "finished" in rows["b"]
+    assert "metrics of a:" in p.stdout and "metrics of b:" in p.stdout
+
+
+def test_info_on_something_that_is_not_a_run(tmp_path, run_stallwatch):
+    p = run_stallwatch("info", str(tmp_path), timeout=60)
+    assert p.returncode == 2
+    assert "not a stallwatch run" in p.stderr
+
+
+def test_no_command_is_a_usage_error(tmp_path, run_stallwatch):
+    p = run_stallwatch("run", "--out", str(tmp_path / "run"), "--", timeout=60)
+    assert p.returncode == 2
+    assert "give the command" in p.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_job_is_told_where_its_run_is(tmp_path):
+    run = tmp_path / "run"
+    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "n7", "--",
+                   sys.executable, "-c",
+                   "import os; print(os.environ['STALLWATCH_RUN'], os.environ['STALLWATCH_NODE'], "
+                   "os.environ['STALLWATCH_RUN_ID'])")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.decode().split() == [str(run), "n7", "run"]
+
+
+def test_unsupported_location_still_runs_the_command(tmp_path):
+    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", "gs://bucket/run", "--",
+                   *job(tmp_path, "", exit_code=6))
+    assert p.returncode == 6
+    assert p.stdout == PAYLOAD
+    assert "unsupported run location" in p.stderr

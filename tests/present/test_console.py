@@ -1,0 +1,86 @@
+"""Terminal text: aligned tables, human-readable numbers, the end-of-run summary."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stallwatch.analyze.usage import NodeSpan, UsageStat
+from stallwatch.present.console import human, run_summary, table, usage_table
+
+T0 = 1_763_790_000_000_000  # 2025-11-22 05:40:00 UTC
+
+
+def test_table_pads_columns_and_aligns():
+    """Columns are as wide as their widest cell, 'r' columns are right-aligned, no trailing spaces."""
+    text = table(["name", "n"], [["a", "1"], ["longer", "100"]], "lr")
+    assert text.splitlines() == [
+        "name      n",
+        "------  ---",
+        "a         1",
+        "longer  100",
+    ]
+
+
+def test_table_without_rows_and_default_alignment():
+    """Headers alone still make a table; the default is left alignment."""
+    assert table(["a", "bb"], []).splitlines() == ["a  bb", "-  --"]
+    assert table(["x", "y"], [["1", "22"]]).splitlines()[-1] == "1  22"
+
+
+@pytest.mark.parametrize(("value", "unit", "text"), [
+    (0, "B", "0 B"),
+    (1023, "B", "1023 B"),
+    (1023.6, "B", "1.0 KB"),  # not "1024 B"
+    (1024, "B", "1.0 KB"),
+    (1536, "B/s", "1.5 KB/s"),
+    (1024**2 - 1, "B", "1.0 MB"),  # not "1024.0 KB"
+    (5 * 1024**3, "B", "5.0 GB"),
+    (3 * 1024**4, "B/s", "3.0 TB/s"),
+    (2048 * 1024**4, "B", "2048.0 TB"),  # T is the largest prefix
+    (-2048, "B", "-2.0 KB"),
+    (42.345, "%", "42.3%"),
+    (100, "%", "100.0%"),
+    (4, "", "4.0"),
+    (math.nan, "%", "-"),
+    (math.nan, "B", "-"),
+])
+def test_human(value, unit, text):
+    """Byte sizes get binary prefixes, percentages one decimal, NaN a dash."""
+    assert human(value, unit) == text
+
+
+def test_usage_table_rows():
+    """One row per statistic, values formatted in their unit."""
+    stats = [UsageStat("algo-1", "CPU total", "%", 47.55, 47.5, 93.21, 98.0, 30),
+             UsageStat("algo-1", "Disk read", "B/s", 2048, 1024, 4096, 8192, 30)]
+    lines = usage_table(stats).splitlines()
+    assert lines[0].split() == ["node", "metric", "mean", "p50", "p95", "max"]
+    assert lines[2].split() == ["algo-1", "CPU", "total", "47.5%", "47.5%", "93.2%", "98.0%"]
+    assert lines[3].split() == ["algo-1", "Disk", "read", "2.0", "KB/s", "1.0", "KB/s", "4.0", "KB/s", "8.0", "KB/s"]
+    assert lines[2].endswith("98.0%") and lines[3].endswith("8.0 KB/s")  # right-aligned numbers
+
+
+def test_run_summary_with_data():
+    """The summary names the run, exit code, duration and span, snapshots per node, then the table."""
+    text = run_summary(run_uri="runs/r1", exit_code=3, start_us=T0, end_us=T0 + 125_000_000,
+                       spans=[NodeSpan("algo-1", 250, T0, T0 + 124_500_000)],
+                       stats=[UsageStat("algo-1", "GPU", "%", 12.0, 10.0, 40.0, 55.0, 250)], interval_ms=500)
+    lines = text.splitlines()
+    assert lines[0] == "stallwatch: run runs/r1"
+    assert lines[1] == ("  command exit code 3, duration 2m 05s "
+                        "(2025-11-22 05:40:00 UTC → 2025-11-22 05:42:05 UTC)")
+    assert lines[2] == "  algo-1: 250 system snapshots, one every 500 ms"
+    assert lines[3] == ""
+    assert "12.0%" in lines[-1] and "55.0%" in lines[-1]
+
+
+def test_run_summary_without_data():
+    """No stored samples is said plainly instead of printing an empty table."""
+    text = run_summary(run_uri="r", exit_code=0, start_us=T0, end_us=T0 + 1_500_000, spans=[], stats=[])
+    assert text.splitlines() == [
+        "stallwatch: run r",
+        "  command exit code 0, duration 1.5 s (2025-11-22 05:40:00 UTC → 2025-11-22 05:40:01 UTC)",
+        "  no system samples were stored",
+    ]

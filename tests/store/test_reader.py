@@ -1,0 +1,408 @@
+"""Reading a real local run: metadata, tidy system tables, time ranges, damaged files, live tails."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import stallwatch
+from stallwatch.records import MetricKey, system_schema
+from stallwatch.store import layout
+from stallwatch.store.location import RunLocation
+from stallwatch.store.reader import Run, RunNotFoundError, open_run
+from tests.run_builder import KEYS, S, T0, NodeData, all_rows, feed, make_run, node_record, run_record, \
+    write_node_json, writer_for
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    d = table.to_pydict()
+    return sorted(zip(d["timestamp_us"], d["node"], d["device"], d["metric"], d["value"]))
+
+
+def _chunks(root: Path, kind: str | None = None, node: str | None = None) -> list[layout.Chunk]:
+    loc = RunLocation(str(root))
+    out = [layout.parse_chunk(e.path, e.size) for e in loc.list(layout.SYSTEM_DIR)]
+    return sorted((c for c in out if c and (kind is None or c.kind == kind) and (node is None or c.node == node)),
+                  key=lambda c: (c.node, c.start_us))
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "stallwatch" and r.levelno >= logging.WARNING]
+
+
+@pytest.fixture(autouse=True)
+def _stallwatch_log_reaches_caplog(monkeypatch):
+    """The CLI's log setup (if some test ran it in this process) stops propagation, which caplog needs."""
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "propagate", True)
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> tuple[Path, dict[str, NodeData]]:
+    root = tmp_path / "20261122-060000-abc123"
+    return root, make_run(root, seconds=30, offsets_s=(0, 3))
+
+
+class DelayedLocation:
+    """The real RunLocation; after one listing of system/ it runs `hook` (a compaction that races the read)."""
+
+    def __init__(self, real: RunLocation, hook) -> None:
+        self._real = real
+        self.hook = hook
+
+    def list(self, rel_dir: str, recursive: bool = True):
+        out = self._real.list(rel_dir, recursive)
+        if rel_dir == layout.SYSTEM_DIR and self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class HalfDeletingSink:
+    """The real RunLocation whose deletes are held back after the first one (a compaction caught midway)."""
+
+    def __init__(self, real: RunLocation) -> None:
+        self.real = real
+        self.held: list[str] = []
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        self.real.write_atomic(rel, data)
+
+    def delete(self, rel: str) -> None:
+        if self.held or rel != self.first:
+            self.held.append(rel)
+        else:
+            self.real.delete(rel)
+            self.first = None
+
+    def release(self) -> None:
+        for rel in self.held:
+            self.real.delete(rel)
+        self.held = []
+
+
+# -- metadata -------------------------------------------------------------------------------------------
+
+def test_info_merges_run_json_and_every_node(run_dir):
+    """info carries run.json's fields, each node's record, and the span over all nodes."""
+    root, nodes = run_dir
+    info = open_run(str(root)).info
+    assert info["run_id"] == root.name
+    assert info["command"] == ["python", "train.py", "--epochs", "1"]
+    assert sorted(info["nodes"]) == ["algo-1", "algo-2"]
+    assert info["nodes"]["algo-2"]["cpu_cores_logical"] == 2
+    assert info["nodes"]["algo-2"]["start_us"] == T0 + 3 * S
+    assert info["start_us"] == T0
+    assert info["end_us"] == nodes["algo-2"].timestamps[-1] + S // 2
+
+
+def test_info_end_from_data_when_a_node_died(tmp_path):
+    """A node without end_us (its sampler was killed) ends at its newest stored sample."""
+    root = tmp_path / "run"
+    loc = RunLocation(str(root))
+    loc.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "a", T0)).encode())
+    data = NodeData("a")
+    w = writer_for(loc, "a")
+    feed(w, data, 0, 0, 7)  # parts only: killed before closing
+    write_node_json(loc, node_record("a", T0, None, samples=0, finished=False))
+    info = open_run(str(root)).info
+    assert info["nodes"]["a"]["end_us_from_data"] == T0 + 6 * S
+    assert info["end_us"] == T0 + 6 * S
+    assert info["start_us"] == T0
+
+
+def test_info_survives_bad_json(tmp_path, caplog):
+    """A damaged node record is skipped with a warning; run.json that is not an object is ignored."""
+    root = tmp_path / "run"
+    loc = RunLocation(str(root))
+    loc.write_atomic(layout.RUN_JSON, b"[1, 2]")
+    write_node_json(loc, node_record("good", T0, T0 + S, samples=1))
+    loc.write_atomic(layout.node_json("bad"), b'{"node": "bad", ')
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        info = open_run(str(root)).info
+    assert list(info["nodes"]) == ["good"]
+    assert info["start_us"] == T0
+    warnings = _warnings(caplog)
+    assert len(warnings) == 2
+    assert any("nodes/bad.json" in w for w in warnings) and any("run.json" in w for w in warnings)
+
+
+def test_nodes_ranks_and_keys(run_dir):
+    """nodes lists every node, ranks come from framework/, system_keys from the newest file's columns."""
+    root, _ = run_dir
+    for rank in ("10", "2", "0"):
+        p = root / "framework" / "algo-1" / rank / "steps.parquet"
+        p.parent.mkdir(parents=True)
+        p.write_bytes(b"x")
+    write_node_json(RunLocation(str(root)), node_record("algo-3", T0, T0, samples=0))  # no data yet
+    run = open_run(str(root))
+    assert run.nodes == ["algo-1", "algo-2", "algo-3"]
+    assert run.ranks() == {"algo-1": ["0", "2", "10"]}
+    assert run.system_keys("algo-1") == KEYS
+    assert run.system_keys("algo-3") == []
+
+
+def test_not_a_run(tmp_path):
+    """Opening a directory that holds no run (or nothing at all) is a RunNotFoundError saying what to pass."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("hi")
+    for path in (tmp_path / "empty", tmp_path / "missing", tmp_path / "empty" / "notes.txt"):
+        with pytest.raises(RunNotFoundError) as err:
+            open_run(str(path))
+        assert str(path) in str(err.value)
+        assert "run directory itself" in str(err.value)
+    assert issubclass(RunNotFoundError, FileNotFoundError)
+
+
+def test_a_run_with_only_a_node_record_opens(tmp_path):
+    """A run whose run.json is not there yet (remote spool) still opens from its node records."""
+    root = tmp_path / "run"
+    write_node_json(RunLocation(str(root)), node_record("a", T0, None, samples=0, finished=False))
+    run = stallwatch.open_run(str(root))
+    assert isinstance(run, Run)
+    assert run.nodes == ["a"]
+    assert run.system().num_rows == 0 and run.system().schema == system_schema()
+
+
+# -- system tables --------------------------------------------------------------------------------------
+
+def test_system_returns_every_row_once_with_the_schema(run_dir):
+    """system() is the tidy table of all planted values of all nodes, NaN cells absent."""
+    root, nodes = run_dir
+    t = open_run(str(root)).system()
+    assert t.schema == system_schema()
+    assert _rows(t) == all_rows(nodes)
+    assert len(_chunks(root, "part")) == 0 and len(_chunks(root, "seg")) == 6
+
+
+def test_time_range_is_start_inclusive_end_exclusive(run_dir):
+    """[start_us, end_us) across file boundaries: rows at start are in, rows at end are out."""
+    root, nodes = run_dir
+    start, end = T0 + 9 * S, T0 + 21 * S  # crosses segment boundaries of both nodes
+    t = open_run(str(root)).system(start_us=start, end_us=end)
+    expected = [r for r in all_rows(nodes) if start <= r[0] < end]
+    assert _rows(t) == expected
+    assert min(r[0] for r in expected) == start and max(r[0] for r in expected) == end - S
+    assert _rows(open_run(str(root)).system(start_us=T0 + 32 * S)) == \
+        [r for r in all_rows(nodes) if r[0] >= T0 + 32 * S]
+    empty = open_run(str(root)).system(start_us=T0 + 500 * S)
+    assert empty.num_rows == 0 and empty.schema == system_schema()
+
+
+def test_node_and_metric_filters(run_dir):
+    """nodes= and metrics= select rows; a single name may be given as a plain string."""
+    root, nodes = run_dir
+    run = open_run(str(root))
+    only_2 = run.system(nodes=["algo-2"])
+    assert _rows(only_2) == sorted(nodes["algo-2"].rows)
+    util = run.system(metrics=["cpu_util", "gpu_util"])
+    assert _rows(util) == [r for r in all_rows(nodes) if r[3] in ("cpu_util", "gpu_util")]
+    assert {r[2] for r in _rows(util)} == {"cpu", "cpu0", "cpu1", "gpu0", "proc"}
+    both = run.system(nodes="algo-1", metrics="mem_used_bytes", start_us=T0, end_us=T0 + 2 * S)
+    assert _rows(both) == [(T0, "algo-1", "memory", "mem_used_bytes", float(2**30)),
+                           (T0 + S, "algo-1", "memory", "mem_used_bytes", float(2**30 + 4096))]
+    assert run.system(nodes=["nope"]).num_rows == 0
+    assert run.system(metrics=[]).num_rows == 0
+
+
+def test_reads_only_the_files_a_time_range_needs(run_dir, caplog):
+    """A corrupt file outside the range is never opened: no warning, and the answer is complete."""
+    root, nodes = run_dir
+    first_seg = _chunks(root, "seg", "algo-1")[0]  # seconds 0..10
+    (root / first_seg.path).write_bytes(b"PAR1 this is not parquet at all PAR1")
+    start, end = T0 + 11 * S, T0 + 25 * S
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        t = open_run(str(root)).system(start_us=start, end_us=end)
+    assert _warnings(caplog) == []
+    assert _rows(t) == [r for r in all_rows(nodes) if start <= r[0] < end]
+
+
+def test_a_corrupt_file_inside_the_range_is_skipped_with_one_warning(run_dir, caplog):
+    """A truncated file in range costs only its own rows and is named in exactly one warning."""
+    root, nodes = run_dir
+    victim = _chunks(root, "seg", "algo-1")[1]  # seconds 11..21
+    data = (root / victim.path).read_bytes()
+    (root / victim.path).write_bytes(data[: len(data) // 2])
+    run = open_run(str(root))
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        t = run.system()
+        again = run.system(start_us=T0 + 12 * S)
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1
+    assert victim.path in warnings[0] and str(root) in warnings[0]
+    lost = {(ts, "algo-1") for ts in range(victim.start_us, victim.end_us + 1, S)}
+    expected = [r for r in all_rows(nodes) if (r[0], r[1]) not in lost]
+    assert _rows(t) == expected
+    assert _rows(again) == [r for r in expected if r[0] >= T0 + 12 * S]
+    ov = run.system_overview()["algo-1"]
+    assert ov.unreadable == 1 and ov.files == 2
+
+
+def test_leftover_parts_covered_by_a_segment_are_not_double_counted(tmp_path):
+    """Parts left behind by a crash after compaction are ignored; parts of the next segment are read."""
+    root = tmp_path / "run"
+    loc = RunLocation(str(root))
+    loc.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "a", T0)).encode())
+    data = NodeData("a")
+    w = writer_for(loc, "a")
+    feed(w, data, 0, 0, 10)
+    saved = {c.path: (root / c.path).read_bytes() for c in _chunks(root, "part")}
+    assert len(saved) == 4
+    feed(w, data, 0, 10, 5)  # rotation at second 10 deletes the parts; then parts of the next segment
+    for rel, blob in saved.items():  # as if the deletes never happened
+        (root / rel).write_bytes(blob)
+    kinds = [c.kind for c in _chunks(root)]
+    assert kinds.count("seg") == 1 and kinds.count("part") == 4 + 2
+    run = open_run(str(root))
+    assert _rows(run.system()) == sorted(data.rows)
+    assert run.system_overview()["a"].snapshots == 15
+
+
+def test_system_lists_again_when_a_part_is_compacted_mid_read(tmp_path):
+    """Parts that vanish between listing and reading are found in the new segment, not lost."""
+    root = tmp_path / "run"
+    loc = RunLocation(str(root))
+    loc.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "a", T0)).encode())
+    data = NodeData("a")
+    sink = HalfDeletingSink(loc)
+    w = writer_for(sink, "a")
+    feed(w, data, 0, 0, 10)
+    sink.first = _chunks(root, "part")[0].path
+    run = open_run(str(root))
+    run.location = DelayedLocation(loc, w.rotate)
+    assert _rows(run.system()) == sorted(data.rows)
+
+
+# -- live tail ------------------------------------------------------------------------------------------
+
+def test_tail_returns_only_new_rows_while_data_is_written(tmp_path):
+    """Each read() returns exactly the rows written since the previous one, across parts and rotations."""
+    root = tmp_path / "run"
+    loc = RunLocation(str(root))
+    write_node_json(loc, node_record("a", T0, None, samples=0, finished=False))
+    data = NodeData("a")
+    w = writer_for(loc, "a", flush_s=2, segment_s=10)
+    tail = open_run(str(root)).tail_system()
+    seen: list[tuple] = []
+    first = tail.read()
+    assert first.num_rows == 0 and first.schema == system_schema()
+    for step in range(6):  # 4 seconds per step: flushes and two rotations happen in between reads
+        before = len(data.rows)
+        feed(w, data, 0, step * 4, 4)
+        w.flush()
+        got = _rows(tail.read())
+        assert got == sorted(data.rows[before:])
+        seen += got
+    assert tail.read().num_rows == 0
+    w.close()  # compaction rewrites everything already read: nothing comes again
+    assert tail.read().num_rows == 0
+    assert sorted(seen) == sorted(data.rows)
+
+
+def test_tail_filters(run_dir):
+    """A tail with nodes= and metrics= returns only those rows."""
+    root, nodes = run_dir
+    tail = open_run(str(root)).tail_system(nodes="algo-2", metrics=["gpu_util"])
+    assert _rows(tail.read()) == sorted(r for r in nodes["algo-2"].rows if r[3] == "gpu_util")
+    assert tail.read().num_rows == 0
+
+
+def test_tail_does_not_skip_rows_of_a_part_compacted_mid_read(tmp_path):
+    """When a listed part vanishes but a later one is still there, the tail waits for the segment."""
+    root = tmp_path / "run"
+    loc = RunLocation(str(root))
+    write_node_json(loc, node_record("a", T0, None, samples=0, finished=False))
+    data = NodeData("a")
+    sink = HalfDeletingSink(loc)
+    w = writer_for(sink, "a")
+    feed(w, data, 0, 0, 10)
+    sink.first = _chunks(root, "part")[0].path
+    run = open_run(str(root))
+    tail = run.tail_system()
+    run.location = DelayedLocation(loc, w.rotate)
+    got = _rows(tail.read())
+    sink.release()  # the compaction finishes
+    got += _rows(tail.read())
+    assert sorted(got) == sorted(data.rows)
+
+
+# -- overview -------------------------------------------------------------------------------------------
+
+def test_system_overview(run_dir):
+    """Per node: snapshots, files, bytes and span, from the file footers."""
+    root, nodes = run_dir
+    ov = open_run(str(root)).system_overview()
+    assert sorted(ov) == ["algo-1", "algo-2"]
+    for name, data in nodes.items():
+        chunks = _chunks(root, node=name)
+        assert ov[name].snapshots == 30
+        assert ov[name].files == len(chunks) == 3
+        assert ov[name].bytes == sum(c.size for c in chunks) > 0
+        assert ov[name].start_us == data.timestamps[0]
+        assert ov[name].end_us == data.timestamps[-1]
+        assert ov[name].unreadable == 0
+
+
+def test_copied_run_reads_the_same(run_dir, tmp_path):
+    """A run is just its directory: a copy elsewhere reads identically (no absolute paths inside)."""
+    root, nodes = run_dir
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(root, copy)
+    assert _rows(open_run(str(copy)).system()) == all_rows(nodes)
+    assert open_run(f"file://{copy}").system().num_rows == len(all_rows(nodes))
+
+
+def test_metric_key_columns_match_the_writer():
+    """The reader's column naming is the writer's: device/metric."""
+    assert MetricKey.from_column("gpu0/gpu_util") == MetricKey("gpu0", "gpu_util")
+    assert [k.column for k in KEYS][:2] == ["cpu/cpu_util", "cpu/cpu_iowait"]
+
+
+# -- the local RunLocation under the reader ---------------------------------------------------------------
+
+def test_location_write_list_read_delete(tmp_path):
+    """Atomic writes create folders and leave no temporary file; list() gives run-relative paths and sizes."""
+    loc = RunLocation(f"{tmp_path}/run/")
+    assert loc.uri == f"{tmp_path}/run" and not loc.remote
+    assert loc.list("system") == []  # a folder that does not exist yet
+    loc.write_atomic("system/a/x.parquet", b"12345")
+    loc.write_atomic("run.json", b"{}")
+    loc.write_atomic("run.json", b'{"v": 2}')  # replaced whole
+    (tmp_path / "run" / "system" / "a" / ".hidden").write_bytes(b"h")
+    (tmp_path / "run" / "system" / "a" / "y.parquet.1234abcd.tmp").write_bytes(b"t")
+    assert sorted((e.path, e.size) for e in loc.list("")) == [("run.json", 8), ("system/a/x.parquet", 5)]
+    assert [e.path for e in loc.list("system", recursive=False)] == []
+    assert loc.read("run.json") == b'{"v": 2}'
+    assert loc.exists("system/a/x.parquet") and not loc.exists("nope")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json", "system"]
+    loc.delete("system/a/x.parquet")
+    loc.delete("system/a/x.parquet")  # deleting what is gone is fine
+    assert not loc.exists("system/a/x.parquet")
+    assert loc.local_path("run.json") == tmp_path / "run" / "run.json"
+    with pytest.raises(FileNotFoundError):
+        loc.read("missing.json")
+
+
+def test_location_create_exclusive_never_overwrites(tmp_path):
+    """create_exclusive writes once; a second writer gets False and the first content stays."""
+    loc = RunLocation(str(tmp_path / "run"))
+    assert loc.create_exclusive("nodes/a.json", b"first") is True
+    assert loc.create_exclusive("nodes/a.json", b"second") is False
+    assert loc.read("nodes/a.json") == b"first"
+    assert [p.name for p in (tmp_path / "run" / "nodes").iterdir()] == ["a.json"]  # no temporary left
+
+
+def test_location_file_uri_and_unsupported_scheme(tmp_path):
+    """file:// URIs are local paths; other schemes than s3 are refused with a hint."""
+    loc = RunLocation(f"file://{tmp_path}/r")
+    loc.write_atomic("a.txt", b"x")
+    assert (tmp_path / "r" / "a.txt").read_bytes() == b"x"
+    with pytest.raises(ValueError, match="unsupported run location"):
+        RunLocation("gs://bucket/run")
