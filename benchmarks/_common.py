@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -34,9 +35,18 @@ def start_job(workers: int = 2) -> subprocess.Popen:
             print("up", flush=True)
             time.sleep(3600)
     """)
-    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert job.stdout is not None and job.stdout.readline().strip() == "up"
     return job
+
+
+def stop_job(job: subprocess.Popen) -> None:
+    """Kill the stand-in job with its workers (they would outlive a plain kill of the parent)."""
+    try:
+        os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job.wait()
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

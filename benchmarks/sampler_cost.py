@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_ns, machine, start_job, table  # noqa: E402
+from _common import cpu_ns, machine, start_job, stop_job, table  # noqa: E402
 from naive_monitor import sample as naive_sample  # noqa: E402
 
 from stallwatch.collect.sampler_process import StartMessage  # noqa: E402
@@ -121,7 +121,7 @@ def main() -> None:
               "(CPU from /proc/<pid>/task/*/schedstat, includes writing)")
         print(table(["interval", "sampler", "CPU ms", "snapshots", "µs/snapshot", "% of one core"], rows))
     finally:
-        job.kill()
+        stop_job(job)
 
 
 if __name__ == "__main__":

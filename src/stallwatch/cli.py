@@ -117,12 +117,15 @@ def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
     from stallwatch.store.reader import open_run
 
     try:
-        table = open_run(result.run_uri).system(nodes=[result.node])
+        # Data that could not be uploaded is still complete in the local spool, itself a readable run.
+        table = open_run(result.local_copy or result.run_uri).system(nodes=[result.node])
         text = run_summary(run_uri=result.run_uri, exit_code=result.exit_code, start_us=result.start_us,
                            end_us=result.end_us, spans=node_spans(table), stats=usage_stats(table),
                            interval_ms=config.sample_interval_ms)
     except Exception as exc:
         text = f"stallwatch: run {result.run_uri} (exit code {result.exit_code}); summary unavailable: {exc}"
+    if result.local_copy:
+        text += f"\n  not all of it reached {result.run_uri}: the rest is in {result.local_copy}"
     print(text, file=sys.stderr)
 
 

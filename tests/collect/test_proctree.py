@@ -172,3 +172,42 @@ def test_a_root_that_does_not_exist_gives_zeros():
     reader = ProcessTreeReader(cores=2, refresh_s=0.2)
     reader.set_root(p.pid)
     assert values(reader) == {m: 0.0 for m in PROC_METRICS}
+
+
+def test_tree_is_rescanned_often_while_it_changes_and_rarely_while_it_is_stable(monkeypatch) -> None:
+    """Finding children costs a scan of /proc: back off from 0.5 s to 10 s while the tree is unchanged,
+    and look again at the next snapshot once a member exits (e.g. an epoch's workers ending)."""
+    import subprocess
+    import sys
+    import types
+
+    from stallwatch.collect import proctree
+
+    clock = types.SimpleNamespace(t=100.0)
+    monkeypatch.setattr(proctree, "time", types.SimpleNamespace(monotonic=lambda: clock.t))
+    scans = []
+    real_scan = proctree.ProcessTreeReader._scan
+    monkeypatch.setattr(proctree.ProcessTreeReader, "_scan", lambda self: (scans.append(clock.t), real_scan(self)))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        reader = proctree.ProcessTreeReader(cores=2)
+        reader.set_root(child.pid)
+        for _ in range(400):  # 40 s of snapshots at 100 ms
+            clock.t += 0.1
+            reader.read()
+        gaps = [round(b - a, 1) for a, b in zip(scans, scans[1:])]
+        # Scans happen at the first snapshot at or after each due time (snapshots are 0.1 s apart).
+        for gap, due in zip(gaps, [0.5, 1.0, 2.0, 4.0, 8.0] + [10.0] * (len(gaps) - 5)):
+            assert due <= gap <= due + 0.1
+        assert len(gaps) >= 7
+        child.kill()
+        child.wait()
+        before = len(scans)
+        clock.t += 0.1
+        assert reader.read()[2] == 0.0  # num_procs: the root is gone
+        clock.t += 0.1
+        reader.read()
+        assert len(scans) == before + 1  # rescanned at once, not 10 s later
+    finally:
+        child.kill()
+        child.wait()

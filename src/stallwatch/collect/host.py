@@ -7,8 +7,9 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import psutil
+
+from stallwatch.collect import procfs
 
 from stallwatch import records as r
 from stallwatch.records import MetricKey
@@ -29,31 +30,45 @@ def physical_nics(names: list[str], sys_net: str = "/sys/class/net") -> list[str
     return real or [n for n in names if n != "lo"]
 
 
+CpuRows = list[tuple[float, float, float]]  # per core: cumulative (total, idle incl. iowait, iowait)
+
+
 @dataclass
 class _Counters:
     mono_s: float
-    cpu: np.ndarray  # (cores, fields) cumulative seconds
+    cpu: CpuRows
     disk_read: float
     disk_write: float
     net_rx: float
     net_tx: float
+    mem_total: float
+    mem_available: float
+
+
+def _psutil_cpu_rows() -> CpuRows:
+    rows = []
+    for t in psutil.cpu_times(percpu=True):
+        d = t._asdict()
+        total = sum(v for k, v in d.items() if k not in ("guest", "guest_nice"))
+        iowait = d.get("iowait", 0.0)
+        rows.append((total, d["idle"] + iowait, iowait))
+    return rows
 
 
 class HostReader:
-    """Reads /proc through psutil once per snapshot and turns counters into percentages and bytes/s."""
+    """Reads the machine's counters once per snapshot and turns them into percentages and bytes/s.
+    On Linux the counters come straight from /proc (procfs.py); elsewhere through psutil."""
 
-    def __init__(self) -> None:
-        fields = psutil.cpu_times()._fields
-        # One matrix product turns each core's counter deltas into (total, idle, iowait) seconds.
-        # guest time is already part of user/nice on Linux; counting it again would inflate the total.
-        self._weights = np.array([[f not in ("guest", "guest_nice"), f in ("idle", "iowait"), f == "iowait"]
-                                  for f in fields], dtype=np.float64)
-        # The rows /proc/stat has (online cores), so the per-core columns match what is read each time.
-        self.cores = len(psutil.cpu_times(percpu=True)) or psutil.cpu_count(logical=True) or 1
+    def __init__(self, use_procfs: bool | None = None) -> None:
+        self._procfs = procfs.AVAILABLE if use_procfs is None else use_procfs
+        # The rows the counters have (online cores), so the per-core columns match what is read each time.
+        self.cores = len(self._cpu_rows()) or psutil.cpu_count(logical=True) or 1
         disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
         self._disks = physical_disks(list(disks))
+        self._disk_set = frozenset(d.encode() for d in self._disks)
         nics = psutil.net_io_counters(pernic=True, nowrap=False) or {}
         self._nics = physical_nics(list(nics))
+        self._nic_set = frozenset(n.encode() for n in self._nics)
         self._prev = self._read()
 
     def keys(self) -> list[MetricKey]:
@@ -67,46 +82,52 @@ class HostReader:
         ]
         return keys
 
+    def _cpu_rows(self) -> CpuRows:
+        return procfs.cpu_rows() if self._procfs else _psutil_cpu_rows()
+
     def _read(self) -> _Counters:
         mono = time.monotonic()
-        cpu = np.asarray(psutil.cpu_times(percpu=True), dtype=np.float64)
-        disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
-        rd = wr = 0.0
-        for name in self._disks:
-            d = disks.get(name)
-            if d is not None:
-                rd += d.read_bytes
-                wr += d.write_bytes
-        nics = psutil.net_io_counters(pernic=True, nowrap=False) or {}
-        rx = tx = 0.0
-        for name in self._nics:
-            n = nics.get(name)
-            if n is not None:
-                rx += n.bytes_recv
-                tx += n.bytes_sent
-        return _Counters(mono, cpu, rd, wr, rx, tx)
+        cpu = self._cpu_rows()
+        if self._procfs:
+            rd, wr = procfs.disk_bytes(self._disk_set)
+            rx, tx = procfs.net_bytes(self._nic_set)
+            mem_total, mem_avail = procfs.memory()
+        else:
+            disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
+            rd = sum(disks[n].read_bytes for n in self._disks if n in disks)
+            wr = sum(disks[n].write_bytes for n in self._disks if n in disks)
+            nics = psutil.net_io_counters(pernic=True, nowrap=False) or {}
+            rx = sum(nics[n].bytes_recv for n in self._nics if n in nics)
+            tx = sum(nics[n].bytes_sent for n in self._nics if n in nics)
+            vm = psutil.virtual_memory()
+            mem_total, mem_avail = vm.total, vm.available
+        return _Counters(mono, cpu, rd, wr, rx, tx, mem_total, mem_avail)
 
     def read(self) -> list[float]:
         """Values in the order of `keys()`, over the time since the previous call."""
         cur = self._read()
         prev, self._prev = self._prev, cur
         dt = cur.mono_s - prev.mono_s
-        delta = cur.cpu - prev.cpu
-        if delta.shape != (self.cores, self._weights.shape[0]):  # a core went offline: no CPU values this time
-            delta = np.full((self.cores, self._weights.shape[0]), np.nan)
-        per_core = delta @ self._weights
-        rows = np.vstack((per_core.sum(axis=0), per_core))  # row 0: all cores, then each core
-        total = rows[:, 0]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            total = np.where(total > 0, total, np.nan)
-            util = np.clip(100.0 * (total - rows[:, 1]) / total, 0.0, 100.0)
-            iowait = np.clip(100.0 * rows[:, 2] / total, 0.0, 100.0)
-        out = np.column_stack((util, iowait)).ravel().tolist()
-        vm = psutil.virtual_memory()
-        out += [float(vm.percent), float(vm.total - vm.available)]
+        out: list[float] = []
+        if len(cur.cpu) == len(prev.cpu) == self.cores:
+            deltas = [(a[0] - b[0], a[1] - b[1], a[2] - b[2]) for a, b in zip(cur.cpu, prev.cpu)]
+            total = (sum(d[0] for d in deltas), sum(d[1] for d in deltas), sum(d[2] for d in deltas))
+            for d in [total, *deltas]:
+                out += _cpu_percentages(*d)
+        else:  # a core went offline or came back: no CPU values for this interval
+            out = [_NAN] * (2 * (self.cores + 1))
+        used = cur.mem_total - cur.mem_available
+        out += [100.0 * used / cur.mem_total if cur.mem_total else _NAN, float(used)]
         out += [_rate(cur.disk_read - prev.disk_read, dt), _rate(cur.disk_write - prev.disk_write, dt),
                 _rate(cur.net_rx - prev.net_rx, dt), _rate(cur.net_tx - prev.net_tx, dt)]
         return out
+
+
+def _cpu_percentages(total: float, idle: float, iowait: float) -> tuple[float, float]:
+    """(busy %, I/O-wait %) of one interval's counter deltas; no value when no time was counted."""
+    if total <= 0:
+        return _NAN, _NAN
+    return min(100.0, max(0.0, 100.0 * (total - idle) / total)), min(100.0, max(0.0, 100.0 * iowait / total))
 
 
 def _rate(delta: float, dt: float) -> float:

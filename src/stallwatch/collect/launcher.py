@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from stallwatch.collect.sampler_process import StartMessage
+from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger
 from stallwatch.store import layout
@@ -31,7 +31,7 @@ from stallwatch.timeutil import now_us
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 SAMPLER_READY_TIMEOUT_S = 15.0
 MAX_SAMPLER_RESTARTS = 3
-REMOTE_CHECK_TIMEOUT_S = 5.0
+REMOTE_CHECK_TIMEOUT_S = 2.0
 
 
 class RunConflictError(RuntimeError):
@@ -47,6 +47,8 @@ class LaunchResult:
     end_us: int
     sampler_restarts: int = 0
     notes: list[str] = field(default_factory=list)
+    # Where this node's data can be read when it could not all be uploaded (the local spool).
+    local_copy: str | None = None
 
 
 def default_node_name() -> str:
@@ -353,7 +355,11 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
     end_us = now_us()
     code = child.returncode
     exit_code = 128 - code if code < 0 else code
+    local_copy = None
     if sampler is not None:
         sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
         sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
-    return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts)
+        if sampler.proc.returncode == EXIT_KEPT_IN_SPOOL:
+            local_copy = default_spool(run_uri, node)
+    return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts,
+                        local_copy=local_copy)

@@ -7,14 +7,19 @@ from dataclasses import dataclass
 
 import psutil
 
+from stallwatch.collect import procfs
+
 from stallwatch import records as r
 from stallwatch.records import MetricKey
 
 PROC_METRICS = (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE, r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)
 # A worker counts as busy when it used at least this share of one core during the interval.
 BUSY_CORE_FRACTION = 0.10
-# Finding children scans all of /proc (~0.4 ms on a quiet machine): do it at this period, not every snapshot.
-TREE_REFRESH_S = 5.0
+# Finding children scans all of /proc (0.4 ms warm, 1.4 ms when the sampler wakes cold, more on busy
+# machines), so the tree is re-read on a back-off: every TREE_REFRESH_MIN_S right after it changed (a job
+# starting its data-loader workers), doubling up to TREE_REFRESH_S while it stays the same.
+TREE_REFRESH_S = 10.0
+TREE_REFRESH_MIN_S = 0.5
 
 
 @dataclass
@@ -40,6 +45,8 @@ class ProcessTreeReader:
     def __init__(self, cores: int, refresh_s: float = TREE_REFRESH_S) -> None:
         self._cores = max(1, cores)
         self._refresh_s = refresh_s
+        self._min_refresh_s = min(TREE_REFRESH_MIN_S, refresh_s)
+        self._delay = self._min_refresh_s
         self._root: psutil.Process | None = None
         self._members: dict[int, _Member] = {}
         self._cmdlines: dict[int, list[str]] = {}
@@ -53,13 +60,20 @@ class ProcessTreeReader:
             self._root = None
         self._members.clear()
         self._next_refresh = 0.0
+        self._delay = self._min_refresh_s
 
     @staticmethod
     def keys() -> list[MetricKey]:
         return [MetricKey(r.PROC, m) for m in PROC_METRICS]
 
     def _refresh(self, now: float) -> None:
-        self._next_refresh = now + self._refresh_s
+        before = set(self._members)
+        self._scan()
+        changed = set(self._members) != before
+        self._delay = self._min_refresh_s if changed else min(self._delay * 2, self._refresh_s)
+        self._next_refresh = now + self._delay
+
+    def _scan(self) -> None:
         root = self._root
         if root is None:
             return
@@ -97,16 +111,11 @@ class ProcessTreeReader:
         workers_cpu = 0.0
         gone = []
         for pid, m in self._members.items():
-            try:
-                with m.proc.oneshot():
-                    if m.proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped: not alive
-                        raise psutil.ZombieProcess(pid)
-                    t = m.proc.cpu_times()
-                    mem = m.proc.memory_info().rss
-            except psutil.Error:
+            reading = _read_process(m.proc)
+            if reading is None:
                 gone.append(pid)
                 continue
-            cpu_s = t.user + t.system
+            cpu_s, mem = reading
             used = 0.0 if m.cpu_s is None else max(0.0, cpu_s - m.cpu_s)
             m.cpu_s = cpu_s
             cpu_total += used
@@ -120,10 +129,25 @@ class ProcessTreeReader:
         for pid in gone:
             self._members.pop(pid, None)
         if gone:
-            self._next_refresh = 0.0  # the tree changed: look again at the next snapshot
+            self._next_refresh = 0.0  # the tree changed: look again at the next snapshot, then often
+            self._delay = self._min_refresh_s
         capacity = dt * self._cores
         return [100.0 * cpu_total / capacity, rss, float(count), float(alive), float(busy),
                 100.0 * workers_cpu / capacity]
+
+
+def _read_process(proc: psutil.Process) -> tuple[float, int] | None:
+    """(CPU seconds, RSS bytes) of a live process, None once it exited (zombies included)."""
+    if procfs.AVAILABLE:
+        return procfs.process(proc.pid)
+    try:
+        with proc.oneshot():
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            t = proc.cpu_times()
+            return t.user + t.system, proc.memory_info().rss
+    except psutil.Error:
+        return None
 
 
 def _alive(proc: psutil.Process) -> bool:

@@ -23,6 +23,8 @@ from stallwatch.log import configure_cli_logging, logger, warn_once
 from stallwatch.timeutil import now_us
 
 FINAL_UPLOAD_TIMEOUT_S = 30.0
+# Exit status telling the launcher that some of the run is only in the local spool (not uploaded).
+EXIT_KEPT_IN_SPOOL = 3
 
 
 @dataclass
@@ -96,7 +98,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     location = RunLocation(start.run)
     sink: Any = location
     if location.remote:
-        spool = Path(start.spool_dir or _default_spool(start.run, start.node))
+        spool = Path(start.spool_dir or default_spool(start.run, start.node))
         sink = SpoolingSink(location, spool)
     stored = sum(e.size for e in location.list(layout.system_dir(start.node))) if not location.remote else 0
     interval_s = start.interval_ms / 1000.0
@@ -160,7 +162,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             # finalization at exit waits for it: leave now, everything unsent is in the spool (logged).
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
-            os._exit(0)
+            os._exit(EXIT_KEPT_IN_SPOOL)
     return 0
 
 
@@ -173,7 +175,7 @@ def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:
         warn_once(f"node-json-{node}", "cannot write %s (%s)", layout.node_json(node), exc)
 
 
-def _default_spool(run: str, node: str) -> str:
+def default_spool(run: str, node: str) -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run.split("://", 1)[-1])
     return os.path.join(base, "stallwatch", "spool", safe, node)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from stallwatch.log import warn_once
 S3_CONNECT_TIMEOUT_S = 3.0
 S3_REQUEST_TIMEOUT_S = 5.0
 S3_MAX_ATTEMPTS = 2
+
+
+_TMP_SEQ = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -86,10 +90,14 @@ class RunLocation:
                 out.write(data)
             return
         parent = os.path.dirname(target)
-        os.makedirs(parent, exist_ok=True)
-        tmp = os.path.join(parent, f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp = os.path.join(parent, f".{os.path.basename(target)}.{os.getpid()}.{next(_TMP_SEQ)}.tmp")
         try:
-            with open(tmp, "wb") as fh:
+            try:
+                fh = open(tmp, "wb")
+            except FileNotFoundError:  # first file of its directory (cheaper than makedirs on every write)
+                os.makedirs(parent, exist_ok=True)
+                fh = open(tmp, "wb")
+            with fh:
                 fh.write(data)
             os.replace(tmp, target)
         except BaseException:

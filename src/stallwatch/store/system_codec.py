@@ -39,12 +39,18 @@ def _to_table(keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray)
 
 def encode(kind: str, keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> bytes:
     """A part (Arrow IPC: cheap to write, short-lived) or a segment (Parquet: compact, long-lived)."""
-    table = _to_table(keys, timestamps, values)
     sink = io.BytesIO()
     if kind == PART:
+        # Written every flush by a process that wakes up cold: no rounding or null masks (readers treat
+        # NaN as missing), and column-major float32 so each column converts without a copy.
+        block = np.asfortranarray(values, dtype=np.float32)
+        table = pa.Table.from_arrays([pa.array(timestamps.astype(np.int64, copy=False))]
+                                     + [pa.array(block[:, j]) for j in range(block.shape[1])],
+                                     names=[TIMESTAMP] + [k.column for k in keys])
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
         return sink.getvalue()
+    table = _to_table(keys, timestamps, values)
     dict_cols = [k.column for k in keys if k.metric in _DICTIONARY_METRICS]
     encodings = {TIMESTAMP: "DELTA_BINARY_PACKED"}
     encodings.update({k.column: "BYTE_STREAM_SPLIT" for k in keys if k.metric not in _DICTIONARY_METRICS})

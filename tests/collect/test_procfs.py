@@ -1,0 +1,99 @@
+"""The /proc fast path must read the same numbers psutil does (psutil stays the reference)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from stallwatch.collect import procfs
+from stallwatch.collect.host import HostReader, physical_disks, physical_nics
+
+pytestmark = pytest.mark.skipif(not procfs.AVAILABLE, reason="Linux /proc only")
+
+
+def test_cpu_rows_match_psutil_per_core() -> None:
+    ours = procfs.cpu_rows()
+    theirs = psutil.cpu_times(percpu=True)
+    assert len(ours) == len(theirs) == psutil.cpu_count()
+    for (total, idle, iowait), t in zip(ours, theirs):
+        # Same counters, ours in ticks; a few ticks pass between the two reads.
+        assert idle / procfs.CLOCK_TICKS == pytest.approx(t.idle + t.iowait, abs=0.5)
+        assert iowait / procfs.CLOCK_TICKS == pytest.approx(t.iowait, abs=0.5)
+        psutil_total = t.user + t.nice + t.system + t.idle + t.iowait + t.irq + t.softirq + t.steal
+        assert total / procfs.CLOCK_TICKS == pytest.approx(psutil_total, abs=0.5)
+
+
+def test_memory_matches_psutil() -> None:
+    total, available = procfs.memory()
+    vm = psutil.virtual_memory()
+    assert total == vm.total
+    assert available == pytest.approx(vm.available, rel=0.02)
+
+
+def test_disk_and_net_counters_match_psutil() -> None:
+    per_disk = psutil.disk_io_counters(perdisk=True, nowrap=False)
+    disks = physical_disks(list(per_disk))
+    rd, wr = procfs.disk_bytes(frozenset(d.encode() for d in disks))
+    per_disk = psutil.disk_io_counters(perdisk=True, nowrap=False)
+    # psutil multiplies by the device's sector size, the kernel counts 512-byte units: equal on 512 B disks.
+    assert rd == pytest.approx(sum(per_disk[d].read_bytes for d in disks), rel=0.01, abs=1 << 20)
+    assert wr == pytest.approx(sum(per_disk[d].write_bytes for d in disks), rel=0.01, abs=1 << 20)
+    per_nic = psutil.net_io_counters(pernic=True, nowrap=False)
+    nics = physical_nics(list(per_nic))
+    rx, tx = procfs.net_bytes(frozenset(n.encode() for n in nics))
+    per_nic = psutil.net_io_counters(pernic=True, nowrap=False)
+    assert rx == pytest.approx(sum(per_nic[n].bytes_recv for n in nics), abs=1 << 16)
+    assert tx == pytest.approx(sum(per_nic[n].bytes_sent for n in nics), abs=1 << 16)
+
+
+def test_process_cpu_and_rss_match_psutil() -> None:
+    """A busy child with a recognisable RSS: ours and psutil's readings of it agree."""
+    code = "x = bytearray(64 << 20)\nimport time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        proc = psutil.Process(child.pid)
+        while proc.memory_info().rss < 64 << 20:
+            pass
+        cpu, rss = procfs.process(child.pid)
+        t, mem = proc.cpu_times(), proc.memory_info()
+        assert cpu == pytest.approx(t.user + t.system, abs=0.1)
+        assert rss == pytest.approx(mem.rss, rel=0.05)
+    finally:
+        child.kill()
+        child.wait()
+    assert procfs.process(child.pid) is None  # reaped: gone
+
+
+def test_a_zombie_reads_as_gone() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        pass
+    try:
+        assert procfs.process(child.pid) is None
+    finally:
+        child.wait()
+
+
+def test_command_names_with_parentheses_and_spaces_parse() -> None:
+    """/proc/<pid>/stat wraps the name in parentheses; a name like 'a) (b' must not shift the fields."""
+    code = "open('/proc/self/comm', 'w').write('we) (ird'); print('ok', flush=True); import time; time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ok"
+    try:
+        assert psutil.Process(child.pid).name() == "we) (ird"
+        reading = procfs.process(child.pid)
+        assert reading is not None and reading[1] > 1 << 20
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_host_reader_agrees_with_its_psutil_fallback() -> None:
+    fast, slow = HostReader(), HostReader(use_procfs=False)
+    assert [k.column for k in fast.keys()] == [k.column for k in slow.keys()]
+    a, b = fast.read(), slow.read()
+    mem = [k.column for k in fast.keys()].index("memory/mem_used_bytes")
+    assert a[mem] == pytest.approx(b[mem], rel=0.05)
