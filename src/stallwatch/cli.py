@@ -142,6 +142,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upload(args: argparse.Namespace) -> int:
+    from stallwatch.store.location import RunLocation
+    from stallwatch.store.reader import RunNotFoundError, open_run
+    from stallwatch.store.transfer import copy_run
+
+    try:
+        source = open_run(args.source).location
+    except RunNotFoundError as exc:
+        print(f"stallwatch upload: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = copy_run(source, RunLocation(args.dest), delete_source=args.delete)
+    except Exception as exc:
+        print(f"stallwatch upload: could not copy to {args.dest}: {exc}. Nothing in {args.source} was removed; "
+              "run the same command again once the destination is reachable.", file=sys.stderr)
+        return 1
+    print(f"copied {len(result.copied)} file(s) to {args.dest}, {len(result.skipped)} already there"
+          + ("; removed the local copy" if args.delete else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -153,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")
     p.set_defaults(func=cmd_info)
+    p = sub.add_parser("upload", help="copy a run (e.g. what a dead S3 endpoint left in the local spool) to its destination")
+    p.add_argument("source", help="the local run directory (the spool directory named in the log)")
+    p.add_argument("dest", help="the run's URI, e.g. s3://bucket/prefix/run-7")
+    p.add_argument("--delete", action="store_true", help="remove the local copy once everything is copied")
+    p.set_defaults(func=cmd_upload)
     return parser
 
 

@@ -242,3 +242,43 @@ def test_live_tail_over_s3(s3_env, bucket, tmp_path):
     rest = tail.read()
     total = sum(len(b) for b in batches) + len(set(rest.column("timestamp_us").to_pylist()))
     assert total == run.info["nodes"]["live"]["samples_written"]
+
+
+def test_what_an_outage_kept_in_the_spool_can_be_uploaded_later(run_stallwatch, tmp_path, s3_server, bucket,
+                                                                 monkeypatch):
+    """`stallwatch upload SPOOL URI`, as the outage's log line says, completes the run on S3; again is a no-op."""
+    cache = tmp_path / "cache"
+    down = s3_environment(f"http://127.0.0.1:{closed_port()}", cache)
+    uri = f"s3://{bucket}/runs/late"
+    job = "import time; time.sleep(1)"
+    proc = run_stallwatch("run", "--interval", "200ms", "--flush-interval", "1", "--node", "n1", "--out", uri,
+                          "--upload-timeout", "1", "--", sys.executable, "-c", job, env=down, timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    kept = spool_dir(cache, uri, "n1")
+    said = [line for line in proc.stderr.splitlines() if "stallwatch upload" in line]
+    assert len(said) == 1 and f"stallwatch upload {kept} {uri}" in said[0], proc.stderr
+    local_rows = stallwatch.open_run(str(kept)).system().num_rows
+    assert local_rows > 0
+
+    up = s3_environment(s3_server.endpoint, cache)
+    first = run_stallwatch("upload", str(kept), uri, env=up, timeout=SUBPROCESS_TIMEOUT_S)
+    assert first.returncode == 0, first.stderr
+    again = run_stallwatch("upload", str(kept), uri, "--delete", env=up, timeout=SUBPROCESS_TIMEOUT_S)
+    assert again.returncode == 0 and "copied 0 file(s)" in again.stdout, again.stdout + again.stderr
+    assert not any(p.is_file() for p in kept.rglob("*"))  # --delete removed the local copy
+
+    for k, v in up.items():
+        monkeypatch.setenv(k, v)
+    remote = stallwatch.open_run(uri)
+    assert remote.system().num_rows == local_rows
+    assert remote.info["nodes"]["n1"]["status"] == "finished"
+
+
+def test_upload_to_a_dead_endpoint_keeps_the_local_copy(run_stallwatch, tmp_path):
+    src = tmp_path / "src"
+    (src / "nodes").mkdir(parents=True)
+    (src / "nodes" / "n1.json").write_text('{"node": "n1"}')
+    env = s3_environment(f"http://127.0.0.1:{closed_port()}", tmp_path / "cache")
+    proc = run_stallwatch("upload", str(src), "s3://bkt/dead", "--delete", env=env, timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 1 and "Nothing in" in proc.stderr, proc.stderr
+    assert (src / "nodes" / "n1.json").exists()

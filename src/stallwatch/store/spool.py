@@ -84,8 +84,9 @@ class SpoolingSink:
                 self._stopped = True
                 self._cond.notify_all()
         if left:
-            logger.warning("%d file(s) could not be uploaded to %s in time; they are kept in %s",
-                           left, self.remote.uri, self.spool.root)
+            logger.warning("%d file(s) could not be uploaded to %s in time; they are kept in %s "
+                           "(send them later with: stallwatch upload %s %s)",
+                           left, self.remote.uri, self.spool.root, self.spool.root, self.remote.uri)
             return False
         self._thread.join(timeout=1.0)
         self._remove_empty_spool()
