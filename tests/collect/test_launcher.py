@@ -8,6 +8,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,22 @@ def test_unsupported_location_still_runs_the_command(tmp_path):
     assert p.returncode == 6
     assert p.stdout == PAYLOAD
     assert "unsupported run location" in p.stderr
+
+
+def test_a_job_stopped_and_continued_by_someone_else_keeps_the_launcher_running(tmp_path):
+    """Outside a terminal (a scheduler suspending the job, a user's kill -STOP / -CONT), the launcher must
+    not stop itself: it keeps waiting and returns the job's exit code once it ends."""
+    code = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(2)\nraise SystemExit(7)\n"
+    launcher = subprocess.Popen([*STALLWATCH, "run", "--interval", "200ms", "--out", str(tmp_path / "run"), "--",
+                                 sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL)
+    try:
+        job_pid = int(launcher.stdout.readline())
+        os.kill(job_pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        os.kill(job_pid, signal.SIGCONT)
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 7, err
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

@@ -188,12 +188,7 @@ def _preexec_own_group(take_terminal: bool):
     def fn() -> None:
         os.setpgid(0, 0)
         if take_terminal:
-            old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-            try:
-                os.tcsetpgrp(sys.stdin.fileno(), os.getpgrp())
-            except OSError:
-                pass
-            signal.signal(signal.SIGTTOU, old)
+            _give_terminal(os.getpgrp())
     return fn
 
 
@@ -204,10 +199,11 @@ def _we_own_terminal() -> bool:
         return False
 
 
-def _take_terminal_back() -> None:
+def _give_terminal(pgid: int) -> None:
+    """Make `pgid` the terminal's foreground group (SIGTTOU ignored: we may be in the background)."""
     old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
-        os.tcsetpgrp(sys.stdin.fileno(), os.getpgrp())
+        os.tcsetpgrp(sys.stdin.fileno(), pgid)
     except OSError:
         pass
     finally:
@@ -235,15 +231,14 @@ def _wait_step(child: subprocess.Popen, take_terminal: bool, poll_s: float = 0.5
         except ChildProcessError:  # already reaped elsewhere
             return child.poll() is not None
         if pid and os.WIFSTOPPED(status):
-            if take_terminal:
-                _take_terminal_back()
-            os.kill(os.getpid(), signal.SIGSTOP)  # the shell sees its job stop
-            if take_terminal:  # resumed by fg
-                _give_terminal(child.pid)
-            try:
-                os.killpg(child.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            if take_terminal:  # interactive job control; elsewhere whoever stopped the job resumes it
+                _give_terminal(os.getpgrp())
+                os.kill(os.getpid(), signal.SIGSTOP)  # the shell sees its job stop
+                _give_terminal(child.pid)  # resumed by fg
+                try:
+                    os.killpg(child.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
             continue
         if pid:
             child.returncode = os.waitstatus_to_exitcode(status)
@@ -251,16 +246,6 @@ def _wait_step(child: subprocess.Popen, take_terminal: bool, poll_s: float = 0.5
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.1)
-
-
-def _give_terminal(pgid: int) -> None:
-    old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    try:
-        os.tcsetpgrp(sys.stdin.fileno(), pgid)
-    except OSError:
-        pass
-    finally:
-        signal.signal(signal.SIGTTOU, old)
 
 
 def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
@@ -351,7 +336,7 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if take_terminal:
-            _take_terminal_back()
+            _give_terminal(os.getpgrp())
     end_us = now_us()
     code = child.returncode
     exit_code = 128 - code if code < 0 else code

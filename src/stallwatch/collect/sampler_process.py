@@ -133,7 +133,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             writer.append(ts, values)
             writer.tick(ts)
         except Exception as exc:  # a reading that fails in a new way must not end sampling
-            logger.warning("a snapshot failed (%s: %s); sampling goes on", type(exc).__name__, exc)
+            warn_once(f"snapshot-{type(exc).__name__}", "a snapshot failed (%s: %s); sampling goes on",
+                      type(exc).__name__, exc)
         ticks.done()
 
     # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
