@@ -244,3 +244,22 @@ def test_a_job_stopped_and_continued_by_someone_else_keeps_the_launcher_running(
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_signals_ignored_by_the_caller_stay_ignored_for_the_job(tmp_path):
+    """Under nohup (SIGHUP ignored) a hangup must neither reach the job nor change its disposition."""
+    code = ("import signal, time\n"
+            "print('hup ignored' if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else 'hup default', flush=True)\n"
+            "time.sleep(1.5)\nraise SystemExit(3)\n")
+    launcher = subprocess.Popen([*STALLWATCH, "run", "--interval", "200ms", "--out", str(tmp_path / "run"), "--",
+                                 sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL,
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        assert launcher.stdout.readline().strip() == "hup ignored"
+        launcher.send_signal(signal.SIGHUP)  # the terminal went away
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 3, err
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

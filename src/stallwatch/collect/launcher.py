@@ -302,7 +302,9 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
             pass
 
     take_terminal = _we_own_terminal()
-    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    # A signal the launcher was started with ignored (nohup's SIGHUP, SIGINT for a background job) stays
+    # ignored, for the job too: it inherits the disposition, exactly as without stallwatch.
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     restarts = 0
     try:
         try:
