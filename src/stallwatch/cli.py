@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,11 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--upload-timeout", dest="upload_timeout_s", type=float, metavar="SECONDS",
                    help="how long to keep uploading to S3 after the job ended (default 30)")
     g.add_argument("--no-gpu", dest="gpu", action="store_false", default=None, help="do not sample GPUs")
+    _add_live_flags(g)
+
+
+def _add_live_flags(g: argparse._ArgumentGroup) -> None:
+    """The fields a running job picks up from config.json (LIVE_FIELDS)."""
     g.add_argument("--detailed-profiling", type=_range_arg("detailed_profiling"), metavar="START:NUM|TIME/SECONDS",
                    help="torch.profiler for these steps or this time window")
     g.add_argument("--dataloader-profiling", type=_range_arg("dataloader_profiling"), metavar="START:NUM|TIME/SECONDS")
@@ -163,6 +169,47 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+# What a running job can pick up from config.json; the rest is fixed when the run starts.
+LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler", "cprofile_timer")
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Show a run's config, or change its live fields: validated first, written atomically, or refused."""
+    from stallwatch.store import layout
+    from stallwatch.store.reader import RunNotFoundError, open_run
+
+    try:
+        run = open_run(args.run)
+    except RunNotFoundError as exc:
+        print(f"stallwatch config: {exc}", file=sys.stderr)
+        return 2
+    try:
+        current = ProfilerConfig.from_dict(json.loads(run.location.read(layout.CONFIG_JSON)))
+    except FileNotFoundError:
+        current = ProfilerConfig()
+    except (ConfigError, ValueError) as exc:
+        print(f"stallwatch config: the run's {layout.CONFIG_JSON} is invalid ({exc}); fix or replace it", file=sys.stderr)
+        return 2
+    changes = {k: getattr(args, k) for k in LIVE_FIELDS if getattr(args, k, None) is not None}
+    clears = {name: None for name in (args.clear or [])}
+    if not changes and not clears:
+        print(current.to_json())
+        return 0
+    try:
+        updated = current.replace(**changes, **clears)
+    except ConfigError as exc:
+        print(f"stallwatch config: {exc}. Nothing was changed.", file=sys.stderr)
+        return 2
+    run.location.write_atomic(layout.CONFIG_JSON, (updated.to_json() + "\n").encode())
+    for name in sorted({**changes, **clears}):
+        print(f"{name}: {_show(getattr(current, name))} -> {_show(getattr(updated, name))}")
+    return 0
+
+
+def _show(value: Any) -> str:
+    return value.to_spec() if isinstance(value, ProfilingRange) else json.dumps(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -174,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")
     p.set_defaults(func=cmd_info)
+    p = sub.add_parser("config", help="show a run's profiling config, or change it while the job runs")
+    p.add_argument("run", help="run directory or s3:// URI")
+    _add_live_flags(p.add_argument_group("live profiling configuration"))
+    p.add_argument("--clear", action="append", choices=["detailed_profiling", "dataloader_profiling",
+                                                        "python_profiling"], help="turn a profiling window off")
+    p.set_defaults(func=cmd_config)
     p = sub.add_parser("upload", help="copy a run (e.g. what a dead S3 endpoint left in the local spool) to its destination")
     p.add_argument("source", help="the local run directory (the spool directory named in the log)")
     p.add_argument("dest", help="the run's URI, e.g. s3://bucket/prefix/run-7")
