@@ -152,3 +152,21 @@ def test_on_a_real_run(tmp_path):
             busiest[ts] = max(busiest.get(ts, -1.0), val)
     _check(stats["CPU busiest core"], [busiest[t] for t in sorted(busiest)], "%")
     assert stats["GPU"].count == 20  # every fifth snapshot has no GPU value
+
+
+def test_wide_and_tidy_statistics_agree_on_a_real_run(tmp_path):
+    """The end-of-run summary reads wide columns (cheap for long runs); it must say what the tidy path says."""
+    from stallwatch.analyze.usage import node_span_wide, usage_metrics, usage_stats_wide
+
+    make_run(tmp_path / "run", nodes=("algo-1",), seconds=40)
+    run = open_run(str(tmp_path / "run"))
+    tidy = usage_stats(run.system(nodes=["algo-1"]))
+    wide_table = run.system_wide("algo-1", metrics=usage_metrics())
+    wide = usage_stats_wide("algo-1", wide_table)
+    assert [s.label for s in tidy] == [s.label for s in wide] and tidy
+    for a, b in zip(tidy, wide):
+        assert a.count == b.count
+        for field in ("mean", "p50", "p95", "max"):
+            assert getattr(b, field) == pytest.approx(getattr(a, field), rel=1e-6, abs=1e-6)
+    span = node_span_wide("algo-1", wide_table)
+    assert span == node_spans(run.system(nodes=["algo-1"]))[0]

@@ -406,3 +406,33 @@ def test_location_file_uri_and_unsupported_scheme(tmp_path):
     assert (tmp_path / "r" / "a.txt").read_bytes() == b"x"
     with pytest.raises(ValueError, match="unsupported run location"):
         RunLocation("gs://bucket/run")
+
+
+def test_system_wide_is_the_tidy_table_before_it_is_made_tidy(run_dir):
+    """system_wide: a row per snapshot, a column per device/metric; the same values as system()."""
+    root, _ = run_dir
+    run = open_run(str(root))
+    wide = run.system_wide("algo-1")
+    tidy = run.system(nodes=["algo-1"])
+    ts = wide.column("timestamp_us").to_pylist()
+    assert ts == sorted(set(tidy.column("timestamp_us").to_pylist()))  # every snapshot once, in order
+    rebuilt = {}
+    for name in wide.column_names[1:]:
+        device, metric = name.split("/")
+        for t, v in zip(ts, wide.column(name).to_pylist()):
+            if v is not None and v == v:
+                rebuilt[(t, device, metric)] = v
+    expected = {(r["timestamp_us"], r["device"], r["metric"]): r["value"] for r in tidy.to_pylist()}
+    assert rebuilt.keys() == expected.keys()
+    assert all(abs(rebuilt[k] - expected[k]) <= 1e-6 * max(1.0, abs(expected[k])) for k in expected)
+
+
+def test_system_wide_filters_time_and_metrics(run_dir):
+    root, _ = run_dir
+    run = open_run(str(root))
+    ts = run.system_wide("algo-1").column("timestamp_us").to_pylist()
+    part = run.system_wide("algo-1", start_us=ts[5], end_us=ts[9], metrics=["cpu_util"])
+    assert part.column("timestamp_us").to_pylist() == ts[5:9]
+    assert part.column_names[0] == "timestamp_us"
+    assert part.column_names[1:] and all(n.endswith("/cpu_util") for n in part.column_names[1:])
+    assert run.system_wide("no-such-node").num_rows == 0

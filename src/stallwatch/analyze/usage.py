@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch import records as r
+from stallwatch.records import COLUMN_SEP, TIMESTAMP, MetricKey
 
 # (label, device selector, metric, unit): a selector is a device name or a prefix ending in '*'.
 USAGE_ROWS = (
@@ -49,7 +50,7 @@ class NodeSpan:
 
 
 def node_spans(table: pa.Table) -> list[NodeSpan]:
-    """Snapshots per node (distinct timestamps) and the time they cover."""
+    """Snapshots per node (distinct timestamps) and the time they cover, from a tidy table."""
     out = []
     for node in _nodes(table):
         ts = np.unique(table.filter(pc.equal(table["node"], node))["timestamp_us"].to_numpy())
@@ -58,41 +59,75 @@ def node_spans(table: pa.Table) -> list[NodeSpan]:
     return out
 
 
+def node_span_wide(node: str, wide: pa.Table) -> NodeSpan | None:
+    """The same from one node's wide table (`Run.system_wide`)."""
+    ts = wide[TIMESTAMP].to_numpy()
+    return NodeSpan(node, int(len(ts)), int(ts.min()), int(ts.max())) if len(ts) else None
+
+
+def usage_metrics() -> set[str]:
+    """The metrics the usage statistics need: read only these from long runs."""
+    return {metric for _, _, metric, _ in USAGE_ROWS}
+
+
 def usage_stats(table: pa.Table) -> list[UsageStat]:
-    """Mean, median, p95 and max per node for each row of USAGE_ROWS present in `table`."""
+    """Mean, median, p95 and max per node for each row of USAGE_ROWS present in a tidy table."""
     out: list[UsageStat] = []
     for node in _nodes(table):
-        t = table.filter(pc.equal(table["node"], node))
-        devices = t["device"].cast(pa.string())
-        metrics = t["metric"].cast(pa.string())
-        values = t["value"].to_numpy(zero_copy_only=False)
-        for label, selector, metric, unit in USAGE_ROWS:
-            if selector.endswith("*"):
-                prefix = selector[:-1]
-                dev_mask = pc.and_(pc.starts_with(devices, prefix),
-                                   pc.greater(pc.utf8_length(devices), len(prefix)))
-            else:
-                dev_mask = pc.equal(devices, selector)
-            mask = pc.and_(dev_mask, pc.equal(metrics, metric)).to_numpy(zero_copy_only=False)
-            v = values[mask]
-            v = v[~np.isnan(v)]
-            if label == "CPU busiest core" and len(v):
-                v = _busiest_per_snapshot(t, mask)
-                v = v[~np.isnan(v)]  # a snapshot where no core had a value
-            if not len(v):
-                continue
-            p50, p95 = np.percentile(v, [50, 95])
-            out.append(UsageStat(node, label, unit, float(v.mean()), float(p50), float(p95), float(v.max()), len(v)))
+        out += _stats(node, _pivot(table.filter(pc.equal(table["node"], node))))
     return out
 
 
-def _busiest_per_snapshot(t: pa.Table, mask: np.ndarray) -> np.ndarray:
-    ts = t["timestamp_us"].to_numpy()[mask]
-    v = t["value"].to_numpy(zero_copy_only=False)[mask]
-    order = np.argsort(ts, kind="stable")
-    ts, v = ts[order], v[order]
-    starts = np.flatnonzero(np.r_[True, ts[1:] != ts[:-1]])
-    return np.fmax.reduceat(v, starts)
+def usage_stats_wide(node: str, wide: pa.Table) -> list[UsageStat]:
+    """The same from one node's wide table (`Run.system_wide`): no tidy rows are ever built."""
+    return _stats(node, {name: wide[name].to_numpy(zero_copy_only=False)
+                         for name in wide.column_names if name != TIMESTAMP})
+
+
+def _stats(node: str, columns: dict[str, np.ndarray]) -> list[UsageStat]:
+    """`columns`: `device/metric` -> values per snapshot, aligned, NaN where missing."""
+    keys = {name: MetricKey.from_column(name) for name in columns}
+    out: list[UsageStat] = []
+    for label, selector, metric, unit in USAGE_ROWS:
+        picked = [columns[n] for n, k in keys.items() if k.metric == metric and _matches(k.device, selector)]
+        if not picked:
+            continue
+        block = np.column_stack(picked).astype(np.float64, copy=False)
+        if label == "CPU busiest core":
+            has = ~np.isnan(block).all(axis=1)
+            v = np.nanmax(block[has], axis=1) if has.any() else np.empty(0)
+        else:
+            v = block.ravel()
+            v = v[~np.isnan(v)]
+        if not len(v):
+            continue
+        p50, p95 = np.percentile(v, [50, 95])
+        out.append(UsageStat(node, label, unit, float(v.mean()), float(p50), float(p95), float(v.max()), len(v)))
+    return out
+
+
+def _matches(device: str, selector: str) -> bool:
+    if selector.endswith("*"):
+        prefix = selector[:-1]
+        return device.startswith(prefix) and device[len(prefix):].isdigit()
+    return device == selector
+
+
+def _pivot(tidy: pa.Table) -> dict[str, np.ndarray]:
+    """One node's tidy rows as aligned `device/metric` columns (NaN where a snapshot lacks a value)."""
+    ts = tidy["timestamp_us"].to_numpy()
+    stamps, row = np.unique(ts, return_inverse=True)
+    devices = tidy["device"].cast(pa.string()).to_numpy(zero_copy_only=False)
+    metrics = tidy["metric"].cast(pa.string()).to_numpy(zero_copy_only=False)
+    values = tidy["value"].to_numpy(zero_copy_only=False)
+    names = np.char.add(np.char.add(devices.astype(str), COLUMN_SEP), metrics.astype(str))
+    out: dict[str, np.ndarray] = {}
+    for name in np.unique(names):
+        mask = names == name
+        col = np.full(len(stamps), np.nan)
+        col[row[mask]] = values[mask]
+        out[str(name)] = col
+    return out
 
 
 def _nodes(table: pa.Table) -> list[str]:

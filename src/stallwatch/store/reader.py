@@ -145,6 +145,33 @@ class Run:
                 return _concat(tables)
         return _concat(tables)
 
+    def system_wide(self, node: str, start_us: int | None = None, end_us: int | None = None,
+                    metrics: Iterable[str] | None = None) -> pa.Table:
+        """One node's snapshots as stored: a row per snapshot, `timestamp_us` and a float32 column per
+        `device/metric` (NaN where no value). A tenth of the tidy table's memory, for long runs."""
+        wanted = None if metrics is None else ({metrics} if isinstance(metrics, str) else set(metrics))
+        tables = []
+        for chunk in self._system_chunks(nodes=[node]):
+            if not chunk.overlaps(start_us, end_us):
+                continue
+            try:
+                t = read_columns(self.location.open_input_file(chunk.path), chunk.kind, wanted)
+            except FileNotFoundError:
+                continue  # compacted since listed; its rows are in the segment listed next time
+            except Exception as exc:
+                warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
+                          self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                continue
+            if start_us is not None:
+                t = t.filter(pc.greater_equal(t[TIMESTAMP], start_us))
+            if end_us is not None:
+                t = t.filter(pc.less(t[TIMESTAMP], end_us))
+            if t.num_rows:
+                tables.append(t)
+        if not tables:
+            return pa.table({TIMESTAMP: pa.array([], pa.int64())})
+        return pa.concat_tables(tables, promote_options="default")
+
     def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
         """A follower whose `read()` returns only rows newer than what it returned before."""
         return SystemTail(self, _names(nodes), _names(metrics))
