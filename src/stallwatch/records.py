@@ -38,6 +38,16 @@ WORKERS_ALIVE = "workers_alive"
 WORKERS_BUSY = "workers_busy"
 WORKERS_CPU_UTIL = "workers_cpu_util"
 
+# Framework event kinds (what the training loop was doing), and the phases of a step.
+STEP = "step"
+DATA_WAIT = "data_wait"
+FORWARD = "forward"
+BACKWARD = "backward"
+OPTIMIZER = "optimizer"
+COLLECTIVE = "collective"
+TRAIN, EVAL, GLOBAL = "TRAIN", "EVAL", "GLOBAL"
+MODES = (TRAIN, EVAL, GLOBAL)
+
 COLUMN_SEP = "/"
 TIMESTAMP = "timestamp_us"
 
@@ -57,6 +67,40 @@ class MetricKey:
     def from_column(cls, column: str) -> MetricKey:
         device, _, metric = column.partition(COLUMN_SEP)
         return cls(device, metric)
+
+
+@dataclass(frozen=True)
+class FrameworkEvent:
+    """One timed thing a rank did: a step, waiting for a batch, forward, backward, an optimizer step…
+    `step` is the step it belongs to (None outside steps); `args` is JSON text, "" when there is none."""
+
+    kind: str
+    name: str
+    start_us: int
+    end_us: int
+    mode: str = GLOBAL
+    step: int | None = None
+    pid: int = 0
+    args: str = ""
+
+
+def framework_schema() -> pa.Schema:
+    """The table `Run.framework()` returns: one row per event, node and rank taken from where it is stored."""
+    import pyarrow as pa
+
+    text = pa.dictionary(pa.int32(), pa.string())
+    return pa.schema([
+        pa.field("node", text, nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("pid", pa.int32(), nullable=False),
+        pa.field("kind", text, nullable=False),
+        pa.field("name", text, nullable=False),
+        pa.field("mode", text, nullable=False),
+        pa.field("step", pa.int64()),
+        pa.field("start_us", pa.int64(), nullable=False),
+        pa.field("end_us", pa.int64(), nullable=False),
+        pa.field("args", pa.string(), nullable=False),
+    ])
 
 
 def system_schema() -> pa.Schema:

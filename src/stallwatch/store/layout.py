@@ -34,6 +34,10 @@ def node_json(node: str) -> str:
     return f"{NODES_DIR}/{node}.json"
 
 
+def framework_dir(node: str, rank: int | str) -> str:
+    return f"{FRAMEWORK_DIR}/{node}/{rank}"
+
+
 def system_dir(node: str) -> str:
     return f"{SYSTEM_DIR}/{node}"
 
@@ -51,6 +55,12 @@ class Chunk:
     start_us: int
     end_us: int
     size: int
+    rank: str | None = None  # framework streams only
+
+    @property
+    def stream(self) -> str:
+        """The directory this chunk belongs to: parts and segments are matched within one stream."""
+        return self.path.rsplit("/", 1)[0]
 
     def overlaps(self, start_us: int | None, end_us: int | None) -> bool:
         return (start_us is None or self.end_us >= start_us) and (end_us is None or self.start_us < end_us)
@@ -63,20 +73,24 @@ def parse_chunk(path: str, size: int = 0) -> Chunk | None:
     m = _CHUNK.match(parts[-1])
     if not m:
         return None
-    return Chunk(path, parts[-2], m.group(1), int(m.group(2)), int(m.group(3)), size)
+    if parts[0] == FRAMEWORK_DIR and len(parts) == 4:
+        node, rank = parts[1], parts[2]
+    else:
+        node, rank = parts[-2], None
+    return Chunk(path, node, m.group(1), int(m.group(2)), int(m.group(3)), size, rank)
 
 
 def live_chunks(chunks: list[Chunk]) -> list[Chunk]:
     """Drop parts already compacted into a segment (a crash between writing a segment and deleting its
-    parts leaves both); the result holds every sample exactly once, sorted by node and time."""
+    parts leaves both); the result holds every row exactly once, sorted by stream and time."""
     segments: dict[str, list[Chunk]] = {}
     for c in chunks:
         if c.kind == SEGMENT:
-            segments.setdefault(c.node, []).append(c)
+            segments.setdefault(c.stream, []).append(c)
     out = []
     for c in chunks:
-        if c.kind == PART and any(s.start_us <= c.start_us and c.end_us <= s.end_us for s in segments.get(c.node, ())):
+        if c.kind == PART and any(s.start_us <= c.start_us and c.end_us <= s.end_us for s in segments.get(c.stream, ())):
             continue
         out.append(c)
-    out.sort(key=lambda c: (c.node, c.start_us, c.kind != SEGMENT))
+    out.sort(key=lambda c: (c.stream, c.start_us, c.kind != SEGMENT))
     return out

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.log import warn_once
-from stallwatch.records import TIMESTAMP, MetricKey, system_schema
-from stallwatch.store import layout
+from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_schema
+from stallwatch.store import framework_codec, layout
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.system_codec import count_rows, read_columns, read_schema, to_tidy
 
@@ -172,6 +172,35 @@ class Run:
             return pa.table({TIMESTAMP: pa.array([], pa.int64())})
         return pa.concat_tables(tables, promote_options="default")
 
+    # -- framework events -------------------------------------------------------------------------------
+    def framework(self, start_us: int | None = None, end_us: int | None = None,
+                  kinds: Iterable[str] | None = None, nodes: Iterable[str] | None = None) -> pa.Table:
+        """Framework events (steps, data waits, forward, backward, …) overlapping [start_us, end_us),
+        with node and rank, in `framework_schema()`; ordered by node, rank and time."""
+        wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
+        node_set = None if nodes is None else ({nodes} if isinstance(nodes, str) else set(nodes))
+        tables = []
+        chunks = sorted(self._chunks(layout.FRAMEWORK_DIR), key=lambda c: (c.node, _rank_key(c.rank or ""), c.start_us))
+        for chunk in chunks:
+            if chunk.rank is None or (node_set is not None and chunk.node not in node_set):
+                continue
+            if not chunk.overlaps(start_us, end_us):
+                continue
+            try:
+                stored = framework_codec.read(self.location.open_input_file(chunk.path), chunk.kind)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
+                          self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                continue
+            t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us)
+            if t.num_rows:
+                tables.append(t.take(pc.sort_indices(t["start_us"])))
+        if not tables:
+            return framework_schema().empty_table()
+        return pa.concat_tables(tables)
+
     def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
         """A follower whose `read()` returns only rows newer than what it returned before."""
         return SystemTail(self, _names(nodes), _names(metrics))
@@ -204,6 +233,10 @@ class Run:
         return out
 
     # -- internals --------------------------------------------------------------------------------------
+    def _chunks(self, top: str) -> list[layout.Chunk]:
+        chunks = [c for e in self.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
+        return layout.live_chunks(chunks)
+
     def _system_chunks(self, nodes: Iterable[str] | None = None) -> list[layout.Chunk]:
         wanted = None if nodes is None else set(nodes)
         chunks = []

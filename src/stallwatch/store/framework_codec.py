@@ -1,0 +1,78 @@
+"""How framework events become files and back: one row per event; node and rank live in the path."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from stallwatch.records import framework_schema
+from stallwatch.store.layout import PART
+
+_TEXT = pa.dictionary(pa.int32(), pa.string())
+STORED_SCHEMA = pa.schema([
+    pa.field("pid", pa.int32()), pa.field("kind", _TEXT), pa.field("name", _TEXT), pa.field("mode", _TEXT),
+    pa.field("step", pa.int64()), pa.field("start_us", pa.int64()), pa.field("end_us", pa.int64()),
+    pa.field("args", pa.string()),
+])
+
+
+def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
+    """A part (Arrow IPC, written every flush) or a segment (Parquet, zstd) of the given event columns."""
+    table = pa.Table.from_arrays([
+        pa.array(columns["pid"], pa.int32()),
+        pa.array(columns["kind"], pa.string()).dictionary_encode(),
+        pa.array(columns["name"], pa.string()).dictionary_encode(),
+        pa.array(columns["mode"], pa.string()).dictionary_encode(),
+        pa.array(columns["step"], pa.int64()),
+        pa.array(columns["start_us"], pa.int64()),
+        pa.array(columns["end_us"], pa.int64()),
+        pa.array(columns["args"], pa.string()),
+    ], schema=STORED_SCHEMA)
+    sink = io.BytesIO()
+    if kind == PART:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    else:
+        pq.write_table(table, sink, compression="zstd",
+                       column_encoding={"start_us": "DELTA_BINARY_PACKED", "end_us": "DELTA_BINARY_PACKED"},
+                       use_dictionary=["kind", "name", "mode", "args", "pid", "step"])
+    return sink.getvalue()
+
+
+def read(source: Any, kind: str) -> pa.Table:
+    if kind == PART:
+        return pa.ipc.open_file(source).read_all()
+    return pq.read_table(source)
+
+
+def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
+              start_us: int | None, end_us: int | None) -> pa.Table:
+    """Stored rows -> `framework_schema()` rows that overlap [start_us, end_us) and are of `kinds`."""
+    schema = framework_schema()
+    keep = np.ones(table.num_rows, dtype=bool)
+    if start_us is not None:
+        keep &= table["end_us"].to_numpy() > start_us
+    if end_us is not None:
+        keep &= table["start_us"].to_numpy() < end_us
+    if kinds is not None:
+        keep &= pc.is_in(table["kind"].cast(pa.string()), pa.array(sorted(kinds), pa.string())).to_numpy(
+            zero_copy_only=False)
+    table = table.filter(pa.array(keep))
+    n = table.num_rows
+    rank_value = int(rank) if rank.lstrip("-").isdigit() else -1
+    columns = {
+        "node": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([node])),
+        "rank": pa.array(np.full(n, rank_value, dtype=np.int32)),
+    }
+    out = []
+    for field in schema:
+        if field.name in columns:
+            out.append(columns[field.name])
+        else:
+            out.append(table[field.name].cast(field.type).combine_chunks() if n else pa.array([], field.type))
+    return pa.Table.from_arrays(out, schema=schema)
