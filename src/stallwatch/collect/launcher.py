@@ -11,16 +11,19 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from stallwatch.collect.events import ENV_EVENTS
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger
@@ -72,10 +75,13 @@ def versions() -> dict[str, str]:
     return out
 
 
-def job_environment(run_uri: str, node: str, run_id: str) -> dict[str, str]:
-    """What the framework hooks inside the job read to find their run."""
+def job_environment(run_uri: str, node: str, run_id: str, events_address: str | None = None) -> dict[str, str]:
+    """What the framework hooks inside the job read to find their run and the sampler."""
     env = dict(os.environ)
+    env.pop(ENV_EVENTS, None)  # never an outer run's socket
     env.update(STALLWATCH_RUN=run_uri, STALLWATCH_NODE=node, STALLWATCH_RUN_ID=run_id)
+    if events_address:
+        env[ENV_EVENTS] = events_address
     return env
 
 
@@ -253,6 +259,15 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
 
     Only a node-name conflict (RunConflictError) stops the command from running: a run directory that
     cannot be written (full disk, bad location) is logged and the command runs anyway."""
+    # The framework-event socket lives in a private directory (0700) that outlives sampler restarts.
+    events_dir = tempfile.mkdtemp(prefix="stallwatch-")
+    try:
+        return _launch(command, config, os.path.join(events_dir, "events.sock"))
+    finally:
+        shutil.rmtree(events_dir, ignore_errors=True)
+
+
+def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> LaunchResult:
     run_uri = resolve_run_uri(config)
     run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
     node = config.node or default_node_name()
@@ -280,7 +295,7 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
     start = StartMessage(run=run_uri, node=node, interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
-                         files=files)
+                         files=files, events_address=events_address)
     sampler = _start_sampler(start) if location is not None else None
     start.files = {}  # a restarted sampler must not rewrite them
 
@@ -308,7 +323,8 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
     restarts = 0
     try:
         try:
-            child = subprocess.Popen(command, env=job_environment(run_uri, node, run_id),
+            env = job_environment(run_uri, node, run_id, events_address if sampler is not None else None)
+            child = subprocess.Popen(command, env=env,
                                      preexec_fn=_preexec_own_group(take_terminal))
         except OSError as exc:
             # as a shell says it: 126 found but cannot be executed, 127 not found

@@ -40,7 +40,8 @@ class StartMessage:
     spool_dir: str | None = None
     node_record: dict[str, Any] = field(default_factory=dict)
     upload_timeout_s: float = FINAL_UPLOAD_TIMEOUT_S
-    files: dict[str, str] = field(default_factory=dict)  # written once at start (remote runs' run.json…)
+    files: dict[str, str] = field(default_factory=dict)
+    events_address: str | None = None  # Unix socket path for the job's framework events  # written once at start (remote runs' run.json…)
 
     @classmethod
     def from_json(cls, line: str) -> StartMessage:
@@ -58,17 +59,20 @@ class _Control:
         self.buf = b""
         self.eof = False
 
-    def wait(self, timeout: float) -> list[dict[str, Any]]:
-        if self.eof:
+    def wait(self, timeout: float, extra: list[int] | tuple[int, ...] = ()) -> tuple[list[dict[str, Any]], list[int]]:
+        """Control messages that arrived within `timeout`, and which of the `extra` fds are readable."""
+        fds = list(extra) if self.eof else [self.fd, *extra]
+        if not fds:
             time.sleep(max(0.0, timeout))
-            return []
-        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
-        if not ready:
-            return []
+            return [], []
+        ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        others = [fd for fd in ready if fd != self.fd or self.eof]
+        if self.eof or self.fd not in ready:
+            return [], others
         chunk = os.read(self.fd, 65536)
         if not chunk:
             self.eof = True
-            return []
+            return [], others
         self.buf += chunk
         out = []
         while b"\n" in self.buf:
@@ -78,7 +82,7 @@ class _Control:
                     out.append(json.loads(line))
                 except json.JSONDecodeError:
                     logger.warning("ignoring a malformed control line from the launcher")
-        return out
+        return out, others
 
 
 def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = None) -> int:
@@ -86,6 +90,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     from stallwatch.store import layout
     from stallwatch.store.location import RunLocation
     from stallwatch.store.spool import SpoolingSink
+    from stallwatch.store.chunk_writer import StorageBudget
     from stallwatch.store.system_writer import SystemWriter
 
     stop = {"now": False}
@@ -100,11 +105,15 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     if location.remote:
         spool = Path(start.spool_dir or default_spool(start.run, start.node))
         sink = SpoolingSink(location, spool)
-    stored = sum(e.size for e in location.list(layout.system_dir(start.node))) if not location.remote else 0
+    stored = 0 if location.remote else sum(
+        e.size for top in (layout.system_dir(start.node), f"{layout.FRAMEWORK_DIR}/{start.node}")
+        for e in location.list(top))
+    budget = StorageBudget(start.max_storage_bytes, stored)
     interval_s = start.interval_ms / 1000.0
     writer = SystemWriter(sink, start.node, sampler.keys, interval_us=start.interval_ms * 1000,
                           flush_interval_us=int(start.flush_interval_s * 1e6),
-                          max_bytes=start.max_storage_bytes, stored_bytes=stored)
+                          max_bytes=start.max_storage_bytes, stored_bytes=stored, budget=budget)
+    events = _EventSide(start, sink, budget)
     node_record = dict(start.node_record)
     node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.interval_ms,
                        status="running")
@@ -119,7 +128,9 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
 
     ticks = TickSchedule(interval_s)
     while not stop["now"] and not control.eof:
-        for msg in control.wait(ticks.time_left()):
+        msgs, ready = control.wait(ticks.time_left(), events.fds())
+        events.receive(ready)
+        for msg in msgs:
             if "pid" in msg:
                 sampler.set_job_pid(int(msg["pid"]))
                 node_record["job_pid"] = int(msg["pid"])
@@ -132,6 +143,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             ts, values = sampler.snapshot()
             writer.append(ts, values)
             writer.tick(ts)
+            events.tick(ts)
         except Exception as exc:  # a reading that fails in a new way must not end sampling
             warn_once(f"snapshot-{type(exc).__name__}", "a snapshot failed (%s: %s); sampling goes on",
                       type(exc).__name__, exc)
@@ -145,6 +157,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         except Exception:
             pass
     writer.close()
+    events.close()
+    node_record["ranks"] = events.identities()
     sampler.close()
     node_record.update(status="finished" if "exit_code" in node_record else "sampler_stopped",
                        samples_written=writer.samples_written, samples_dropped=writer.samples_dropped,
@@ -165,6 +179,61 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                 stream.flush()
             os._exit(EXIT_KEPT_IN_SPOOL)
     return 0
+
+
+class _EventSide:
+    """The job's framework events: received on the socket, written per rank. Absent when the socket could
+    not be opened (said once): system sampling goes on regardless."""
+
+    def __init__(self, start: StartMessage, sink: Any, budget: Any) -> None:
+        from stallwatch.collect.event_server import EventServer
+
+        self._start, self._sink, self._budget = start, sink, budget
+        self._writers: dict[int, Any] = {}
+        self._server = None
+        if start.events_address:
+            try:
+                self._server = EventServer(start.events_address)
+            except OSError as exc:
+                logger.warning("cannot open the framework-event socket %s (%s); only system metrics are recorded",
+                               start.events_address, exc.strerror or exc)
+
+    def fds(self) -> list[int]:
+        return self._server.fds() if self._server is not None else []
+
+    def receive(self, ready: list[int]) -> int:
+        if not ready or self._server is None:
+            return 0
+        received = self._server.receive(ready)
+        for identity, event in received:
+            self._writer(identity["rank"]).append(event)
+        return len(received)
+
+    def tick(self, now_us: int) -> None:
+        for w in self._writers.values():
+            w.tick(now_us)
+
+    def close(self) -> None:
+        if self._server is not None:
+            for _ in range(1000):  # drain what the job sent with its last breath
+                if not self.receive(self._server.fds()):
+                    break
+            self._server.close()
+        for w in self._writers.values():
+            w.close()
+
+    def identities(self) -> list[dict[str, int]]:
+        return list(self._server.identities) if self._server is not None else []
+
+    def _writer(self, rank: int) -> Any:
+        from stallwatch.store.framework_writer import FrameworkWriter
+
+        w = self._writers.get(rank)
+        if w is None:
+            w = self._writers[rank] = FrameworkWriter(
+                self._sink, self._start.node, rank, flush_interval_us=int(self._start.flush_interval_s * 1e6),
+                max_bytes=self._start.max_storage_bytes, budget=self._budget)
+        return w
 
 
 def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:

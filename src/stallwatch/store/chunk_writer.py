@@ -4,12 +4,21 @@ failures degrade, they never raise. Subclasses own the buffer; this class owns t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from stallwatch.log import logger, warn_once
 from stallwatch.store import layout
 
 SEGMENT_US = 600 * 1_000_000  # one compacted file per 10 minutes of data
+
+
+@dataclass
+class StorageBudget:
+    """Bytes a node may store (max_storage_mb), shared by all of its writers."""
+
+    limit: int
+    used: int = 0
 
 
 class Sink(Protocol):
@@ -24,14 +33,14 @@ class ChunkWriter:
     what = "rows"  # for log lines: "system snapshots", "framework events"
 
     def __init__(self, sink: Sink, directory: str, *, capacity: int, flush_interval_us: int, max_bytes: int,
-                 stored_bytes: int = 0, segment_us: int = SEGMENT_US) -> None:
+                 stored_bytes: int = 0, segment_us: int = SEGMENT_US, budget: StorageBudget | None = None) -> None:
         self._sink = sink
         self._dir = directory
         self._capacity = capacity
         self._flush_us = flush_interval_us
         self._segment_us = max(segment_us, flush_interval_us)
-        self._max_bytes = max_bytes
-        self.stored_bytes = stored_bytes
+        self._budget = budget if budget is not None else StorageBudget(max_bytes, stored_bytes)
+        self.stored_bytes = stored_bytes  # this writer's own files
         self._n = 0  # rows in the current segment
         self._flushed = 0  # rows of the segment already in parts
         self._parts: list[tuple[str, int]] = []  # (path, size) of this segment's parts
@@ -112,6 +121,7 @@ class ChunkWriter:
             try:
                 self._sink.delete(path)
                 self.stored_bytes -= size
+                self._budget.used -= size
             except Exception as exc:  # a leftover part is harmless: readers skip parts covered by a segment
                 warn_once("part-delete", "could not delete compacted part %s (%s); readers skip it", path, exc)
         self.samples_written += self._n - self._flushed
@@ -144,11 +154,11 @@ class ChunkWriter:
         self._reset()
 
     def _write(self, name: str, data: bytes, replaces: int) -> bool:
-        if self.stored_bytes - replaces + len(data) > self._max_bytes:
+        if self._budget.used - replaces + len(data) > self._budget.limit:
             if not self._cap_hit:
                 self._cap_hit = True
                 logger.warning("storage cap of %.0f MB reached (%s); new %s are not stored. "
-                               "Raise max_storage_mb to keep more.", self._max_bytes / 2**20, self._dir, self.what)
+                               "Raise max_storage_mb to keep more.", self._budget.limit / 2**20, self._dir, self.what)
             return False
         try:
             self._sink.write_atomic(name, data)
@@ -162,6 +172,7 @@ class ChunkWriter:
             self._failing = False
             logger.warning("writing %s works again (%s)", self.what, name)
         self.stored_bytes += len(data)
+        self._budget.used += len(data)
         return True
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from stallwatch.records import FrameworkEvent
 from stallwatch.store import layout
-from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink
+from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink, StorageBudget
 from stallwatch.store.framework_codec import encode
 
 # Events held for one segment at most; a loop of very short steps rotates early instead of growing.
@@ -20,10 +20,11 @@ class FrameworkWriter(ChunkWriter):
     what = "framework events"
 
     def __init__(self, sink: Sink, node: str, rank: int | str, *, flush_interval_us: int, max_bytes: int,
-                 stored_bytes: int = 0, segment_us: int = SEGMENT_US, capacity: int = MAX_BUFFERED_EVENTS) -> None:
+                 stored_bytes: int = 0, segment_us: int = SEGMENT_US, capacity: int = MAX_BUFFERED_EVENTS,
+                 budget: StorageBudget | None = None) -> None:
         super().__init__(sink, layout.framework_dir(node, rank), capacity=capacity,
                          flush_interval_us=flush_interval_us, max_bytes=max_bytes, stored_bytes=stored_bytes,
-                         segment_us=segment_us)
+                         segment_us=segment_us, budget=budget)
         self._cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
 
     def append(self, event: FrameworkEvent) -> None:

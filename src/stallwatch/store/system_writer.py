@@ -6,7 +6,7 @@ import numpy as np
 
 from stallwatch.records import MetricKey
 from stallwatch.store import layout
-from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink
+from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink, StorageBudget
 from stallwatch.store.system_codec import encode
 
 __all__ = ["SEGMENT_US", "Sink", "SystemWriter"]
@@ -18,12 +18,13 @@ class SystemWriter(ChunkWriter):
     what = "system snapshots"
 
     def __init__(self, sink: Sink, node: str, keys: list[MetricKey], *, interval_us: int, flush_interval_us: int,
-                 max_bytes: int, stored_bytes: int = 0, segment_us: int = SEGMENT_US) -> None:
+                 max_bytes: int, stored_bytes: int = 0, segment_us: int = SEGMENT_US,
+                 budget: StorageBudget | None = None) -> None:
         segment_us = max(segment_us, flush_interval_us)
         # Room for one segment plus slack for late rotation; beyond it the segment is rotated early.
         capacity = int(segment_us / max(interval_us, 1)) + 64
         super().__init__(sink, layout.system_dir(node), capacity=capacity, flush_interval_us=flush_interval_us,
-                         max_bytes=max_bytes, stored_bytes=stored_bytes, segment_us=segment_us)
+                         max_bytes=max_bytes, stored_bytes=stored_bytes, segment_us=segment_us, budget=budget)
         self.keys = list(keys)
         self._ts = np.zeros(capacity, dtype=np.int64)
         self._values = np.full((capacity, len(self.keys)), np.nan, dtype=np.float64)

@@ -1,0 +1,113 @@
+"""The sampler's side of framework events: a Unix socket in a private directory that the job's processes
+connect to (one connection per process, introduced by its rank); events come out with who sent them."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+
+from stallwatch.collect.events import decode_event
+from stallwatch.log import warn_once
+from stallwatch.records import FrameworkEvent
+
+MAX_LINE_BYTES = 1 << 20  # a connection that sends a longer line is broken or hostile: it is dropped
+
+
+@dataclass
+class _Connection:
+    sock: socket.socket
+    buf: bytes = b""
+    identity: dict[str, int] | None = None
+    events: int = field(default=0)
+
+
+class EventServer:
+    """Non-blocking; the sampler's select loop waits on `fds()` and hands the ready ones to `receive()`."""
+
+    def __init__(self, address: str) -> None:
+        """`address`: a socket path in a directory only this user can enter (the launcher makes it)."""
+        self.address = address
+        try:
+            os.unlink(address)  # left by a sampler that was killed; this one takes over
+        except FileNotFoundError:
+            pass
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.address)
+        self._listener.listen(128)
+        self._listener.setblocking(False)
+        self._conns: dict[int, _Connection] = {}
+        self.identities: list[dict[str, int]] = []
+
+    def fds(self) -> list[int]:
+        return [self._listener.fileno(), *self._conns]
+
+    def receive(self, ready: list[int]) -> list[tuple[dict[str, int], FrameworkEvent]]:
+        """Accept new connections and read what the ready ones sent: (sender identity, event) pairs."""
+        out: list[tuple[dict[str, int], FrameworkEvent]] = []
+        for fd in ready:
+            if fd == self._listener.fileno():
+                self._accept()
+                continue
+            conn = self._conns.get(fd)
+            if conn is None:
+                continue
+            try:
+                data = conn.sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._drop(fd)
+                continue
+            conn.buf += data
+            *lines, conn.buf = conn.buf.split(b"\n")
+            if len(conn.buf) > MAX_LINE_BYTES:
+                warn_once("events-long-line", "dropping a framework-event connection that sent an overlong line")
+                self._drop(fd)
+                continue
+            for line in lines:
+                self._line(conn, line, out)
+        return out
+
+    def _line(self, conn: _Connection, line: bytes, out: list) -> None:
+        if not line.strip():
+            return
+        try:
+            if conn.identity is None:
+                hello = json.loads(line)["hello"]
+                conn.identity = {k: int(hello[k]) for k in ("rank", "local_rank", "world_size", "pid")}
+                self.identities.append(conn.identity)
+                return
+            out.append((conn.identity, decode_event(line)))
+            conn.events += 1
+        except (ValueError, KeyError, TypeError) as exc:
+            warn_once(f"events-bad-{type(exc).__name__}", "ignoring a malformed framework event (%s)", exc)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                warn_once("events-accept", "cannot accept a framework-event connection (%s)", exc)
+                return
+            sock.setblocking(False)
+            self._conns[sock.fileno()] = _Connection(sock)
+
+    def _drop(self, fd: int) -> None:
+        conn = self._conns.pop(fd, None)
+        if conn is not None:
+            conn.sock.close()
+
+    def close(self) -> None:
+        for fd in list(self._conns):
+            self._drop(fd)
+        self._listener.close()
+        try:
+            os.unlink(self.address)
+        except OSError:
+            pass

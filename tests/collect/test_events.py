@@ -1,0 +1,179 @@
+"""Framework events from the job to the sampler: emit() only queues, a thread ships them over a Unix
+socket, the sampler writes them per rank. Nothing here may raise into, or block, the training code."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import stallwatch
+from stallwatch.collect.event_server import EventServer
+from stallwatch.collect.events import EventSender, process_identity
+from stallwatch.records import FrameworkEvent
+
+from ._support import stallwatch as run_cli
+
+T0 = 1_763_790_000_000_000
+
+
+def _event(i: int, pid: int = 1) -> FrameworkEvent:
+    return FrameworkEvent("step", "train_step", T0 + i * 1000, T0 + i * 1000 + 900, "TRAIN", i, pid, "")
+
+
+@pytest.fixture
+def address():
+    d = tempfile.mkdtemp(prefix="sw-test-")
+    yield os.path.join(d, "events.sock")
+    for name in os.listdir(d):
+        os.unlink(os.path.join(d, name))
+    os.rmdir(d)
+
+
+def _collect(server: EventServer, want: int, timeout_s: float = 10) -> list:
+    import select
+
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        ready, _, _ = select.select(server.fds(), [], [], 0.1)
+        got += server.receive(ready)
+    return got
+
+
+def test_events_arrive_in_order_with_the_senders_identity(address, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    server = EventServer(address)
+    sender = EventSender(address)
+    try:
+        for i in range(5000):
+            sender.emit(_event(i))
+        got = _collect(server, 5000)
+        assert [e.step for _, e in got] == list(range(5000))
+        assert got[0][1] == _event(0)
+        assert got[0][0] == {"rank": 5, "local_rank": 1, "world_size": 8, "pid": os.getpid()}
+        assert server.identities == [got[0][0]]
+    finally:
+        sender.close()
+        server.close()
+    assert not os.path.exists(address)
+
+
+def test_without_a_sampler_emit_drops_quietly_and_never_raises(address, caplog):
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    sender = EventSender(address)  # nobody listens there
+    for i in range(100):
+        sender.emit(_event(i))
+    t = time.monotonic()
+    sender.close(timeout_s=1.0)
+    assert time.monotonic() - t < 5  # a hang guard, not a performance threshold
+    assert sender.sent == 0 and sender.dropped == 100
+    said = [r for r in caplog.records if "cannot reach the stallwatch sampler" in r.getMessage()]
+    assert len(said) <= 1
+
+
+def test_a_full_queue_drops_and_counts_instead_of_growing(address):
+    sender = EventSender(address, max_queued=10)
+    sender._stop.set()  # hold the shipping thread: the queue can only fill
+    sender._thread.join()
+    for i in range(25):
+        sender.emit(_event(i))
+    assert len(sender._queue) == 10 and sender.dropped == 15
+
+
+def test_the_sender_reconnects_when_the_sampler_comes_back(address, monkeypatch):
+    import stallwatch.collect.events as events
+
+    monkeypatch.setattr(events, "RECONNECT_AFTER_S", 0.2)
+    sender = EventSender(address)
+    sender.emit(_event(0))
+    time.sleep(0.5)  # no sampler yet: dropped
+    server = EventServer(address)  # a restarted sampler binds the same path
+    try:
+        for i in range(1, 11):
+            sender.emit(_event(i))
+            time.sleep(0.05)
+        got = _collect(server, 1, timeout_s=5)
+        got += _collect(server, 100, timeout_s=1)
+        assert got and {e.step for _, e in got} <= set(range(1, 11))
+    finally:
+        sender.close()
+        server.close()
+
+
+def test_the_server_ignores_malformed_lines_and_drops_abusive_connections(address):
+    import socket
+
+    server = EventServer(address)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(address)
+        ident = '{"hello": {"rank": 0, "local_rank": 0, "world_size": 1, "pid": 1}}\n'
+        good = '["step", "s", 1, 2, "TRAIN", 0, 1, ""]\n'
+        s.sendall((ident + "not json\n" + '["too", "short"]\n' + good).encode())
+        got = _collect(server, 1)
+        assert [e.name for _, e in got] == ["s"]
+        import threading
+
+        def flood() -> None:  # an endless line: the connection is dropped, the server lives on
+            try:
+                s.sendall(b"x" * (2 << 20))
+            except OSError:
+                pass
+
+        t = threading.Thread(target=flood, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(server.fds()) > 1 and time.monotonic() < deadline:
+            _collect(server, 1, timeout_s=0.2)
+        assert len(server.fds()) == 1  # only the listener is left
+        t.join(5)
+    finally:
+        server.close()
+
+
+def test_end_to_end_two_ranks_through_stallwatch_run(tmp_path: Path):
+    """Two processes of one job (as torchrun starts them) each send their events; the run holds both ranks."""
+    worker = tmp_path / "rank.py"
+    worker.write_text(
+        "import os, time\n"
+        "from stallwatch.collect.events import sender_from_env\n"
+        "from stallwatch.records import FrameworkEvent\n"
+        "s = sender_from_env()\n"
+        "t = time.time_ns() // 1000\n"
+        "for i in range(200):\n"
+        "    s.emit(FrameworkEvent('step', 'train_step', t + i * 100, t + i * 100 + 90, 'TRAIN', i, os.getpid()))\n"
+    )
+    job = tmp_path / "job.py"
+    job.write_text(
+        "import os, subprocess, sys\n"
+        f"procs = [subprocess.Popen([sys.executable, {str(worker)!r}], env=dict(os.environ, RANK=str(r), "
+        "LOCAL_RANK=str(r), WORLD_SIZE='2')) for r in range(2)]\n"
+        "sys.exit(max(p.wait() for p in procs))\n"
+    )
+    run = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "n", "--", sys.executable, str(job))
+    assert p.returncode == 0, p.stderr
+    t = stallwatch.open_run(str(run)).framework(kinds=["step"])
+    assert sorted(set(t["rank"].to_pylist())) == [0, 1]
+    for rank in (0, 1):
+        steps = [s for s, r in zip(t["step"].to_pylist(), t["rank"].to_pylist()) if r == rank]
+        assert steps == list(range(200))
+    ranks = stallwatch.open_run(str(run)).info["nodes"]["n"]["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["world_size"] == 2 for r in ranks)
+
+
+def test_identity_defaults_outside_a_distributed_launcher(monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert process_identity() == {"rank": 0, "local_rank": 0, "world_size": 1, "pid": os.getpid()}
+    monkeypatch.setenv("RANK", "not-a-number")
+    assert process_identity()["rank"] == 0
