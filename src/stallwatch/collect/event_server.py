@@ -8,7 +8,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from stallwatch.collect.events import decode_event
+from stallwatch.collect.events import decode_batch
 from stallwatch.log import warn_once
 from stallwatch.records import FrameworkEvent
 
@@ -81,8 +81,9 @@ class EventServer:
                 conn.identity = {k: int(hello[k]) for k in ("rank", "local_rank", "world_size", "pid")}
                 self.identities.append(conn.identity)
                 return
-            out.append((conn.identity, decode_event(line)))
-            conn.events += 1
+            events = decode_batch(line)
+            out.extend((conn.identity, e) for e in events)
+            conn.events += len(events)
         except (ValueError, KeyError, TypeError) as exc:
             warn_once(f"events-bad-{type(exc).__name__}", "ignoring a malformed framework event (%s)", exc)
 
