@@ -137,14 +137,22 @@ def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
     print(text, file=sys.stderr)
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    from stallwatch.present.info import render_info
+def _open(command: str, uri: str) -> Any:
+    """The run at `uri`, or None after saying why it is not one."""
     from stallwatch.store.reader import RunNotFoundError, open_run
 
     try:
-        run = open_run(args.run)
+        return open_run(uri)
     except RunNotFoundError as exc:
-        print(f"stallwatch info: {exc}", file=sys.stderr)
+        print(f"stallwatch {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from stallwatch.present.info import render_info
+
+    run = _open("info", args.run)
+    if run is None:
         return 2
     print(render_info(run))
     return 0
@@ -152,16 +160,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     from stallwatch.store.location import RunLocation
-    from stallwatch.store.reader import RunNotFoundError, open_run
     from stallwatch.store.transfer import copy_run
 
-    try:
-        source = open_run(args.source).location
-    except RunNotFoundError as exc:
-        print(f"stallwatch upload: {exc}", file=sys.stderr)
+    run = _open("upload", args.source)
+    if run is None:
         return 2
     try:
-        result = copy_run(source, RunLocation(args.dest), delete_source=args.delete)
+        result = copy_run(run.location, RunLocation(args.dest), delete_source=args.delete)
     except Exception as exc:
         print(f"stallwatch upload: could not copy to {args.dest}: {exc}. Nothing in {args.source} was removed; "
               "run the same command again once the destination is reachable.", file=sys.stderr)
@@ -178,12 +183,9 @@ LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling",
 def cmd_config(args: argparse.Namespace) -> int:
     """Show a run's config, or change its live fields: validated first, written atomically, or refused."""
     from stallwatch.store import layout
-    from stallwatch.store.reader import RunNotFoundError, open_run
 
-    try:
-        run = open_run(args.run)
-    except RunNotFoundError as exc:
-        print(f"stallwatch config: {exc}", file=sys.stderr)
+    run = _open("config", args.run)
+    if run is None:
         return 2
     try:
         current = ProfilerConfig.from_dict(json.loads(run.location.read(layout.CONFIG_JSON)))
