@@ -118,7 +118,8 @@ def test_the_server_ignores_malformed_lines_and_drops_abusive_connections(addres
         s.connect(address)
         ident = '{"hello": {"rank": 0, "local_rank": 0, "world_size": 1, "pid": 1}}\n'
         good = '[["step", "s", 1, 2, "TRAIN", 0, 1, ""]]\n'
-        s.sendall((ident + "not json\n" + '[["too", "short"]]\n' + '{"not": "a batch"}\n' + good).encode())
+        s.sendall((ident + "not json\n" + '[["too", "short"]]\n' + '{"not": "a batch"}\n'
+                   + '[["step", "s", "1", 2, "TRAIN", 0, 1, ""]]\n' + '[["step", 5, 1, 2, "TRAIN", 0, 1, ""]]\n' + good).encode())
         got = _collect(server, 1)
         assert [e.name for _, e in got] == ["s"]
         import threading

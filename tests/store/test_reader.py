@@ -103,13 +103,17 @@ def test_info_merges_run_json_and_every_node(run_dir):
     assert info["end_us"] == nodes["algo-2"].timestamps[-1] + S // 2
 
 
-def test_info_end_from_data_when_a_node_died(tmp_path):
-    """A node without end_us (its sampler was killed) ends at its newest stored sample."""
+def _single_node_run(tmp_path):
+    """A run with one node "a" and its writer, before any sample: (root, location, NodeData, writer)."""
     root = tmp_path / "run"
     loc = RunLocation(str(root))
     loc.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "a", T0)).encode())
-    data = NodeData("a")
-    w = writer_for(loc, "a")
+    return root, loc, NodeData("a"), writer_for(loc, "a")
+
+
+def test_info_end_from_data_when_a_node_died(tmp_path):
+    """A node without end_us (its sampler was killed) ends at its newest stored sample."""
+    root, loc, data, w = _single_node_run(tmp_path)
     feed(w, data, 0, 0, 7)  # parts only: killed before closing
     write_node_json(loc, node_record("a", T0, None, samples=0, finished=False))
     info = open_run(str(root)).info
@@ -247,11 +251,7 @@ def test_a_corrupt_file_inside_the_range_is_skipped_with_one_warning(run_dir, ca
 
 def test_leftover_parts_covered_by_a_segment_are_not_double_counted(tmp_path):
     """Parts left behind by a crash after compaction are ignored; parts of the next segment are read."""
-    root = tmp_path / "run"
-    loc = RunLocation(str(root))
-    loc.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "a", T0)).encode())
-    data = NodeData("a")
-    w = writer_for(loc, "a")
+    root, loc, data, w = _single_node_run(tmp_path)
     feed(w, data, 0, 0, 10)
     saved = {c.path: (root / c.path).read_bytes() for c in _chunks(root, "part")}
     assert len(saved) == 4

@@ -64,9 +64,10 @@ class EventSender:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (bounded by `timeout_s`) and disconnect; called at exit too."""
+        deadline = time.monotonic() + timeout_s
         self._stop.set()
         self._thread.join(timeout_s)
-        self._send_queued(deadline=time.monotonic() + timeout_s)
+        self._send_queued(deadline=deadline)
         with self._lock:
             if self._sock is not None:
                 try:
@@ -133,8 +134,18 @@ def decode_batch(line: bytes) -> list[FrameworkEvent]:
     for values in batch:
         if not isinstance(values, list) or len(values) != len(_FIELDS):
             raise ValueError("not a framework event")
-        out.append(FrameworkEvent(*values))
+        kind, name, start, end, mode, step, pid, args = values
+        # Checked here, not when a file is written: one bad event must not block a rank's writer.
+        if not all(isinstance(v, str) for v in (kind, name, mode, args)):
+            raise ValueError("framework event text fields must be strings")
+        if not all(_is_int(v) for v in (start, end, pid)) or not (step is None or _is_int(step)):
+            raise ValueError("framework event times, pid and step must be integers")
+        out.append(FrameworkEvent(kind, name, start, end, mode, step, pid, args))
     return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
 
 
 _sender: EventSender | None = None
@@ -147,7 +158,11 @@ def sender_from_env() -> EventSender | None:
     address = os.environ.get(ENV_EVENTS)
     if not address:
         return None
-    with _sender_lock:
-        if _sender is None or _sender.identity.get("pid") != os.getpid():  # a forked child gets its own
-            _sender = EventSender(address)
-        return _sender
+    try:
+        with _sender_lock:
+            if _sender is None or _sender.identity.get("pid") != os.getpid():  # a forked child gets its own
+                _sender = EventSender(address)
+            return _sender
+    except Exception as exc:  # e.g. no thread can be started: the job runs on without framework events
+        warn_once("events-sender", "framework events are off (%s: %s)", type(exc).__name__, exc)
+        return None

@@ -143,10 +143,10 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             ts, values = sampler.snapshot()
             writer.append(ts, values)
             writer.tick(ts)
-            events.tick(ts)
         except Exception as exc:  # a reading that fails in a new way must not end sampling
             warn_once(f"snapshot-{type(exc).__name__}", "a snapshot failed (%s: %s); sampling goes on",
                       type(exc).__name__, exc)
+        events.tick(sampler.now_us())
         ticks.done()
 
     # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
@@ -204,14 +204,23 @@ class _EventSide:
     def receive(self, ready: list[int]) -> int:
         if not ready or self._server is None:
             return 0
-        received = self._server.receive(ready)
-        for identity, event in received:
-            self._writer(identity["rank"]).append(event)
+        try:
+            received = self._server.receive(ready)
+            for identity, event in received:
+                self._writer(identity["rank"]).append(event)
+        except Exception as exc:  # framework events must never stop system sampling
+            warn_once(f"events-receive-{type(exc).__name__}", "receiving framework events failed (%s: %s)",
+                      type(exc).__name__, exc)
+            return 0
         return len(received)
 
     def tick(self, now_us: int) -> None:
         for w in self._writers.values():
-            w.tick(now_us)
+            try:
+                w.tick(now_us)
+            except Exception as exc:
+                warn_once(f"events-write-{type(exc).__name__}", "writing framework events failed (%s: %s)",
+                          type(exc).__name__, exc)
 
     def close(self) -> None:
         if self._server is not None:
