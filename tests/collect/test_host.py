@@ -180,15 +180,27 @@ def test_rate_refuses_counters_that_went_backwards():
     assert math.isnan(_rate(10.0, 0.0))
 
 
-def test_a_core_going_offline_blanks_cpu_for_that_interval(monkeypatch):
-    reader = HostReader()
-    real = psutil.cpu_times
+@pytest.mark.parametrize("use_procfs", [True, False], ids=["procfs", "psutil"])
+def test_a_core_going_offline_blanks_cpu_for_that_interval(monkeypatch, use_procfs):
+    """Whichever source the reader uses, one row fewer than at start gives no CPU values, not wrong ones."""
+    from stallwatch.collect import procfs
 
-    def fewer(percpu=False):
-        times = real(percpu=percpu)
-        return times[:-1] if percpu else times
+    if use_procfs and not procfs.AVAILABLE:
+        pytest.skip("Linux /proc only")
+    reader = HostReader(use_procfs=use_procfs)
+    time.sleep(0.05)
+    if use_procfs:
+        real_rows = procfs.cpu_rows
+        monkeypatch.setattr(procfs, "cpu_rows", lambda: real_rows()[:-1])
+    else:
+        real = psutil.cpu_times
 
-    monkeypatch.setattr(psutil, "cpu_times", fewer)
+        def fewer(percpu=False):
+            times = real(percpu=percpu)
+            return times[:-1] if percpu else times
+
+        monkeypatch.setattr(psutil, "cpu_times", fewer)
+    time.sleep(0.05)  # ticks pass, so a reader that ignored the missing core would report real numbers
     values = dict(zip(reader.keys(), reader.read()))
     assert math.isnan(values[r.MetricKey(r.CPU, r.CPU_UTIL)])
     assert math.isnan(values[r.MetricKey("cpu0", r.CPU_UTIL)])
