@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stallwatch.config import ConfigError, ProfilerConfig, ProfilingRange
+from stallwatch.config import LIVE_FIELDS, ConfigError, ProfilerConfig, ProfilingRange
 from stallwatch.log import configure_cli_logging, logger
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
@@ -177,8 +177,6 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 # What a running job can pick up from config.json; the rest is fixed when the run starts.
-LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler", "cprofile_timer")
-
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Show a run's config, or change its live fields: validated first, written atomically, or refused."""

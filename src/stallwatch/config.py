@@ -17,6 +17,8 @@ MAX_SAMPLE_INTERVAL_MS = 60_000
 PYTHON_PROFILERS = ("cprofile", "pyinstrument")
 CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
 MAX_TIME_US = 253_402_300_800 * 1_000_000  # 10000-01-01T00:00:00Z
+# What a running job picks up from its run's config.json (`stallwatch config RUN ...`).
+LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler", "cprofile_timer")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

@@ -1,5 +1,6 @@
 """The sampler's side of framework events: a Unix socket in a private directory that the job's processes
-connect to (one connection per process, introduced by its rank); events come out with who sent them."""
+connect to (one connection per process, introduced by its rank); events and artifact notices come out
+with who sent them, and the live configuration goes back to every process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from stallwatch.collect.events import decode_batch
 from stallwatch.log import warn_once
@@ -39,13 +41,33 @@ class EventServer:
         self._listener.setblocking(False)
         self._conns: dict[int, _Connection] = {}
         self.identities: list[dict[str, int]] = []
+        self._greeting: bytes | None = None  # sent to every process once it has introduced itself
+
+    def broadcast(self, message: dict[str, Any], *, greet_new: bool = True) -> None:
+        """Send `message` to every connected process (and, with `greet_new`, to each one that connects
+        later). A process that cannot take it right now misses it: never block the sampler."""
+        line = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        if greet_new:
+            self._greeting = line
+        for fd, conn in list(self._conns.items()):
+            if conn.identity is not None:
+                self._send(fd, conn, line)
+
+    def _send(self, fd: int, conn: _Connection, line: bytes) -> None:
+        try:
+            conn.sock.send(line)
+        except (BlockingIOError, InterruptedError):
+            warn_once("events-broadcast-full", "a job process is not reading its stallwatch messages; it misses one")
+        except OSError:
+            self._drop(fd)
 
     def fds(self) -> list[int]:
         return [self._listener.fileno(), *self._conns]
 
-    def receive(self, ready: list[int]) -> list[tuple[dict[str, int], FrameworkEvent]]:
-        """Accept new connections and read what the ready ones sent: (sender identity, event) pairs."""
-        out: list[tuple[dict[str, int], FrameworkEvent]] = []
+    def receive(self, ready: list[int]) -> list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]]:
+        """Accept new connections and read what the ready ones sent: (sender identity, item) pairs, where an
+        item is a FrameworkEvent or an artifact notice (a dict, see `collect.artifacts`)."""
+        out: list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]] = []
         for fd in ready:
             if fd == self._listener.fileno():
                 self._accept()
@@ -69,10 +91,10 @@ class EventServer:
                 self._drop(fd)
                 continue
             for line in lines:
-                self._line(conn, line, out)
+                self._line(fd, conn, line, out)
         return out
 
-    def _line(self, conn: _Connection, line: bytes, out: list) -> None:
+    def _line(self, fd: int, conn: _Connection, line: bytes, out: list) -> None:
         if not line.strip():
             return
         try:
@@ -80,8 +102,17 @@ class EventServer:
                 hello = json.loads(line)["hello"]
                 conn.identity = {k: int(hello[k]) for k in ("rank", "local_rank", "world_size", "pid")}
                 self.identities.append(conn.identity)
+                if self._greeting is not None:
+                    self._send(fd, conn, self._greeting)
                 return
-            events = decode_batch(line)
+            value = json.loads(line)
+            if isinstance(value, dict):
+                artifact = value.get("artifact")
+                if not isinstance(artifact, dict):
+                    raise ValueError("unknown message")
+                out.append((conn.identity, artifact))
+                return
+            events = decode_batch(value)
             out.extend((conn.identity, e) for e in events)
             conn.events += len(events)
         except (ValueError, KeyError, TypeError) as exc:

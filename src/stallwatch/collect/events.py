@@ -1,6 +1,11 @@
 """The training process's side of framework events: hooks call `emit()`, which only appends to a bounded
-queue; a background thread ships batches to the sampler process over a Unix socket. No file or network
-I/O ever happens in the training process, and nothing here raises into it."""
+queue; a background thread ships batches to the sampler process over a Unix socket, and reads what the
+sampler sends back (live configuration). No I/O into the run ever happens in the training process, and
+nothing here raises into it.
+
+Lines on the socket, job to sampler: `{"hello": identity}` first, then JSON arrays (event batches) and
+`{"artifact": {...}}` objects (profiler output staged locally, for the sampler to store). Sampler to job:
+`{"config": {...}}` (the run's live configuration, validated by the sampler)."""
 
 from __future__ import annotations
 
@@ -11,11 +16,14 @@ import socket
 import threading
 import time
 from collections import deque
+from typing import Any, Callable
 
 from stallwatch.log import warn_once
 from stallwatch.records import FrameworkEvent
 
 ENV_EVENTS = "STALLWATCH_EVENTS"  # the sampler's socket path, set by `stallwatch run` for the job
+ENV_STAGING = "STALLWATCH_STAGING"  # a private local directory where the job stages profiler output
+ENV_CONFIG = "STALLWATCH_CONFIG"  # the run's configuration (JSON) at start
 SEND_INTERVAL_S = 0.1
 RECONNECT_AFTER_S = 2.0  # the sampler may be restarting: try again after this long
 MAX_QUEUED_EVENTS = 100_000
@@ -37,10 +45,14 @@ class EventSender:
     """Never blocks the caller, never raises into it; drops (and says so once) when it cannot keep up."""
 
     def __init__(self, address: str, identity: dict[str, int] | None = None,
-                 max_queued: int = MAX_QUEUED_EVENTS) -> None:
+                 max_queued: int = MAX_QUEUED_EVENTS,
+                 on_message: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """`on_message` gets what the sampler sends (e.g. `{"config": {...}}`), on the sender's thread."""
         self.address = address
         self.identity = identity or process_identity()
-        self._queue: deque[FrameworkEvent] = deque()
+        self.on_message = on_message
+        self._queue: deque[tuple] = deque()  # event tuples in _FIELDS order, or message dicts
+        self._inbox = b""
         self._max = max_queued
         self.dropped = 0
         self.sent = 0
@@ -53,7 +65,12 @@ class EventSender:
         atexit.register(self.close)
 
     def emit(self, event: FrameworkEvent) -> None:
-        """Queue one event (a deque append: well under a microsecond)."""
+        self.emit_tuple((event.kind, event.name, event.start_us, event.end_us, event.mode, event.step, event.pid,
+                         event.args))
+
+    def emit_tuple(self, event: tuple) -> None:
+        """Queue one event given as a tuple in `FrameworkEvent` field order: the hot path of the hooks
+        (a deque append, no object built)."""
         if len(self._queue) >= self._max:
             self.dropped += 1
             if self.dropped == 1:
@@ -61,6 +78,10 @@ class EventSender:
                           "dropping some (counted)")
             return
         self._queue.append(event)
+
+    def send_message(self, message: dict[str, Any]) -> None:
+        """Queue a control message (e.g. `{"artifact": {...}}`); it keeps its place among the events."""
+        self._queue.append(message)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (bounded by `timeout_s`) and disconnect; called at exit too."""
@@ -77,8 +98,11 @@ class EventSender:
                 self._sock = None
 
     def _run(self) -> None:
+        # Connecting waits for the first event: a process that never records anything (torchrun's agent)
+        # never shows up as a rank. The sampler greets each connection with its current configuration.
         while not self._stop.wait(SEND_INTERVAL_S):
             self._send_queued(deadline=None)
+            self._receive()
 
     def _send_queued(self, deadline: float | None) -> None:
         try:
@@ -86,10 +110,18 @@ class EventSender:
                 while self._queue:
                     if deadline is not None and time.monotonic() > deadline:
                         return
-                    batch = [self._queue.popleft() for _ in range(min(len(self._queue), 2000))]
+                    batch: list[tuple] = []
+                    message = None
+                    while self._queue and len(batch) < 2000:
+                        item = self._queue.popleft()
+                        if isinstance(item, dict):
+                            message = item
+                            break
+                        batch.append(item)
                     # One JSON array per batch, built from plain tuples: the least time holding the GIL.
-                    payload = (json.dumps([(e.kind, e.name, e.start_us, e.end_us, e.mode, e.step, e.pid, e.args)
-                                           for e in batch], separators=(",", ":")) + "\n").encode()
+                    payload = (json.dumps(batch, separators=(",", ":")) + "\n").encode() if batch else b""
+                    if message is not None:
+                        payload += (json.dumps(message, separators=(",", ":")) + "\n").encode()
                     if not self._send(payload):
                         self.dropped += len(batch)
                         return
@@ -98,21 +130,57 @@ class EventSender:
             warn_once("events-send", "sending framework events failed (%s: %s); they are dropped",
                       type(exc).__name__, exc)
 
+    def _receive(self) -> None:
+        """Messages from the sampler: read without waiting; each complete line goes to `on_message`."""
+        if self._sock is None or self.on_message is None:
+            return
+        try:
+            with self._lock:
+                if self._sock is None:
+                    return
+                self._sock.setblocking(False)
+                try:
+                    while True:
+                        data = self._sock.recv(1 << 16)
+                        if not data:
+                            break
+                        self._inbox += data
+                except (BlockingIOError, InterruptedError):
+                    pass
+                finally:
+                    if self._sock is not None:
+                        self._sock.settimeout(2.0)
+            *lines, self._inbox = self._inbox.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self.on_message(json.loads(line))
+        except Exception as exc:
+            warn_once("events-receive", "a message from the stallwatch sampler could not be read (%s: %s)",
+                      type(exc).__name__, exc)
+
+    def _connect(self) -> bool:
+        if self._sock is not None:
+            return True
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(2.0)
+            sock.connect(self.address)
+            sock.sendall((json.dumps({"hello": self.identity}) + "\n").encode())
+            self._sock = sock
+            self._inbox = b""
+            return True
+        except OSError as exc:
+            self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+            warn_once("events-connect", "cannot reach the stallwatch sampler at %s (%s); framework events "
+                      "are dropped until it answers", self.address, exc.strerror or exc)
+            return False
+
     def _send(self, payload: bytes) -> bool:
-        if self._sock is None:
-            if time.monotonic() < self._retry_at:
-                return False
-            try:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(2.0)
-                sock.connect(self.address)
-                sock.sendall((json.dumps({"hello": self.identity}) + "\n").encode())
-                self._sock = sock
-            except OSError as exc:
-                self._retry_at = time.monotonic() + RECONNECT_AFTER_S
-                warn_once("events-connect", "cannot reach the stallwatch sampler at %s (%s); framework events "
-                          "are dropped until it answers", self.address, exc.strerror or exc)
-                return False
+        if not self._connect():
+            return False
+        assert self._sock is not None
         try:
             self._sock.sendall(payload)
             return True
@@ -125,9 +193,9 @@ class EventSender:
             return False
 
 
-def decode_batch(line: bytes) -> list[FrameworkEvent]:
+def decode_batch(line: bytes | list) -> list[FrameworkEvent]:
     """One line from a sender: a JSON array of events, each `[kind, name, start_us, end_us, mode, step, pid, args]`."""
-    batch = json.loads(line)
+    batch = json.loads(line) if isinstance(line, (bytes, str)) else line
     if not isinstance(batch, list):
         raise ValueError("not a batch of framework events")
     out = []
@@ -152,8 +220,19 @@ _sender: EventSender | None = None
 _sender_lock = threading.Lock()
 
 
-def sender_from_env() -> EventSender | None:
-    """The process's sender when running under `stallwatch run`, else None (one per process)."""
+def _after_fork_in_child() -> None:
+    """A forked child (a data-loader worker) must not reuse, or wait on, its parent's sender and lock."""
+    global _sender, _sender_lock
+    _sender = None
+    _sender_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def sender_from_env(on_message: Callable[[dict[str, Any]], None] | None = None) -> EventSender | None:
+    """The process's sender when running under `stallwatch run`, else None (one per process).
+    `on_message` is set on it when given (the process's profiling session listens for live config)."""
     global _sender
     address = os.environ.get(ENV_EVENTS)
     if not address:
@@ -161,8 +240,17 @@ def sender_from_env() -> EventSender | None:
     try:
         with _sender_lock:
             if _sender is None or _sender.identity.get("pid") != os.getpid():  # a forked child gets its own
-                _sender = EventSender(address)
+                _sender = EventSender(address, on_message=on_message)
+            elif on_message is not None:
+                _sender.on_message = on_message
             return _sender
     except Exception as exc:  # e.g. no thread can be started: the job runs on without framework events
         warn_once("events-sender", "framework events are off (%s: %s)", type(exc).__name__, exc)
         return None
+
+
+def reset_sender() -> None:
+    """Forget the process's sender (after it was closed), so a later session gets a fresh one."""
+    global _sender
+    with _sender_lock:
+        _sender = None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from stallwatch.collect.events import ENV_EVENTS
+from stallwatch.collect.events import ENV_CONFIG, ENV_EVENTS, ENV_STAGING
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger
@@ -35,6 +35,8 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUI
 SAMPLER_READY_TIMEOUT_S = 15.0
 MAX_SAMPLER_RESTARTS = 3
 REMOTE_CHECK_TIMEOUT_S = 2.0
+ENV_AUTO = "STALLWATCH_AUTO"  # "0": no automatic PyTorch instrumentation (the explicit API still works)
+AUTOLOAD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_autoload")
 
 
 class RunConflictError(RuntimeError):
@@ -75,13 +77,23 @@ def versions() -> dict[str, str]:
     return out
 
 
-def job_environment(run_uri: str, node: str, run_id: str, events_address: str | None = None) -> dict[str, str]:
-    """What the framework hooks inside the job read to find their run and the sampler."""
+def job_environment(run_uri: str, node: str, run_id: str, config: ProfilerConfig | None = None,
+                    events_address: str | None = None, staging_dir: str | None = None) -> dict[str, str]:
+    """What the framework hooks inside the job read to find their run and the sampler. With a sampler
+    to talk to, stallwatch's sitecustomize goes first on PYTHONPATH: it hooks PyTorch when the job
+    imports it (zero code changes)."""
     env = dict(os.environ)
-    env.pop(ENV_EVENTS, None)  # never an outer run's socket
+    for name in (ENV_EVENTS, ENV_STAGING, ENV_CONFIG):
+        env.pop(name, None)  # never an outer run's
     env.update(STALLWATCH_RUN=run_uri, STALLWATCH_NODE=node, STALLWATCH_RUN_ID=run_id)
     if events_address:
         env[ENV_EVENTS] = events_address
+        env[ENV_CONFIG] = json.dumps((config or ProfilerConfig()).to_dict())
+        if staging_dir:
+            env[ENV_STAGING] = staging_dir
+        if env.get(ENV_AUTO, "1") != "0":
+            paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != AUTOLOAD_DIR]
+            env["PYTHONPATH"] = os.pathsep.join([AUTOLOAD_DIR, *paths])
     return env
 
 
@@ -259,15 +271,47 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
 
     Only a node-name conflict (RunConflictError) stops the command from running: a run directory that
     cannot be written (full disk, bad location) is logged and the command runs anyway."""
-    # The framework-event socket lives in a private directory (0700) that outlives sampler restarts.
-    events_dir = tempfile.mkdtemp(prefix="stallwatch-")
+    # The framework-event socket and the staging folder live in a private directory (0700) that outlives
+    # sampler restarts.
+    private_dir = tempfile.mkdtemp(prefix="stallwatch-")
     try:
-        return _launch(command, config, os.path.join(events_dir, "events.sock"))
+        return _launch(command, config, private_dir)
     finally:
-        shutil.rmtree(events_dir, ignore_errors=True)
+        shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> LaunchResult:
+@dataclass
+class NodeSession:
+    """A node of a run being recorded: its sampler process and what the job's processes need to know."""
+
+    run_uri: str
+    run_id: str
+    node: str
+    start_us: int
+    start: StartMessage
+    sampler: _SamplerHandle | None
+    config: ProfilerConfig
+
+    def job_environment(self) -> dict[str, str]:
+        """The environment of a job recorded by this node (framework hooks find the sampler through it)."""
+        return job_environment(self.run_uri, self.node, self.run_id, self.config,
+                               self.start.events_address if self.sampler is not None else None,
+                               self.start.staging_dir)
+
+    def finish(self, exit_code: int, end_us: int) -> str | None:
+        """Tell the sampler the job ended and wait for its last flush; the local spool path when some of
+        the data could not be uploaded."""
+        if self.sampler is None:
+            return None
+        self.sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
+        self.sampler.stop(timeout_s=self.config.flush_interval_s + self.config.upload_timeout_s + 15)
+        if self.sampler.proc.returncode == EXIT_KEPT_IN_SPOOL:
+            return default_spool(self.run_uri, self.node)
+        return None
+
+
+def start_node(command: list[str], config: ProfilerConfig, private_dir: str) -> NodeSession:
+    """Create (or join) the run, claim this node and start its sampler. Raises RunConflictError only."""
     run_uri = resolve_run_uri(config)
     run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
     node = config.node or default_node_name()
@@ -291,13 +335,21 @@ def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> 
         except OSError as exc:  # a full disk, a read-only or missing mount: sample anyway, the writer degrades
             logger.warning("cannot write the run directory %s (%s); the command runs, samples are stored "
                            "once it can be written", run_uri, exc.strerror or exc)
-
+    staging = os.path.join(private_dir, "staging")
+    os.makedirs(staging, exist_ok=True)
     start = StartMessage(run=run_uri, node=node, interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
-                         files=files, events_address=events_address)
+                         files=files, events_address=os.path.join(private_dir, "events.sock"),
+                         staging_dir=staging, config=config.to_dict())
     sampler = _start_sampler(start) if location is not None else None
     start.files = {}  # a restarted sampler must not rewrite them
+    return NodeSession(run_uri, run_id, node, start_us, start, sampler, config)
+
+
+def _launch(command: list[str], config: ProfilerConfig, private_dir: str) -> LaunchResult:
+    session = start_node(command, config, private_dir)
+    run_uri, node, start_us, start, sampler = session.run_uri, session.node, session.start_us, session.start, session.sampler
 
     # Signals are forwarded from before the job starts: one that arrives while it is being started is
     # delivered to it right after, instead of killing the launcher and orphaning the job.
@@ -323,7 +375,7 @@ def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> 
     restarts = 0
     try:
         try:
-            env = job_environment(run_uri, node, run_id, events_address if sampler is not None else None)
+            env = session.job_environment()
             child = subprocess.Popen(command, env=env,
                                      preexec_fn=_preexec_own_group(take_terminal))
         except OSError as exc:
@@ -331,9 +383,7 @@ def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> 
             code = 126 if isinstance(exc, PermissionError) else 127
             logger.error("cannot run %s: %s", command[0], exc.strerror or exc)
             end_us = now_us()
-            if sampler is not None:
-                sampler.send(json.dumps({"exit": code, "end_us": end_us}))
-                sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
+            session.finish(code, end_us)
             return LaunchResult(run_uri, node, code, start_us, end_us)
         if sampler is not None:
             sampler.send(json.dumps({"pid": child.pid}))
@@ -347,7 +397,7 @@ def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> 
                 logger.warning("the system sampler exited (code %s); restarting it (%d of %d)",
                                sampler.proc.returncode, restarts, MAX_SAMPLER_RESTARTS)
                 sampler.close()
-                sampler = _start_sampler(start)
+                sampler = session.sampler = _start_sampler(start)
                 if sampler is not None:
                     sampler.send(json.dumps({"pid": child.pid}))
     finally:
@@ -358,11 +408,6 @@ def _launch(command: list[str], config: ProfilerConfig, events_address: str) -> 
     end_us = now_us()
     code = child.returncode
     exit_code = 128 - code if code < 0 else code
-    local_copy = None
-    if sampler is not None:
-        sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
-        sampler.stop(timeout_s=config.flush_interval_s + config.upload_timeout_s + 15)
-        if sampler.proc.returncode == EXIT_KEPT_IN_SPOOL:
-            local_copy = default_spool(run_uri, node)
+    local_copy = session.finish(exit_code, end_us)
     return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts,
                         local_copy=local_copy)

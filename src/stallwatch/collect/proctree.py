@@ -52,6 +52,14 @@ class ProcessTreeReader:
         self._cmdlines: dict[int, list[str]] = {}
         self._next_refresh = 0.0
         self._prev_mono = time.monotonic()
+        self._known_workers: set[int] = set()  # reported by the job's data loaders: no guessing needed
+
+    def add_workers(self, pids: list[int]) -> None:
+        """Data-loader worker pids the job reported; they are looked for at the next snapshot."""
+        new = set(pids) - self._known_workers
+        if new:
+            self._known_workers |= new
+            self._next_refresh = 0.0
 
     def set_root(self, pid: int) -> None:
         try:
@@ -85,6 +93,7 @@ class ProcessTreeReader:
         for p in procs:
             known = self._members.get(p.pid)
             if known is not None and _alive(known.proc):
+                known.is_worker = known.is_worker or p.pid in self._known_workers
                 seen[p.pid] = known
                 continue
             try:
@@ -93,7 +102,8 @@ class ProcessTreeReader:
             except psutil.Error:
                 continue
             self._cmdlines[p.pid] = cmdline
-            worker = p.pid != root.pid and looks_like_worker(cmdline, self._cmdlines.get(parent))
+            worker = p.pid != root.pid and (p.pid in self._known_workers
+                                             or looks_like_worker(cmdline, self._cmdlines.get(parent)))
             seen[p.pid] = _Member(p, worker)
         self._members = seen
         self._cmdlines = {pid: self._cmdlines[pid] for pid in seen if pid in self._cmdlines}

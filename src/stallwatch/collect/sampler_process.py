@@ -41,7 +41,9 @@ class StartMessage:
     node_record: dict[str, Any] = field(default_factory=dict)
     upload_timeout_s: float = FINAL_UPLOAD_TIMEOUT_S
     files: dict[str, str] = field(default_factory=dict)
-    events_address: str | None = None  # Unix socket path for the job's framework events  # written once at start (remote runs' run.json…)
+    events_address: str | None = None  # Unix socket path for the job's framework events
+    staging_dir: str | None = None  # where the job stages profiler output for the sampler to store
+    config: dict[str, Any] = field(default_factory=dict)  # the run's configuration at start (live fields change)
 
     @classmethod
     def from_json(cls, line: str) -> StartMessage:
@@ -106,14 +108,16 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         spool = Path(start.spool_dir or default_spool(start.run, start.node))
         sink = SpoolingSink(location, spool)
     stored = 0 if location.remote else sum(
-        e.size for top in (layout.system_dir(start.node), f"{layout.FRAMEWORK_DIR}/{start.node}")
+        e.size for top in (layout.system_dir(start.node), f"{layout.FRAMEWORK_DIR}/{start.node}",
+                    f"{layout.TRACES_DIR}/{start.node}")
         for e in location.list(top))
     budget = StorageBudget(start.max_storage_bytes, stored)
     interval_s = start.interval_ms / 1000.0
     writer = SystemWriter(sink, start.node, sampler.keys, interval_us=start.interval_ms * 1000,
                           flush_interval_us=int(start.flush_interval_s * 1e6),
                           max_bytes=start.max_storage_bytes, stored_bytes=stored, budget=budget)
-    events = _EventSide(start, sink, budget)
+    events = _EventSide(start, sink, budget, sampler)
+    watcher = _watch_config(location, start) if start.events_address else None
     node_record = dict(start.node_record)
     node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.interval_ms,
                        status="running")
@@ -130,6 +134,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     while not stop["now"] and not control.eof:
         msgs, ready = control.wait(ticks.time_left(), events.fds())
         events.receive(ready)
+        if watcher is not None and (changed := watcher.take()) is not None:
+            events.broadcast({"config": changed.to_dict()})
         for msg in msgs:
             if "pid" in msg:
                 sampler.set_job_pid(int(msg["pid"]))
@@ -157,6 +163,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         except Exception:
             pass
     writer.close()
+    if watcher is not None:
+        watcher.close()
     events.close()
     node_record["ranks"] = events.identities()
     sampler.close()
@@ -181,22 +189,48 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     return 0
 
 
-class _EventSide:
-    """The job's framework events: received on the socket, written per rank. Absent when the socket could
-    not be opened (said once): system sampling goes on regardless."""
+def _watch_config(location: Any, start: StartMessage) -> Any:
+    from stallwatch.collect.live_config import ConfigWatcher
+    from stallwatch.config import ProfilerConfig
 
-    def __init__(self, start: StartMessage, sink: Any, budget: Any) -> None:
+    try:
+        return ConfigWatcher(location, ProfilerConfig.from_dict(start.config))
+    except Exception as exc:
+        logger.warning("live configuration is off (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+class _EventSide:
+    """The job's framework events: received on the socket, written per rank; profiler output handed to the
+    artifact store. Absent when the socket could not be opened (said once): system sampling goes on."""
+
+    def __init__(self, start: StartMessage, sink: Any, budget: Any, sampler: Any = None) -> None:
         from stallwatch.collect.event_server import EventServer
 
-        self._start, self._sink, self._budget = start, sink, budget
+        self._start, self._sink, self._budget, self._sampler = start, sink, budget, sampler
         self._writers: dict[int, Any] = {}
         self._server = None
+        self._artifacts = None
         if start.events_address:
             try:
                 self._server = EventServer(start.events_address)
             except OSError as exc:
                 logger.warning("cannot open the framework-event socket %s (%s); only system metrics are recorded",
                                start.events_address, exc.strerror or exc)
+        if self._server is not None and start.staging_dir:
+            try:
+                from stallwatch.collect.artifacts import ArtifactStore
+
+                self._artifacts = ArtifactStore(sink, start.node, start.staging_dir, budget)
+            except Exception as exc:
+                logger.warning("profiler output cannot be stored (%s: %s)", type(exc).__name__, exc)
+
+    def broadcast(self, message: dict[str, Any]) -> None:
+        if self._server is not None:
+            try:
+                self._server.broadcast(message)
+            except Exception as exc:
+                warn_once(f"events-broadcast-{type(exc).__name__}", "cannot tell the job (%s)", exc)
 
     def fds(self) -> list[int]:
         return self._server.fds() if self._server is not None else []
@@ -206,8 +240,14 @@ class _EventSide:
             return 0
         try:
             received = self._server.receive(ready)
-            for identity, event in received:
-                self._writer(identity["rank"]).append(event)
+            for identity, item in received:
+                if isinstance(item, dict):
+                    if self._artifacts is not None:
+                        self._artifacts.submit(identity["rank"], item)
+                    continue
+                self._writer(identity["rank"]).append(item)
+                if item.kind == "dataloader" and self._sampler is not None:
+                    self._note_workers(item.args)
         except Exception as exc:  # framework events must never stop system sampling
             warn_once(f"events-receive-{type(exc).__name__}", "receiving framework events failed (%s: %s)",
                       type(exc).__name__, exc)
@@ -230,6 +270,13 @@ class _EventSide:
             self._server.close()
         for w in self._writers.values():
             w.close()
+        if self._artifacts is not None:
+            self._artifacts.close(timeout_s=self._start.upload_timeout_s + 30)
+
+    def _note_workers(self, args: str) -> None:
+        pids = json.loads(args or "{}").get("worker_pids") or []
+        if pids and all(isinstance(p, int) for p in pids):
+            self._sampler.tree.add_workers(pids)
 
     def identities(self) -> list[dict[str, int]]:
         return list(self._server.identities) if self._server is not None else []

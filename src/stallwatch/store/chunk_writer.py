@@ -4,7 +4,8 @@ failures degrade, they never raise. Subclasses own the buffer; this class owns t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from stallwatch.log import logger, warn_once
@@ -15,10 +16,16 @@ SEGMENT_US = 600 * 1_000_000  # one compacted file per 10 minutes of data
 
 @dataclass
 class StorageBudget:
-    """Bytes a node may store (max_storage_mb), shared by all of its writers."""
+    """Bytes a node may store (max_storage_mb), shared by all of its writers (the sampler loop's and the
+    artifact thread's: changes go through `add`, under a lock)."""
 
     limit: int
     used: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.used += delta
 
 
 class Sink(Protocol):
@@ -121,7 +128,7 @@ class ChunkWriter:
             try:
                 self._sink.delete(path)
                 self.stored_bytes -= size
-                self._budget.used -= size
+                self._budget.add(-size)
             except Exception as exc:  # a leftover part is harmless: readers skip parts covered by a segment
                 warn_once("part-delete", "could not delete compacted part %s (%s); readers skip it", path, exc)
         self.samples_written += self._n - self._flushed
@@ -172,7 +179,7 @@ class ChunkWriter:
             self._failing = False
             logger.warning("writing %s works again (%s)", self.what, name)
         self.stored_bytes += len(data)
-        self._budget.used += len(data)
+        self._budget.add(len(data))
         return True
 
 

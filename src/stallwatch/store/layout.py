@@ -94,3 +94,53 @@ def live_chunks(chunks: list[Chunk]) -> list[Chunk]:
         out.append(c)
     out.sort(key=lambda c: (c.stream, c.start_us, c.kind != SEGMENT))
     return out
+
+
+# -- profiling windows: traces/<node>/<rank>/<window>/ -------------------------------------------------------
+# One directory per profiling window of one rank; window.json is written last, so its presence means the
+# window is complete (a reader ignores directories without it).
+WINDOW_JSON = "window.json"
+TRACE_JSON_GZ = "trace.json.gz"  # torch.profiler Chrome trace, gzipped (Perfetto and HTA open it as is)
+OPERATORS_PARQUET = "operators.parquet"  # per (operator, device) totals from the trace
+PSTATS = "profile.pstats"  # cProfile dump_stats output, as written
+PYINSTRUMENT_JSON = "pyinstrument.json"  # pyinstrument session (Session.load reads it back)
+PYINSTRUMENT_HTML = "pyinstrument.html"  # pyinstrument's interactive page for that session
+FUNCTIONS_PARQUET = "functions.parquet"  # per-function totals from cProfile or pyinstrument
+PROFILE_LAYERS = ("detailed", "python")
+_WINDOW = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+
+
+def valid_window_name(window: str) -> bool:
+    """A window is one path segment: letters, digits, '.', '_', '-', not hidden, at most 128 characters."""
+    return isinstance(window, str) and bool(_WINDOW.match(window))
+
+
+def window_name(layer: str, start_us: int) -> str:
+    """What the job names a window: layer and start, fixed width so name order is time order."""
+    return f"{layer}-{start_us:016d}"
+
+
+def trace_window_dir(node: str, rank: int | str, window: str) -> str:
+    return f"{TRACES_DIR}/{node}/{rank}/{window}"
+
+
+@dataclass(frozen=True)
+class WindowFile:
+    """One file inside a profiling window's directory, parsed from its path."""
+
+    node: str
+    rank: str
+    window: str
+    name: str
+
+    @property
+    def directory(self) -> str:
+        return trace_window_dir(self.node, self.rank, self.window)
+
+
+def parse_window_file(path: str) -> WindowFile | None:
+    """`traces/<node>/<rank>/<window>/<name>` -> its parts; None for anything else under traces/."""
+    parts = path.split("/")
+    if len(parts) != 5 or parts[0] != TRACES_DIR:
+        return None
+    return WindowFile(parts[1], parts[2], parts[3], parts[4])

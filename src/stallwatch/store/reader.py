@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from stallwatch.log import warn_once
 from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_schema
-from stallwatch.store import framework_codec, layout
+from stallwatch.store import framework_codec, layout, profiles_codec
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.system_codec import count_rows, read_columns, read_schema, to_tidy
 
@@ -201,6 +201,33 @@ class Run:
             return framework_schema().empty_table()
         return pa.concat_tables(tables)
 
+    # -- profiling windows ------------------------------------------------------------------------------
+    def profiles(self, layer: str | None = None) -> list[dict[str, Any]]:
+        """The window.json records of complete profiling windows (of `layer`: "detailed" or "python"),
+        ordered by node, rank and start; each with `path`, its directory in the run."""
+        out = []
+        for (node, rank, window), names in self._profile_windows().items():
+            rel = layout.trace_window_dir(node, rank, window)
+            record = self._read_json(f"{rel}/{layout.WINDOW_JSON}")
+            if record is None or (layer is not None and record.get("layer") != layer):
+                continue
+            out.append({**record, "path": rel})
+        out.sort(key=lambda r: (str(r.get("node")), _rank_key(str(r.get("rank"))), _int_or(r.get("start_us")),
+                                str(r.get("window"))))
+        return out
+
+    def operators(self, window: str | None = None, nodes: Iterable[str] | None = None) -> pa.Table:
+        """Per-operator totals of torch.profiler windows (`operators_schema()`): node, rank, window, name,
+        device, calls, self_us, total_us; ordered by node, rank, window, then as stored."""
+        return self._summaries(layout.OPERATORS_PARQUET, profiles_codec.OPERATORS_STORED,
+                               profiles_codec.operators_schema(), window, nodes)
+
+    def functions(self, window: str | None = None, nodes: Iterable[str] | None = None) -> pa.Table:
+        """Per-function totals of Python-profiling windows (`functions_schema()`): node, rank, window,
+        function, file, line, calls, self_us, total_us."""
+        return self._summaries(layout.FUNCTIONS_PARQUET, profiles_codec.FUNCTIONS_STORED,
+                               profiles_codec.functions_schema(), window, nodes)
+
     def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
         """A follower whose `read()` returns only rows newer than what it returned before."""
         return SystemTail(self, _names(nodes), _names(metrics))
@@ -233,6 +260,39 @@ class Run:
         return out
 
     # -- internals --------------------------------------------------------------------------------------
+    def _profile_windows(self) -> dict[tuple[str, str, str], set[str]]:
+        """Complete windows (their window.json is there) -> the names of their files, in path order."""
+        found: dict[tuple[str, str, str], set[str]] = {}
+        for entry in self.location.list(layout.TRACES_DIR):
+            f = layout.parse_window_file(entry.path)
+            if f is not None:
+                found.setdefault((f.node, f.rank, f.window), set()).add(f.name)
+        keys = sorted(found, key=lambda k: (k[0], _rank_key(k[1]), k[2]))
+        return {k: found[k] for k in keys if layout.WINDOW_JSON in found[k]}
+
+    def _summaries(self, name: str, stored: pa.Schema, schema: pa.Schema, window: str | None,
+                   nodes: Iterable[str] | None) -> pa.Table:
+        node_set = None if nodes is None else ({nodes} if isinstance(nodes, str) else set(nodes))
+        tables = []
+        for (node, rank, win), names in self._profile_windows().items():
+            if name not in names or (window is not None and win != window) or \
+                    (node_set is not None and node not in node_set):
+                continue
+            rel = f"{layout.trace_window_dir(node, rank, win)}/{name}"
+            try:
+                t = profiles_codec.decode(self.location.open_input_file(rel), stored)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                warn_once(f"bad-file-{self.uri}-{rel}", "skipping unreadable file %s/%s (%s)",
+                          self.uri, rel, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                continue
+            if t.num_rows:
+                tables.append(profiles_codec.with_window(t, schema, node, rank, win))
+        if not tables:
+            return schema.empty_table()
+        return pa.concat_tables(tables)
+
     def _chunks(self, top: str) -> list[layout.Chunk]:
         chunks = [c for e in self.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
         return layout.live_chunks(chunks)
@@ -295,6 +355,10 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     if not tables:
         return system_schema().empty_table()
     return pa.concat_tables(tables)
+
+
+def _int_or(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _rank_key(rank: str) -> tuple[int, str]:

@@ -1,0 +1,294 @@
+"""The always-on layer's hooks into PyTorch: batch requests, the top-level module's forward, backward, the
+optimizer step and collectives, each timed and handed to the StepTracker. Every hook calls the user's code
+exactly once and swallows its own failures (said once): the training job never sees stallwatch.
+
+Finding "the model" without the user naming it: for a new loop's first steps, global module hooks note the
+outermost module called; then per-instance hooks go on those modules and the global hooks come off, so
+submodule calls cost nothing afterwards."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable
+
+import torch
+
+from stallwatch.log import warn_once
+from stallwatch.records import COLLECTIVE
+from stallwatch.torch import dataloader as dl
+from stallwatch.torch.steps import StepTracker, now_us
+
+DDP_STATS_EVERY_STEPS = 10  # DDP samples its own timings (first iterations, then every 100): read them this often
+DISCOVERY_STEPS = 3  # steps of a new loop during which the outermost modules are looked for
+DISCOVERY_CALLS_WITHOUT_STEPS = 200  # outermost calls looked at when no step is ever seen
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
+               "reduce", "gather", "scatter", "barrier")
+
+
+def _guard(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:  # never into the training loop
+        warn_once(f"hook-{what}-{type(exc).__name__}", "stallwatch's %s hook failed (%s: %s); training goes on",
+                  what, type(exc).__name__, exc)
+        return None
+
+
+class TorchHooks:
+    """Installed once per process; `uninstall()` restores everything (tests, and a user who wants out)."""
+
+    def __init__(self, tracker: StepTracker, emit: Callable[[tuple], None], pid: int) -> None:
+        self.tracker = tracker
+        self._emit = emit
+        self.pid = pid
+        self._undo: list[Callable[[], None]] = []
+        self._depth = 0  # nesting of hooked module calls: only the outermost is a forward phase
+        self._fwd_start: list[int] = []
+        self._models: dict[int, Any] = {}  # id -> handles of modules found to be top-level
+        self._global_handles: list[Any] = []
+        self._discover_left = 0
+        self._discover_calls = DISCOVERY_CALLS_WITHOUT_STEPS
+        self._new_loaders: set[int] = set()
+        self._optim_start: list[int] = []
+        self._ddp: list[Any] = []  # DistributedDataParallel models found: their own timing samples are read
+        self._ddp_seen: dict[int, int] = {}  # id(model) -> the sampled iteration already recorded
+        self._steps = 0
+        self.enabled = True
+
+    # -- install / uninstall --------------------------------------------------------------------------
+    def install(self) -> None:
+        self._patch_dataloader()
+        self._patch_backward()
+        self._hook_optimizer()
+        self._patch_collectives()
+        self._start_discovery()
+
+    def uninstall(self) -> None:
+        self._stop_discovery()
+        for handles in self._models.values():
+            for h in handles:
+                h.remove()
+        self._models.clear()
+        while self._undo:
+            _guard("uninstall", self._undo.pop())
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, name)
+        wrapper = functools.wraps(original)(make(original))
+        wrapper.__stallwatch_original__ = original  # type: ignore[attr-defined]
+        setattr(owner, name, wrapper)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    # -- data loader ----------------------------------------------------------------------------------
+    def _patch_dataloader(self) -> None:
+        from torch.utils.data import dataloader as tdl
+
+        hooks = self
+
+        def make_next(original):
+            def __next__(it):
+                if not hooks.enabled:
+                    return original(it)
+                key = getattr(it, "_stallwatch_loader", 0)
+                t0 = _guard("dataloader", hooks._batch_begin, key)
+                try:
+                    batch = original(it)
+                except StopIteration:
+                    if t0 is not None:
+                        _guard("dataloader", hooks.tracker.batch_end, key, t0, True)
+                    raise
+                if t0 is not None:
+                    _guard("dataloader", hooks.tracker.batch_end, key, t0, False)
+                return batch
+            return __next__
+
+        def make_init(original):
+            def __init__(it, loader, *args, **kwargs):
+                original(it, loader, *args, **kwargs)
+                if hooks.enabled:
+                    _guard("dataloader", hooks._loader_started, it, loader)
+            return __init__
+
+        self._patch(tdl._BaseDataLoaderIter, "__next__", make_next)
+        for cls in (tdl._SingleProcessDataLoaderIter, tdl._MultiProcessingDataLoaderIter):
+            self._patch(cls, "__init__", make_init)
+        self._undo.extend(dl.patch_fetchers(self._emit))
+
+    def _batch_begin(self, key: int) -> int:
+        if key in self._new_loaders:  # a loop that has not run before: look for its model again
+            self._new_loaders.discard(key)
+            self._start_discovery()
+        return self.tracker.batch_begin(key, torch.is_grad_enabled())
+
+    def _loader_started(self, it: Any, loader: Any) -> None:
+        key = id(loader)
+        it._stallwatch_loader = key
+        if not getattr(loader, "_stallwatch_seen", False):
+            try:
+                loader._stallwatch_seen = True
+            except Exception:
+                pass
+            self._new_loaders.add(key)
+        t = now_us()
+        self._emit(("dataloader", type(loader.dataset).__name__, t, t, "GLOBAL", None, self.pid,
+                    json.dumps(dl.describe(it, loader), default=str)))
+
+    # -- forward: discovery, then per-instance hooks --------------------------------------------------
+    def _start_discovery(self) -> None:
+        self._discover_left = DISCOVERY_STEPS
+        if self._global_handles:
+            return
+        from torch.nn.modules import module as nn_module
+
+        self._global_handles = [
+            nn_module.register_module_forward_pre_hook(self._discover_pre),
+            nn_module.register_module_forward_hook(self._discover_post, always_call=True),
+        ]
+
+    def _stop_discovery(self) -> None:
+        for h in self._global_handles:
+            h.remove()
+        self._global_handles = []
+
+    def _discover_pre(self, module: Any, _args: Any) -> None:
+        if self._depth == 0 and self.enabled:
+            _guard("forward", self._adopt, module)
+        self._pre(module, _args)
+
+    def _discover_post(self, module: Any, _args: Any, _out: Any) -> None:
+        self._post(module, _args, _out)
+        if self._depth == 0 and self.enabled:
+            _guard("forward", self._discovery_tick)
+
+    def _adopt(self, module: Any) -> None:
+        """The outermost module of a call: from now on hooked on its own."""
+        if id(module) in self._models:
+            return
+        handles = [module.register_forward_pre_hook(self._instance_pre),
+                   module.register_forward_hook(self._instance_post, always_call=True)]
+        self._models[id(module)] = handles
+        self._discover_left = DISCOVERY_STEPS
+        if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "_get_ddp_logging_data"):
+            self._ddp.append(module)
+
+    def _discovery_tick(self) -> None:
+        self._discover_calls -= 1
+        if self.tracker.in_step:
+            return  # counted when steps end (on_step_end)
+        if self._discover_calls <= 0 and self.tracker.source is None:
+            self._stop_discovery()
+
+    def step_ended(self) -> None:
+        """Called by the session after each step: discovery runs for a few steps of each new loop."""
+        if self._global_handles:
+            self._discover_left -= 1
+            if self._discover_left <= 0:
+                self._stop_discovery()
+        self._steps += 1
+        if self._ddp and self._steps % DDP_STATS_EVERY_STEPS == 0:
+            self.record_ddp_stats()
+
+    def record_ddp_stats(self) -> None:
+        """DDP times its gradient all-reduce inside backward itself (on sampled iterations): record each
+        new sample as a collective, with DDP's averages."""
+        for model in self._ddp:
+            data = _guard("ddp", model._get_ddp_logging_data)
+            if not data or data.get("iteration") == self._ddp_seen.get(id(model)):
+                continue
+            start, end = data.get("backward_comm_time_start"), data.get("backward_comm_time_end")
+            if not start or not end:
+                continue
+            self._ddp_seen[id(model)] = data.get("iteration")
+            info = {"iteration": data.get("iteration"), "bucket_sizes": data.get("bucket_sizes"),
+                    **{f"{k}_us": data[k] / 1000 for k in
+                       ("avg_backward_comm_time", "avg_backward_compute_time",
+                        "avg_backward_compute_comm_overlap_time", "avg_forward_compute_time") if k in data}}
+            self._emit((COLLECTIVE, "ddp_gradient_all_reduce", start // 1000, end // 1000, "TRAIN", None,
+                        self.pid, json.dumps(info)))
+
+    def _instance_pre(self, module: Any, args: Any) -> None:
+        if not self._global_handles:
+            self._pre(module, args)
+
+    def _instance_post(self, module: Any, args: Any, out: Any) -> None:
+        if not self._global_handles:
+            self._post(module, args, out)
+
+    def _pre(self, module: Any, _args: Any) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._fwd_start.append(now_us())
+
+    def _post(self, module: Any, _args: Any, _out: Any) -> None:
+        if self._depth <= 0:
+            return
+        self._depth -= 1
+        if self._depth == 0 and self._fwd_start and self.enabled:
+            t0 = self._fwd_start.pop()
+            _guard("forward", self.tracker.forward, t0, now_us(), type(module).__name__, torch.is_grad_enabled())
+
+    # -- backward, optimizer, collectives -------------------------------------------------------------
+    def _patch_backward(self) -> None:
+        hooks = self
+
+        def make(original):
+            def backward(*args, **kwargs):
+                if not hooks.enabled:
+                    return original(*args, **kwargs)
+                t0 = now_us()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    _guard("backward", hooks.tracker.backward, t0, now_us())
+            return backward
+
+        self._patch(torch.autograd, "backward", make)
+
+    def _hook_optimizer(self) -> None:
+        from torch.optim import optimizer as optim
+
+        pre = optim.register_optimizer_step_pre_hook(self._optim_pre)
+        post = optim.register_optimizer_step_post_hook(self._optim_post)
+        self._undo.extend([pre.remove, post.remove])
+
+    def _optim_pre(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
+        if self.enabled:
+            if len(self._optim_start) > 8:  # steps that raised never reached the post hook
+                del self._optim_start[:-1]
+            self._optim_start.append(now_us())
+
+    def _optim_post(self, opt: Any, _args: Any, _kwargs: Any) -> None:
+        if self.enabled and self._optim_start:
+            _guard("optimizer", self.tracker.optimizer, self._optim_start.pop(), now_us(), type(opt).__name__)
+
+    def _patch_collectives(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        hooks = self
+        for name in COLLECTIVES:
+            if not hasattr(dist, name):
+                continue
+
+            def make(original, name=name):
+                def collective(*args, **kwargs):
+                    if not hooks.enabled:
+                        return original(*args, **kwargs)
+                    t0 = now_us()
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        _guard("collective", hooks._collective, name, t0, args, kwargs)
+                return collective
+
+            self._patch(dist, name, make)
+
+    def _collective(self, name: str, t0: int, args: tuple, kwargs: dict) -> None:
+        tensor = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tensor")
+        info: dict[str, Any] = {"async": bool(kwargs.get("async_op", False))}
+        if isinstance(tensor, torch.Tensor):
+            info["bytes"] = tensor.numel() * tensor.element_size()
+        self.tracker.other(COLLECTIVE, name, t0, now_us(), json.dumps(info))

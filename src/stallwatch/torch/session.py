@@ -1,0 +1,147 @@
+"""One profiling session per training process: the configuration in force, the step tracker, the hooks,
+the profiling windows and the channel to the sampler. Live configuration arrives from the sampler on the
+sender's thread and is applied by the training thread at the next step boundary."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from typing import Any
+
+from stallwatch.collect.events import ENV_CONFIG, ENV_STAGING, EventSender, reset_sender, sender_from_env
+from stallwatch.config import ConfigError, ProfilerConfig
+from stallwatch.log import logger, warn_once
+from stallwatch.records import TRAIN
+from stallwatch.torch.steps import StepTracker
+from stallwatch.torch.windows import WindowController
+
+
+class Session:
+    def __init__(self, config: ProfilerConfig, sender: EventSender | None, staging: str | None) -> None:
+        self.pid = os.getpid()
+        self.config = config
+        self.sender = sender
+        self._new_config: ProfilerConfig | None = None  # set by the sender's thread, taken by the training thread
+        emit = sender.emit_tuple if sender is not None else _drop
+        send = sender.send_message if sender is not None else _drop
+        self.windows = WindowController(config, pid=self.pid, staging=staging, emit=emit, send=send)
+        self.tracker = StepTracker(emit, self.pid, listener=self)
+        self.hooks: Any = None
+        self._closed = False
+
+    def install_hooks(self) -> None:
+        from stallwatch.torch.hooks import TorchHooks
+
+        emit = self.sender.emit_tuple if self.sender is not None else _drop
+        self.hooks = TorchHooks(self.tracker, emit, self.pid)
+        try:
+            self.hooks.install()
+        except Exception as exc:
+            logger.warning("stallwatch could not hook into PyTorch (%s: %s); only system metrics are recorded",
+                           type(exc).__name__, exc)
+            self.hooks.uninstall()
+            self.hooks = None
+
+    # -- the tracker's listener (training thread) -----------------------------------------------------
+    def on_step_begin(self, mode: str, step: int, now_us: int) -> None:
+        new = self._new_config
+        if new is not None:
+            self._new_config = None
+            self.config = new
+            self.windows.set_config(new, self.tracker.counts[TRAIN])
+        self.windows.on_step_begin(mode, step, now_us)
+
+    def on_step_end(self, mode: str, step: int, start_us: int, end_us: int) -> None:
+        self.windows.on_step_end(mode, step, start_us, end_us)
+        if self.hooks is not None:
+            self.hooks.step_ended()
+
+    # -- from the sampler (sender thread) -------------------------------------------------------------
+    def on_message(self, message: dict[str, Any]) -> None:
+        data = message.get("config")
+        if not isinstance(data, dict):
+            return
+        try:
+            config = ProfilerConfig.from_dict(data)
+        except (ConfigError, TypeError) as exc:  # the sampler validated it; refuse anyway, keep the old one
+            warn_once("live-config-bad", "ignoring a live configuration that does not validate (%s)", exc)
+            return
+        if config != self.config:
+            self._new_config = config
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.tracker.finish()
+            self.windows.close()
+            if self.hooks is not None:
+                self.hooks.record_ddp_stats()
+        except Exception as exc:
+            warn_once("session-close", "stallwatch could not finish its last step (%s: %s)", type(exc).__name__, exc)
+        if self.hooks is not None:
+            self.hooks.enabled = False
+        if self.sender is not None:
+            self.sender.close()
+
+
+def _drop(_item: Any) -> None:
+    return None
+
+
+_session: Session | None = None
+_lock = threading.Lock()
+
+
+def current() -> Session | None:
+    return _session if _session is not None and _session.pid == os.getpid() else None
+
+
+def install(config: ProfilerConfig | None = None) -> Session | None:
+    """The process's session, created (and PyTorch hooked) on first call; None when not under a sampler.
+    Never raises: a failure leaves the job running without framework events (said once)."""
+    global _session
+    try:
+        with _lock:
+            if current() is not None:
+                return _session
+            if config is None:
+                config = config_from_env()
+            sender = sender_from_env()
+            if sender is None:
+                return None
+            session = Session(config, sender, os.environ.get(ENV_STAGING))
+            sender.on_message = session.on_message
+            session.install_hooks()
+            _session = session
+            atexit.register(session.close)
+            return session
+    except Exception as exc:
+        warn_once("session-install", "stallwatch framework profiling is off (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def config_from_env() -> ProfilerConfig:
+    text = os.environ.get(ENV_CONFIG)
+    if not text:
+        return ProfilerConfig()
+    try:
+        return ProfilerConfig.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        warn_once("env-config", "ignoring an invalid %s (%s); profiling windows are off", ENV_CONFIG, exc)
+        return ProfilerConfig()
+
+
+def uninstall() -> None:
+    """Unhook and forget the session (tests; a user who wants stallwatch out of the process)."""
+    global _session
+    with _lock:
+        session, _session = _session, None
+    if session is not None:
+        session.close()
+        if session.hooks is not None:
+            session.hooks.uninstall()
+        reset_sender()

@@ -1,0 +1,231 @@
+"""Profiling windows: torch.profiler (detailed), cProfile or pyinstrument (python) and batch-fetch timing
+(dataloader), each switched on and off at step boundaries for the configured steps or time window.
+
+Step ranges count TRAIN steps. What a window produces is staged in a private local directory and handed
+to the sampler, which stores and summarises it: the training thread pays only for the profiler itself."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from stallwatch.config import ProfilerConfig, ProfilingRange
+from stallwatch.log import logger, warn_once
+from stallwatch.records import GLOBAL, TRAIN
+from stallwatch.torch import dataloader as dl
+from stallwatch.torch.steps import now_us
+
+DETAILED, PYTHON, DATALOADER = "detailed", "python", "dataloader"
+LAYERS = (DETAILED, PYTHON, DATALOADER)
+PROFILING = "profiling"  # the framework-event kind that marks a window
+
+
+class _Profiler:
+    """One layer's profiler for one window; `stop()` returns {stored name: staged path}."""
+
+    files: dict[str, str]
+
+    def start(self) -> None: ...
+    def stop(self, folder: str) -> dict[str, str]: ...
+    meta: dict[str, Any] = {}
+
+
+class _TorchProfiler(_Profiler):
+    def __init__(self) -> None:
+        import torch
+
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.meta = {"profiler": "torch.profiler", "activities": [a.name.lower() for a in acts]}
+        self._prof = torch.profiler.profile(activities=acts, record_shapes=True)
+
+    def start(self) -> None:
+        self._prof.start()
+
+    def stop(self, folder: str) -> dict[str, str]:
+        self._prof.stop()
+        path = os.path.join(folder, "trace.json")
+        self._prof.export_chrome_trace(path)
+        return {"trace.json": path}
+
+
+class _CProfile(_Profiler):
+    def __init__(self, timer: str) -> None:
+        import cProfile
+        import time
+
+        timers: dict[str, Callable[[], float] | None] = {
+            "total": None,  # cProfile's own wall clock: the cheapest
+            "cpu": time.process_time,
+            "off_cpu": lambda: time.perf_counter() - time.process_time(),
+        }
+        chosen = timers[timer]
+        self._prof = cProfile.Profile() if chosen is None else cProfile.Profile(chosen)
+        self.meta = {"profiler": "cprofile", "timer": timer}
+
+    def start(self) -> None:
+        self._prof.enable()
+
+    def stop(self, folder: str) -> dict[str, str]:
+        self._prof.disable()
+        path = os.path.join(folder, "profile.pstats")
+        self._prof.dump_stats(path)
+        return {"profile.pstats": path}
+
+
+class _Pyinstrument(_Profiler):
+    def __init__(self) -> None:
+        from pyinstrument import Profiler
+
+        self._prof = Profiler(interval=0.001, async_mode="disabled")
+        self.meta = {"profiler": "pyinstrument", "timer": None}
+
+    def start(self) -> None:
+        self._prof.start()
+
+    def stop(self, folder: str) -> dict[str, str]:
+        session = self._prof.stop()
+        path = os.path.join(folder, "pyinstrument.json")
+        session.save(path)
+        return {"pyinstrument.json": path}
+
+
+class _DataloaderTiming(_Profiler):
+    meta = {"profiler": "fetch timing"}
+
+    def start(self) -> None:
+        dl.set_profiling(True)
+
+    def stop(self, folder: str) -> dict[str, str]:
+        dl.set_profiling(False)
+        return {}
+
+
+def _make(layer: str, config: ProfilerConfig) -> _Profiler:
+    if layer == DETAILED:
+        return _TorchProfiler()
+    if layer == DATALOADER:
+        return _DataloaderTiming()
+    if config.python_profiler == "pyinstrument":
+        return _Pyinstrument()
+    return _CProfile(config.cprofile_timer)
+
+
+@dataclass
+class _Window:
+    layer: str
+    range: ProfilingRange
+    profiler: _Profiler
+    start_us: int
+    steps: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.layer}-{self.start_us:016d}"
+
+
+class WindowController:
+    """Consulted at every step boundary; with nothing configured it costs one loop over three Nones."""
+
+    def __init__(self, config: ProfilerConfig, *, pid: int, staging: str | None,
+                 emit: Callable[[tuple], None], send: Callable[[dict[str, Any]], None]) -> None:
+        self.config = config
+        self.pid = pid
+        self._staging = staging
+        self._emit = emit
+        self._send = send
+        self._active: dict[str, _Window] = {}
+        self._done: set[tuple[str, ProfilingRange]] = set()  # each configured window runs once
+        self.windows: list[dict[str, Any]] = []  # what ran, for tests and the end-of-run summary
+
+    def set_config(self, config: ProfilerConfig, train_steps_done: int) -> None:
+        """A new configuration (live): applies from the next step; a step window already past is said so."""
+        for layer in LAYERS:
+            rng = getattr(config, f"{layer}_profiling")
+            if rng != getattr(self.config, f"{layer}_profiling") and rng is not None and rng.by_steps \
+                    and rng.start_step + rng.num_steps <= train_steps_done:
+                logger.warning("%s_profiling %s is already past (%d training steps done); nothing to profile",
+                               layer, rng.to_spec(), train_steps_done)
+        self.config = config
+
+    def on_step_begin(self, mode: str, step: int, now: int) -> None:
+        config = self.config
+        for layer in LAYERS:
+            active = self._active.get(layer)
+            if active is not None:
+                if not active.range.by_steps and now >= _time_end(active.range):
+                    self._stop(active, "complete")
+                continue
+            rng = getattr(config, f"{layer}_profiling")
+            if rng is None or (layer, rng) in self._done:
+                continue
+            if rng.by_steps:
+                due = mode == TRAIN and rng.start_step <= step < rng.start_step + rng.num_steps
+            else:
+                due = rng.start_time_us <= now < _time_end(rng)
+                if now >= _time_end(rng):
+                    self._done.add((layer, rng))
+            if due:
+                self._start(layer, rng, config, now)
+
+    def on_step_end(self, mode: str, step: int, start_us: int, end_us: int) -> None:
+        for window in list(self._active.values()):
+            rng = window.range
+            if rng.by_steps:
+                if mode == TRAIN and rng.start_step <= step < rng.start_step + rng.num_steps:
+                    window.steps.append(step)
+                if mode == TRAIN and step >= rng.start_step + rng.num_steps - 1:
+                    self._stop(window, "complete")
+            elif end_us >= _time_end(rng):
+                self._stop(window, "complete")
+
+    def close(self) -> None:
+        """At exit: a window still open is stopped and kept, marked as cut short."""
+        for window in list(self._active.values()):
+            self._stop(window, "cut_short")
+
+    def _start(self, layer: str, rng: ProfilingRange, config: ProfilerConfig, now: int) -> None:
+        self._done.add((layer, rng))
+        if layer != DATALOADER and not self._staging:
+            warn_once(f"no-staging-{layer}", "%s profiling needs `stallwatch run` or stallwatch.torch.profile(); "
+                      "skipped", layer)
+            return
+        try:
+            profiler = _make(layer, config)
+            profiler.start()
+        except Exception as exc:  # another profiler already running, pyinstrument not installed…
+            logger.warning("cannot start %s profiling (%s: %s); training goes on without it",
+                           layer, type(exc).__name__, exc)
+            return
+        self._active[layer] = _Window(layer, rng, profiler, now)
+
+    def _stop(self, window: _Window, status: str) -> None:
+        del self._active[window.layer]
+        end = now_us()
+        files: dict[str, str] = {}
+        try:
+            folder = ""
+            if window.layer != DATALOADER:
+                folder = os.path.join(self._staging or "", f"{self.pid}-{window.name}")
+                os.makedirs(folder, exist_ok=True)
+            files = window.profiler.stop(folder)
+        except Exception as exc:
+            logger.warning("%s profiling could not be saved (%s: %s)", window.layer, type(exc).__name__, exc)
+            status = "failed"
+        meta = {"layer": window.layer, "start_us": window.start_us, "end_us": end, "mode": TRAIN,
+                "first_step": window.steps[0] if window.steps else None,
+                "last_step": window.steps[-1] if window.steps else None,
+                "pid": self.pid, "status": status, "range": window.range.to_spec(), **window.profiler.meta}
+        self.windows.append({"window": window.name, **meta})
+        self._emit((PROFILING, window.layer, window.start_us, end, GLOBAL, None, self.pid,
+                    json.dumps({"window": window.name, "first_step": meta["first_step"],
+                                "last_step": meta["last_step"], "status": status})))
+        if files:
+            self._send({"artifact": {"layer": window.layer, "window": window.name, "files": files, "meta": meta}})
+
+
+def _time_end(rng: ProfilingRange) -> int:
+    return (rng.start_time_us or 0) + int((rng.duration_s or 0) * 1e6)

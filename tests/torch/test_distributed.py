@@ -1,0 +1,44 @@
+"""Two DDP ranks under torchrun (gloo on CPU): each rank records its own steps with node, rank, local rank
+and world size; explicit collectives and DDP's own gradient all-reduce timings are recorded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallwatch.records import COLLECTIVE, STEP, TRAIN
+from stallwatch.store.reader import open_run
+
+from ..collect._support import stallwatch as run_cli
+
+JOB = Path(__file__).with_name("ddp_job.py")
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is installed with torch")
+def test_two_ranks_under_torchrun(tmp_path):
+    run = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--out", str(run), "--flush-interval", "1", "--",
+                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                str(JOB), str(tmp_path), timeout=180)
+    assert p.returncode == 0, p.stderr
+    r = open_run(str(run))
+    ran = {json.loads((tmp_path / f"rank{i}.json").read_text())["steps"] for i in (0, 1)}
+    assert ran == {16}
+    (node,) = r.info["nodes"].values()
+    ranks = sorted((x["rank"], x["local_rank"], x["world_size"]) for x in node["ranks"])
+    assert ranks == [(0, 0, 2), (1, 1, 2)]  # torchrun's own agent process is not a rank
+    events = r.framework().to_pylist()
+    for rank in (0, 1):
+        mine = [e for e in events if e["rank"] == rank]
+        assert sorted(e["step"] for e in mine if e["kind"] == STEP and e["mode"] == TRAIN) == list(range(16))
+        collectives = [e["name"] for e in mine if e["kind"] == COLLECTIVE]
+        assert collectives.count("all_reduce") == 2 and collectives.count("barrier") == 1
+        ddp = [e for e in mine if e["name"] == "ddp_gradient_all_reduce"]
+        assert ddp and all(e["end_us"] > e["start_us"] for e in ddp)
+        assert "avg_backward_comm_time_us" in json.loads(ddp[0]["args"])
+        assert len({e["pid"] for e in mine if e["kind"] == STEP}) == 1
+    assert list(r.ranks().values()) == [["0", "1"]]

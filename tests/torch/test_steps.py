@@ -1,0 +1,171 @@
+"""The step tracker on its own: exactly one step per batch, modes from what happened inside, explicit marks
+taking over, the optimizer fallback. Times come from the real clock; the order of calls is the contract."""
+
+from __future__ import annotations
+
+from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, OPTIMIZER, STEP, TRAIN
+from stallwatch.torch.steps import StepTracker, now_us
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def on_step_begin(self, mode, step, now_us):
+        self.calls.append(("begin", mode, step))
+
+    def on_step_end(self, mode, step, start_us, end_us):
+        self.calls.append(("end", mode, step))
+
+
+def _tracker():
+    events: list[tuple] = []
+    listener = Listener()
+    return StepTracker(events.append, pid=7, listener=listener), events, listener
+
+
+def _train_batch(t: StepTracker, loader: int = 1) -> None:
+    t0 = t.batch_begin(loader, grad_enabled=True)
+    t.batch_end(loader, t0, exhausted=False)
+    t1, t2, t3, t4 = (now_us() for _ in range(4))  # phases, in order, on the real clock
+    t.forward(t1, t2, "Net", grad_enabled=True)
+    t.backward(t2, t3)
+    t.optimizer(t3, t4, "SGD")
+
+
+def _eval_batch(t: StepTracker, loader: int = 2) -> None:
+    t0 = t.batch_begin(loader, grad_enabled=False)
+    t.batch_end(loader, t0, exhausted=False)
+    t.forward(now_us(), now_us(), "Net", grad_enabled=False)
+
+
+def _end_of(t: StepTracker, loader: int) -> None:
+    t0 = t.batch_begin(loader, grad_enabled=True)
+    t.batch_end(loader, t0, exhausted=True)
+
+
+def steps(events):
+    return [(e[4], e[5]) for e in events if e[0] == STEP]
+
+
+def test_a_train_loop_and_an_eval_loop_give_one_step_per_batch_with_its_phases():
+    t, events, listener = _tracker()
+    for epoch in range(2):
+        for _ in range(3):
+            _train_batch(t)
+        _end_of(t, 1)
+        for _ in range(2):
+            _eval_batch(t)
+        _end_of(t, 2)
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2), (EVAL, 0), (EVAL, 1),
+                             (TRAIN, 3), (TRAIN, 4), (TRAIN, 5), (EVAL, 2), (EVAL, 3)]
+    train3 = [e for e in events if e[4] == TRAIN and e[5] == 3]
+    assert sorted(e[0] for e in train3) == sorted([STEP, DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER])
+    step = next(e for e in train3 if e[0] == STEP)
+    assert all(step[2] <= e[2] and e[3] <= step[3] for e in train3)  # phases inside their step
+    assert all(e[6] == 7 for e in events)
+    # Windows are told before each step (the eval loop predicted from grad mode) and after it.
+    assert listener.calls[:2] == [("begin", TRAIN, 0), ("end", TRAIN, 0)]
+    assert ("begin", EVAL, 0) in listener.calls
+
+
+def test_a_step_ends_when_the_next_batch_is_asked_for_and_the_last_at_the_empty_request():
+    t, events, _ = _tracker()
+    _train_batch(t)
+    _train_batch(t)
+    _end_of(t, 1)
+    s = [e for e in events if e[0] == STEP]
+    waits = [e for e in events if e[0] == DATA_WAIT]
+    assert s[0][3] == waits[1][2]  # step 0 ends where the request for batch 1 began
+    assert len(s) == 2
+
+
+def test_two_loaders_zipped_are_one_step_not_two():
+    t, events, _ = _tracker()
+    for _ in range(3):
+        a = t.batch_begin(1, True)
+        t.batch_end(1, a, False)
+        b = t.batch_begin(2, True)
+        t.batch_end(2, b, False)
+        t.forward(b, b + 5, "Net", True)
+        t.backward(b + 5, b + 6)
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
+    assert sum(e[0] == DATA_WAIT for e in events) == 6
+
+
+def test_a_loop_with_nothing_recognisable_gives_global_steps():
+    t, events, _ = _tracker()
+    for _ in range(2):
+        x = t.batch_begin(1, True)
+        t.batch_end(1, x, False)
+    _end_of(t, 1)
+    t.finish()
+    assert steps(events) == []  # batches fetched but no work: nothing to call a step, nothing invented
+
+
+def test_without_a_data_loader_steps_end_at_optimizer_step(caplog):
+    t, events, _ = _tracker()
+    for i in range(3):
+        t.forward(100 * i, 100 * i + 10, "Net", True)
+        t.backward(100 * i + 10, 100 * i + 20)
+        t.optimizer(100 * i + 20, 100 * i + 30, "Adam")
+    t.forward(500, 510, "Net", False)  # an evaluation under no_grad: not a step, still recorded
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
+    assert [e for e in events if e[0] == STEP][1][2:4] == (100, 130)
+    assert (FORWARD, "Net", 500, 510, EVAL, None, 7, "") in events
+
+
+def test_explicit_marks_take_over_and_keep_the_batch_fetched_before_the_mark():
+    t, events, _ = _tracker()
+    _train_batch(t)  # automatic first
+    for _ in range(2):
+        w = t.batch_begin(1, True)
+        t.batch_end(1, w, False)
+        t.begin_step(TRAIN)
+        t.forward(w + 1, w + 2, "Net", True)
+        t.backward(w + 2, w + 3)
+    t.begin_step(EVAL)
+    t.end_step()
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2), (EVAL, 0)]
+    explicit = [e for e in events if e[5] == 1 and e[4] == TRAIN]
+    wait = next(e for e in explicit if e[0] == DATA_WAIT)
+    step = next(e for e in explicit if e[0] == STEP)
+    assert step[2] == wait[2]  # the step starts where its batch was asked for
+
+
+def test_explicit_marker_style_puts_the_next_batch_in_the_next_step():
+    t, events, _ = _tracker()
+    waits = []
+    for _ in range(3):
+        w = t.batch_begin(1, True)
+        t.batch_end(1, w, False)
+        waits.append(w)
+        t.begin_step(None)  # `prof.step()` at the top of the loop body, mode from what happens
+        t.forward(w + 1, w + 2, "Net", False)
+    t.end_step()
+    assert steps(events) == [(EVAL, 0), (EVAL, 1), (EVAL, 2)]
+    starts = [e[2] for e in events if e[0] == STEP]
+    assert starts == waits
+
+
+def test_unfinished_step_at_exit_ends_at_its_last_phase():
+    t, events, _ = _tracker()
+    t0 = t.batch_begin(1, True)
+    t.batch_end(1, t0, False)
+    t.forward(t0, t0 + 10, "Net", True)
+    t.finish()
+    (step,) = [e for e in events if e[0] == STEP]
+    assert step[3] == t0 + 10 and step[4] == EVAL
+
+
+def test_phases_outside_any_step_are_recorded_without_a_step_number():
+    t, events, _ = _tracker()
+    _train_batch(t)
+    _end_of(t, 1)
+    t.forward(1, 2, "Net", True)  # e.g. a forward after the loop, for a sample prediction
+    assert (FORWARD, "Net", 1, 2, TRAIN, None, 7, "") in events
+    assert GLOBAL not in {e[4] for e in events if e[0] == STEP}

@@ -1,0 +1,141 @@
+"""A plain PyTorch script that never imports stallwatch, run under `stallwatch run`: every step recorded
+exactly, with its phases, the data loader's settings and workers, and the requested profiling windows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import subprocess
+import sys
+
+import pyarrow.compute as pc
+import pytest
+
+from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, OPTIMIZER, STEP, TRAIN
+from stallwatch.store.reader import open_run
+
+from ..collect._support import stallwatch as run_cli
+from ._scripts import write_train_and_eval
+
+
+def _rows(table, **where):
+    rows = table.to_pylist()
+    return [r for r in rows if all(r[k] == v for k, v in where.items())]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One real job under `stallwatch run --detailed-profiling 5:1 --python-profiling 9:3`."""
+    tmp = tmp_path_factory.mktemp("zero-code")
+    script = write_train_and_eval(tmp)
+    out = tmp / "run"
+    p = run_cli(tmp, "run", "--out", str(out), "--flush-interval", "1", "--detailed-profiling", "5:1",
+                "--python-profiling", "9:3", "--", sys.executable, str(script), str(tmp / "ran.json"))
+    assert p.returncode == 0, p.stderr
+    return tmp, out, json.loads((tmp / "ran.json").read_text()), p
+
+
+def test_exactly_the_steps_it_ran_per_mode_with_a_data_wait_each(profiled):
+    _, out, ran, _ = profiled
+    events = open_run(str(out)).framework()
+    train = _rows(events, kind=STEP, mode=TRAIN)
+    evals = _rows(events, kind=STEP, mode=EVAL)
+    assert len(train) == ran["train"] == 16 and len(evals) == ran["eval"] == 8
+    assert [r["step"] for r in train] == list(range(16)) and [r["step"] for r in evals] == list(range(8))
+    for mode, n in ((TRAIN, 16), (EVAL, 8)):
+        waits = _rows(events, kind=DATA_WAIT, mode=mode)
+        assert sorted(r["step"] for r in waits) == list(range(n))
+    for kind in (FORWARD, BACKWARD, OPTIMIZER):
+        assert {r["step"] for r in _rows(events, kind=kind, mode=TRAIN)} == set(range(16))
+    assert not _rows(events, kind=BACKWARD, mode=EVAL)
+    by_step = {r["step"]: r for r in train}
+    for r in _rows(events, mode=TRAIN):
+        if r["kind"] != STEP:
+            s = by_step[r["step"]]
+            assert s["start_us"] <= r["start_us"] <= r["end_us"] <= s["end_us"], r
+    assert {r["rank"] for r in train} == {0} and len({r["pid"] for r in train}) == 1
+
+
+def test_the_planted_slow_steps_stand_out(profiled):
+    _, out, _, _ = profiled
+    train = _rows(open_run(str(out)).framework(kinds=[STEP]), mode=TRAIN)
+    durations = {r["step"]: r["end_us"] - r["start_us"] for r in train}
+    typical = statistics.median(durations.values())
+    assert durations[3] > 200_000 > typical * 4 and durations[7] > 200_000
+    assert sorted(durations, key=durations.get)[-2:] in ([3, 7], [7, 3])
+
+
+def test_data_loader_settings_and_worker_pids_are_recorded(profiled):
+    _, out, _, _ = profiled
+    loaders = [json.loads(r["args"]) for r in _rows(open_run(str(out)).framework(kinds=["dataloader"]))]
+    train = next(a for a in loaders if a["num_workers"] == 2)
+    assert train["batch_size"] == 8 and train["persistent_workers"] is True and train["prefetch_factor"] == 2
+    assert train["pin_memory"] is False and len(train["worker_pids"]) == 2
+    assert any(a["num_workers"] == 0 and a["worker_pids"] == [] for a in loaders)
+
+
+def test_the_detailed_window_covers_step_5_with_aten_operators(profiled):
+    _, out, _, _ = profiled
+    run = open_run(str(out))
+    (window,) = run.profiles("detailed")
+    assert (window["first_step"], window["last_step"], window["status"]) == (5, 5, "complete")
+    trace = json.loads(gzip.decompress((out / window["path"] / "trace.json.gz").read_bytes()))
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names)
+    step5 = _rows(run.framework(kinds=[STEP]), mode=TRAIN, step=5)[0]
+    base_us = trace.get("baseTimeNanoseconds", 0) / 1000  # torch's traces count from this base
+    ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]
+    assert ops and all(step5["start_us"] - 1000 <= base_us + e["ts"] <= step5["end_us"] + 1000 for e in ops)
+    operators = run.operators(window=window["window"]).to_pylist()
+    addmm = next(r for r in operators if r["operator"] == "aten::addmm")
+    assert addmm["calls"] == 2 and addmm["self_us"] <= addmm["total_us"]  # two Linear layers, one step
+
+
+def test_python_profiles_cover_steps_9_to_11(profiled):
+    _, out, _, _ = profiled
+    run = open_run(str(out))
+    (window,) = run.profiles("python")
+    assert (window["first_step"], window["last_step"]) == (9, 11)
+    assert (out / window["path"] / "profile.pstats").exists()
+    functions = run.functions(window=window["window"]).to_pylist()
+    assert any(r["function"] == "backward" for r in functions)
+
+
+def test_training_results_are_unchanged_by_profiling(profiled, tmp_path):
+    tmp, _, ran, _ = profiled
+    plain = tmp_path / "plain.json"
+    subprocess.run([sys.executable, str(tmp / "train_and_eval.py"), str(plain)], check=True, timeout=120)
+    assert json.loads(plain.read_text()) == ran
+
+
+def test_a_loop_without_a_data_loader_gets_coarser_steps_and_one_warning(tmp_path):
+    script = tmp_path / "no_loader.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()\n")
+    p = run_cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("no DataLoader iteration seen") == 1
+    steps = _rows(open_run(str(tmp_path / "run")).framework(kinds=[STEP]), mode=TRAIN)
+    assert [r["step"] for r in steps] == list(range(5))
+
+
+def test_a_script_that_fails_fails_the_same_way(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Linear(4, 1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4)\n"
+        "for i, xb in enumerate(loader):\n"
+        "    m(xb).sum().backward()\n"
+        "    if i == 2:\n"
+        "        raise RuntimeError('boom in step 2')\n")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    p = run_cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
+    assert p.returncode == plain.returncode == 1
+    assert "RuntimeError: boom in step 2" in p.stderr
+    steps = _rows(open_run(str(tmp_path / "run")).framework(kinds=[STEP]), mode=TRAIN)
+    assert [r["step"] for r in steps] == [0, 1, 2]  # the failing step is kept, ended at its last phase
