@@ -119,17 +119,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
     """Best effort: a summary that cannot be read (e.g. S3 down) is one line, never a failure. Reads
     only the summary's columns, wide, so a day-long run costs seconds and megabytes, not gigabytes."""
+    from stallwatch.analyze.steps import PHASES, step_stats
     from stallwatch.analyze.usage import node_span_wide, usage_metrics, usage_stats_wide
     from stallwatch.present.console import run_summary
+    from stallwatch.records import STEP
     from stallwatch.store.reader import open_run
 
     try:
         # Data that could not be uploaded is still complete in the local spool, itself a readable run.
-        wide = open_run(result.local_copy or result.run_uri).system_wide(result.node, metrics=usage_metrics())
+        run = open_run(result.local_copy or result.run_uri)
+        wide = run.system_wide(result.node, metrics=usage_metrics())
         span = node_span_wide(result.node, wide)
+        steps = step_stats(run.framework(kinds=[STEP, *PHASES], nodes=[result.node]))
+        windows = [w for w in run.profiles() if w.get("node") == result.node]
         text = run_summary(run_uri=result.run_uri, exit_code=result.exit_code, start_us=result.start_us,
                            end_us=result.end_us, spans=[span] if span else [],
-                           stats=usage_stats_wide(result.node, wide), interval_ms=config.sample_interval_ms)
+                           stats=usage_stats_wide(result.node, wide), interval_ms=config.sample_interval_ms,
+                           steps=steps, windows=windows)
     except Exception as exc:
         text = f"stallwatch: run {result.run_uri} (exit code {result.exit_code}); summary unavailable: {exc}"
     if result.local_copy:

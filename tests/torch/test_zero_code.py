@@ -31,7 +31,8 @@ def profiled(tmp_path_factory):
     script = write_train_and_eval(tmp)
     out = tmp / "run"
     p = run_cli(tmp, "run", "--out", str(out), "--flush-interval", "1", "--detailed-profiling", "5:1",
-                "--python-profiling", "9:3", "--", sys.executable, str(script), str(tmp / "ran.json"))
+                "--python-profiling", "9:3", "--dataloader-profiling", "1:6",
+                "--", sys.executable, str(script), str(tmp / "ran.json"))
     assert p.returncode == 0, p.stderr
     return tmp, out, json.loads((tmp / "ran.json").read_text()), p
 
@@ -139,3 +140,19 @@ def test_a_script_that_fails_fails_the_same_way(tmp_path):
     assert "RuntimeError: boom in step 2" in p.stderr
     steps = _rows(open_run(str(tmp_path / "run")).framework(kinds=[STEP]), mode=TRAIN)
     assert [r["step"] for r in steps] == [0, 1, 2]  # the failing step is kept, ended at its last phase
+
+
+def test_dataloader_profiling_times_fetches_in_the_workers(profiled):
+    _, out, _, _ = profiled
+    run = open_run(str(out))
+    events = run.framework(kinds=["fetch", "dataloader", "profiling"]).to_pylist()
+    window = next(e for e in events if e["kind"] == "profiling" and e["name"] == "dataloader")
+    assert json.loads(window["args"])["first_step"] == 1 and json.loads(window["args"])["last_step"] == 6
+    workers = next(json.loads(e["args"])["worker_pids"] for e in events
+                   if e["kind"] == "dataloader" and json.loads(e["args"])["num_workers"] == 2)
+    fetches = [e for e in events if e["kind"] == "fetch"]
+    assert fetches and {e["pid"] for e in fetches} <= set(workers)
+    for e in fetches:
+        info = json.loads(e["args"])
+        assert e["name"] == f"worker{info['worker']}" and info["samples"] == 8 and e["end_us"] >= e["start_us"]
+    assert not run.profiles("dataloader")  # timing only: nothing to store besides the events

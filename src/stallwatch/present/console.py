@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
 from stallwatch.timeutil import format_duration, format_us
 
@@ -39,8 +40,21 @@ def usage_table(stats: Sequence[UsageStat]) -> str:
     return table(["node", "metric", "mean", "p50", "p95", "max"], rows, "llrrrr")
 
 
+def steps_table(stats: Sequence[StepStat]) -> str:
+    """One row per node, rank and mode; phases as shares of the step time."""
+    def ms(v: float) -> str:
+        return f"{v:.1f} ms" if v < 1000 else f"{v / 1000:.2f} s"
+
+    rows = [[s.node, str(s.rank), s.mode, str(s.steps), ms(s.p50_ms), ms(s.p95_ms),
+             f"{ms(s.max_ms)} (#{s.slowest_step})",
+             *(f"{s.phase_pct[p]:.0f}%" if p in s.phase_pct else "-" for p in PHASES)] for s in stats]
+    return table(["node", "rank", "mode", "steps", "p50", "p95", "slowest", "data wait", "forward", "backward",
+                  "optimizer"], rows, "lllrrrrrrrr")
+
+
 def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
-                spans: Sequence[NodeSpan], stats: Sequence[UsageStat], interval_ms: int | None = None) -> str:
+                spans: Sequence[NodeSpan], stats: Sequence[UsageStat], interval_ms: int | None = None,
+                steps: Sequence[StepStat] = (), windows: Sequence[dict] = ()) -> str:
     lines = [
         f"stallwatch: run {run_uri}",
         f"  command exit code {exit_code}, duration {format_duration((end_us - start_us) / 1e6)} "
@@ -53,4 +67,10 @@ def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
         lines += ["", usage_table(stats)]
     else:
         lines.append("  no system samples were stored")
+    if steps:
+        lines += ["", steps_table(steps)]
+    for w in windows:
+        first, last = w.get("first_step"), w.get("last_step")
+        what = f"steps {first}-{last}" if first is not None else "a time window"
+        lines.append(f"  {w.get('layer')} profiling of rank {w.get('rank')}, {what}: {run_uri}/{w.get('path')}")
     return "\n".join(lines)

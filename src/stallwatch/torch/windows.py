@@ -43,6 +43,10 @@ class _TorchProfiler(_Profiler):
         self._prof = torch.profiler.profile(activities=acts, record_shapes=True)
 
     def start(self) -> None:
+        import torch
+
+        if torch._C._autograd._profiler_enabled():  # starting ours would end the user's own session
+            raise RuntimeError("torch.profiler is already running in this process")
         self._prof.start()
 
     def stop(self, folder: str) -> dict[str, str]:
@@ -67,6 +71,7 @@ class _CProfile(_Profiler):
         self.meta = {"profiler": "cprofile", "timer": timer}
 
     def start(self) -> None:
+        _no_other_python_profiler()
         self._prof.enable()
 
     def stop(self, folder: str) -> dict[str, str]:
@@ -84,6 +89,7 @@ class _Pyinstrument(_Profiler):
         self.meta = {"profiler": "pyinstrument", "timer": None}
 
     def start(self) -> None:
+        _no_other_python_profiler()
         self._prof.start()
 
     def stop(self, folder: str) -> dict[str, str]:
@@ -102,6 +108,13 @@ class _DataloaderTiming(_Profiler):
     def stop(self, folder: str) -> dict[str, str]:
         dl.set_profiling(False)
         return {}
+
+
+def _no_other_python_profiler() -> None:
+    import sys
+
+    if sys.getprofile() is not None:  # replacing it would silently break the user's own profiler
+        raise RuntimeError("another Python profiler is already running in this thread")
 
 
 def _make(layer: str, config: ProfilerConfig) -> _Profiler:
