@@ -156,3 +156,23 @@ def test_dataloader_profiling_times_fetches_in_the_workers(profiled):
         info = json.loads(e["args"])
         assert e["name"] == f"worker{info['worker']}" and info["samples"] == 8 and e["end_us"] >= e["start_us"]
     assert not run.profiles("dataloader")  # timing only: nothing to store besides the events
+
+
+def test_a_compiled_model_is_not_recompiled_or_warned_about(tmp_path):
+    script = tmp_path / "compiled.py"
+    script.write_text(
+        "import torch\n"
+        "import torch._dynamo.utils as u\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))\n"
+        "compiled = torch.compile(model, backend='eager')\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for xb in torch.utils.data.DataLoader(torch.randn(64, 8), batch_size=8):\n"
+        "    opt.zero_grad(); compiled(xb).sum().backward(); opt.step()\n"
+        "print('graphs', u.counters['stats']['unique_graphs'])\n")
+    p = run_cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
+    assert p.returncode == 0, p.stderr
+    assert b"graphs 1" in p.stdout  # discovery's global hooks came off before dynamo guarded on them
+    assert "global hooks" not in p.stderr
+    events = open_run(str(tmp_path / "run")).framework()
+    assert len(_rows(events, kind=STEP, mode=TRAIN)) == 8
+    assert {r["name"] for r in _rows(events, kind=FORWARD)} == {"OptimizedModule"}

@@ -15,6 +15,9 @@ from stallwatch.log import warn_once
 # module name -> "package.module:function" run right after that module is imported
 AFTER_IMPORT: dict[str, str] = {
     "torch": "stallwatch.torch.session:install",
+    "lightning.pytorch": "stallwatch.integrations.lightning:auto_register",
+    "pytorch_lightning": "stallwatch.integrations.lightning:auto_register",
+    "transformers.trainer": "stallwatch.integrations.transformers:auto_register",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -25,6 +26,9 @@ DISCOVERY_CALLS_WITHOUT_STEPS = 200  # outermost calls looked at when no step is
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast", "broadcast_object_list",
                "reduce", "gather", "scatter", "barrier")
+
+
+_compiling = torch.compiler.is_compiling
 
 
 def _guard(what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -59,6 +63,10 @@ class TorchHooks:
 
     # -- install / uninstall --------------------------------------------------------------------------
     def install(self) -> None:
+        # Discovery's global hooks make torch.compile warn on a compiled module's first call; the hooks are
+        # ours and come off at once for compiled modules (see _adopt), so the warning would only mislead.
+        warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks",
+                                category=UserWarning)
         self._patch_dataloader()
         self._patch_backward()
         self._hook_optimizer()
@@ -153,11 +161,15 @@ class TorchHooks:
         self._global_handles = []
 
     def _discover_pre(self, module: Any, _args: Any) -> None:
+        if _compiling():  # traced by torch.compile: contribute nothing to the graph
+            return
         if self._depth == 0 and self.enabled:
             _guard("forward", self._adopt, module)
         self._pre(module, _args)
 
     def _discover_post(self, module: Any, _args: Any, _out: Any) -> None:
+        if _compiling():
+            return
         self._post(module, _args, _out)
         if self._depth == 0 and self.enabled:
             _guard("forward", self._discovery_tick)
@@ -170,6 +182,10 @@ class TorchHooks:
                    module.register_forward_hook(self._instance_post, always_call=True)]
         self._models[id(module)] = handles
         self._discover_left = DISCOVERY_STEPS
+        if type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None:
+            # torch.compile guards on global hooks: removing them later would recompile the model. Stop
+            # looking now, before the compiled frame runs.
+            self._stop_discovery()
         if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "_get_ddp_logging_data"):
             self._ddp.append(module)
 
@@ -209,11 +225,11 @@ class TorchHooks:
                         self.pid, json.dumps(info)))
 
     def _instance_pre(self, module: Any, args: Any) -> None:
-        if not self._global_handles:
+        if not self._global_handles and not _compiling():
             self._pre(module, args)
 
     def _instance_post(self, module: Any, args: Any, out: Any) -> None:
-        if not self._global_handles:
+        if not self._global_handles and not _compiling():
             self._post(module, args, out)
 
     def _pre(self, module: Any, _args: Any) -> None:

@@ -96,6 +96,18 @@ _session: Session | None = None
 _lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a data-loader worker) records nothing through its parent's session: its hooks
+    would only fill a queue that no thread sends."""
+    global _lock
+    _lock = threading.Lock()
+    if _session is not None and _session.hooks is not None:
+        _session.hooks.enabled = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def current() -> Session | None:
     return _session if _session is not None and _session.pid == os.getpid() else None
 
