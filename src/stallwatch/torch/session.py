@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import threading
 from typing import Any
 
@@ -130,10 +131,29 @@ def install(config: ProfilerConfig | None = None) -> Session | None:
             session.install_hooks()
             _session = session
             atexit.register(session.close)
+            _flush_on_sigterm(session)
             return session
     except Exception as exc:
         warn_once("session-install", "stallwatch framework profiling is off (%s: %s)", type(exc).__name__, exc)
         return None
+
+
+def _flush_on_sigterm(session: Session) -> None:
+    """SIGTERM's default action skips atexit: when the job left it at the default, flush first, then die
+    of the same signal exactly as before (exit status 143). A handler the job sets later replaces this."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        try:
+            session.close()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def config_from_env() -> ProfilerConfig:
