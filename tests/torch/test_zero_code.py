@@ -193,7 +193,13 @@ def test_a_job_terminated_by_sigterm_keeps_its_steps_and_dies_the_same_way(tmp_p
     job = Background(tmp_path, "run", "--out", str(tmp_path / "run"), "--flush-interval", "1", "--",
                      sys.executable, str(script), str(tmp_path / "step20"))
     try:
-        wait_until(lambda: (tmp_path / "step20").exists(), 60, what="step 20")
+        def done() -> int:
+            try:
+                return int((tmp_path / "step20").read_text() or 0)
+            except (OSError, ValueError):
+                return 0
+
+        wait_until(lambda: done() > 100, 60, what="step 100")
         job.proc.terminate()  # forwarded to the job by `stallwatch run`
         assert job.wait(60) == 143, job.stderr
     finally:

@@ -65,7 +65,7 @@ class Profile:
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            self._stop()
+            self._stop(failed=exc[0] is not None)
         except Exception as err:
             warn_once("profile-stop", "stallwatch could not finish profiling cleanly (%s: %s)", type(err).__name__, err)
 
@@ -113,7 +113,7 @@ class Profile:
                 os.environ[name] = env[name]
         logger.info("stallwatch: recording run %s", self.run_uri)
 
-    def _stop(self) -> None:
+    def _stop(self, failed: bool = False) -> None:
         from stallwatch.timeutil import now_us
 
         if self._node is None:
@@ -126,7 +126,7 @@ class Profile:
             self._ran = self._session.windows.windows
         sessions.uninstall()
         self._session = None
-        self._node.finish(0, now_us())
+        self._node.finish(1 if failed else 0, now_us())  # the block raised: recorded as a failed run
         for name, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -61,6 +61,7 @@ class StepTracker:
         self._open: _Step | None = None
         self._pending: list[tuple] = []  # data waits seen outside an explicit step: they belong to the next
         self._loader_modes: dict[int, str] = {}
+        self._last_end = 0  # steps never overlap: a step starts no earlier than the previous one ended
 
     @property
     def in_step(self) -> bool:
@@ -152,8 +153,10 @@ class StepTracker:
                 self._open = None
         self.source = EXPLICIT
         if self._open is not None:
-            self._close(t)
-        start = self._pending[0][0] if self._pending else t
+            # Marker style: the step before ended when the batch for this one was asked for.
+            fetched = self._pending[0][0] if self._pending else t
+            self._close(fetched if self._open.last_us <= fetched <= t else t)
+        start = max(self._pending[0][0], self._last_end) if self._pending else t
         predicted = mode or TRAIN
         step = _Step(start, mode, predicted, self.counts[predicted])
         for t0, t1 in self._pending:
@@ -205,6 +208,7 @@ class StepTracker:
                              self._loader_modes.get(step.loader, GLOBAL) if step.loader is not None else GLOBAL)
         number = self.counts[mode]
         self.counts[mode] = number + 1
+        self._last_end = end_us
         if step.loader is not None and step.work:
             self._loader_modes[step.loader] = mode
         emit, pid = self._emit, self.pid

@@ -1,0 +1,182 @@
+"""The Lightning callback on real Lightning trainings: exact TRAIN and EVAL steps under `stallwatch run`
+(added without code, or given by the user) and in a run the callback records itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning.pytorch")
+
+from stallwatch.integrations import Recorder  # noqa: E402
+from stallwatch.store.reader import open_run  # noqa: E402
+
+from ..collect._support import stallwatch as run_cli  # noqa: E402
+from . import JOB_ENV, assert_steps, job_env  # noqa: E402
+
+# 2 epochs of 7 training batches, a validation loop of 3 batches after each (and Lightning's sanity check
+# of 2 validation batches before training); "explicit" and "own" then test on 2 batches. It writes what
+# the trainer ran, counted by a plain callback of its own, to the JSON file named by its second argument.
+SCRIPT = '''
+import json, sys
+import torch
+import {package} as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+how, ran_path = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 2)
+    def forward(self, x):
+        return self.layer(x)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+    def validation_step(self, batch, batch_idx):
+        self(batch[0])
+    def test_step(self, batch, batch_idx):
+        self(batch[0])
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+class Count(pl.Callback):
+    def __init__(self):
+        self.ran = {{"train": 0, "eval": 0, "sanity": 0}}
+    def on_train_batch_end(self, *args):
+        self.ran["train"] += 1
+    def on_validation_batch_end(self, trainer, *args):
+        self.ran["sanity" if trainer.sanity_checking else "eval"] += 1
+    def on_test_batch_end(self, *args):
+        self.ran["eval"] += 1
+
+def loader(batches):
+    g = torch.Generator().manual_seed(batches)
+    return DataLoader(TensorDataset(torch.randn(4 * batches, 8, generator=g), torch.randint(0, 2, (4 * batches,),
+                      generator=g)), batch_size=4)
+
+count = Count()
+callbacks = [count]
+if how != "zero":  # "zero" never imports stallwatch
+    from stallwatch.integrations.lightning import StallwatchCallback
+    callbacks.append(StallwatchCallback(out=sys.argv[3]) if how == "own" else StallwatchCallback())
+trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+model = Model()
+trainer.fit(model, loader(7), loader(3))
+if how != "zero":
+    trainer.test(model, loader(2), verbose=False)
+count.ran["ours"] = [type(c).__module__ for c in trainer.callbacks if type(c).__name__ == "StallwatchCallback"]
+json.dump(count.ran, open(ran_path, "w"))
+'''
+
+
+def _script(tmp: Path, package: str = "lightning.pytorch") -> Path:
+    path = tmp / f"train_{package.replace('.', '_')}.py"
+    path.write_text(SCRIPT.format(package=package))
+    return path
+
+
+def _under_run(tmp: Path, how: str, package: str = "lightning.pytorch") -> tuple[Path, dict]:
+    out, ran = tmp / f"run-{how}", tmp / f"ran-{how}.json"
+    p = run_cli(tmp, "run", "--out", str(out), "--interval", "200ms", "--",
+                sys.executable, str(_script(tmp, package)), how, str(ran), env=JOB_ENV, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return out, json.loads(ran.read_text())
+
+
+@pytest.mark.timeout(120)
+def test_zero_code_under_stallwatch_run_gives_each_batch_as_one_step(tmp_path):
+    """A script that never imports stallwatch: the callback is added, sanity-check batches are no steps."""
+    out, ran = _under_run(tmp_path, "zero")
+    assert ran == {"train": 14, "eval": 6, "sanity": 2, "ours": ["stallwatch.integrations.lightning"]}
+    seen = assert_steps(out, train=14, evals=6)
+    for step in seen["steps"]["EVAL"]:
+        assert [e["kind"] for e in seen["inside"][("EVAL", step["step"])]].count("data_wait") == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_users_callback_under_stallwatch_run_is_the_only_one(tmp_path):
+    out, ran = _under_run(tmp_path, "explicit")
+    assert ran["ours"] == ["stallwatch.integrations.lightning"]  # zero-code added no second one
+    assert_steps(out, train=14, evals=ran["eval"])
+    assert ran["eval"] == 6 + 2  # validation, then trainer.test
+
+
+@pytest.mark.timeout(120)
+def test_the_callback_records_a_run_itself_outside_stallwatch_run(tmp_path):
+    out, ran_path = tmp_path / "own", tmp_path / "ran.json"
+    p = subprocess.run([sys.executable, str(_script(tmp_path)), "own", str(ran_path), str(out)], env=job_env(),
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    # fit is recorded into `out`; trainer.test, a second recording, cannot take the same `out`: said, not raised
+    assert "already has a node" in p.stderr
+    assert_steps(out, train=14, evals=6)
+    node = json.loads(next((out / "nodes").glob("*.json")).read_text())
+    assert node["status"] == "finished"
+    assert open_run(str(out)).framework().num_rows > 0
+
+
+@pytest.mark.timeout(120)
+def test_pytorch_lightning_the_old_package_name(tmp_path):
+    pytest.importorskip("pytorch_lightning")
+    out, ran = _under_run(tmp_path, "zero", package="pytorch_lightning")
+    assert ran["ours"] == ["stallwatch.integrations.lightning"] and ran["train"] == 14
+    assert_steps(out, train=14, evals=6)
+
+
+def test_importing_the_module_imports_no_lightning():
+    code = ("import sys, stallwatch.integrations.lightning as m\n"
+            "assert not {'lightning', 'pytorch_lightning', 'torch'} & set(sys.modules), sorted(sys.modules)\n"
+            "import pytorch_lightning\n"
+            "assert m.StallwatchCallback.__mro__[-2].__module__.startswith('pytorch_lightning')\n"
+            "assert 'lightning.pytorch' not in sys.modules\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=job_env())
+    if "No module named 'pytorch_lightning'" in p.stderr:
+        pytest.skip("pytorch_lightning is not installed")
+    assert p.returncode == 0, p.stderr
+
+
+class _Exploding:
+    def __getattr__(self, name):
+        raise RuntimeError(f"tracker.{name} broke")
+
+
+def test_no_hook_raises_into_training(monkeypatch):
+    """A recording that cannot start, a tracker that fails, hooks called with whatever: training never sees
+    it, and it is said once."""
+    from stallwatch import log
+    from stallwatch.integrations.lightning import callback_class
+
+    said: list[str] = []
+    monkeypatch.setattr(log, "_said", set())
+    monkeypatch.setattr(log.logger, "log", lambda level, msg, *args: said.append(msg % args))
+    monkeypatch.setattr(Recorder, "start", lambda self: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(Recorder, "tracker", lambda self: _Exploding())
+    callback = callback_class("lightning.pytorch")()
+    callback.setup(None, None, "fit")
+    for i in range(3):
+        callback.on_train_batch_start(None, None, None, i)
+        callback.on_train_batch_end(None, None, None, None, i)
+        callback.on_validation_batch_start(object(), None, None, i, 0)
+        callback.on_validation_batch_end(None, None, None, None, i)
+    callback.on_sanity_check_start(None, None)
+    callback.on_sanity_check_end(None, None)
+    callback.teardown(None, None, "fit")
+    callback.on_exception(None, None, ValueError())
+    assert len([m for m in said if "disk full" in m]) == 1
+    assert len([m for m in said if "broke" in m]) == 1, said
+
+
+def test_a_bad_setting_is_refused_when_the_callback_is_made():
+    from stallwatch.integrations.lightning import callback_class
+
+    with pytest.raises((ValueError, TypeError)):
+        callback_class("lightning.pytorch")(sample_interval_ms=-5)
