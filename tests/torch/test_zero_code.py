@@ -208,3 +208,10 @@ def test_a_job_terminated_by_sigterm_keeps_its_steps_and_dies_the_same_way(tmp_p
     steps = [r["step"] for r in _rows(open_run(str(tmp_path / "run")).framework(kinds=[STEP]), mode=TRAIN)]
     # Flushed at SIGTERM: nothing of the last 0.1 s (dozens of steps here) is lost.
     assert last_done > 50 and len(steps) >= last_done + 1 and steps == list(range(len(steps)))
+
+
+def test_the_summary_and_info_show_steps_and_windows(profiled):
+    tmp, out, _, p = profiled
+    for text in (p.stderr, run_cli(tmp, "info", str(out)).stdout.decode()):
+        assert "TRAIN     16" in text and "EVAL       8" in text
+        assert "detailed" in text and "steps 5-5" in text and "steps 9-11" in text

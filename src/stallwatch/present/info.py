@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from stallwatch.present.console import human, table
+from stallwatch.analyze.steps import PHASES, step_stats
+from stallwatch.present.console import human, steps_table, table
+from stallwatch.records import STEP
 from stallwatch.store.reader import Run
 from stallwatch.timeutil import format_duration, format_us
 
@@ -53,6 +55,18 @@ def render_info(run: Run) -> str:
             lines.append(f"  {metric:<20} {_compact(devs)}")
         if bad and bad.unreadable:
             lines.append(f"  ({bad.unreadable} unreadable file(s) skipped)")
+    if ranks:
+        steps = step_stats(run.framework(kinds=[STEP, *PHASES]))
+        if steps:
+            lines += ["", "steps:", steps_table(steps)]
+    windows = run.profiles()
+    if windows:
+        lines += ["", "profiling windows:"]
+        for w in windows:
+            first, last = w.get("first_step"), w.get("last_step")
+            what = f"steps {first}-{last}" if first is not None else "time window"
+            lines.append(f"  {w.get('node')}/{w.get('rank')}  {w.get('layer'):<9} {what:<14} {w.get('status', ''):<10}"
+                         f" {w.get('path')}  ({', '.join(w.get('files') or [])})")
     return "\n".join(lines)
 
 
