@@ -93,6 +93,7 @@ def test_the_sender_reconnects_when_the_sampler_comes_back(address, monkeypatch)
     import stallwatch.collect.events as events
 
     monkeypatch.setattr(events, "RECONNECT_AFTER_S", 0.2)
+    monkeypatch.setattr(events, "SEND_INTERVAL_S", 0.1)
     sender = EventSender(address)
     sender.emit(_event(0))
     time.sleep(0.5)  # no sampler yet: dropped
@@ -118,7 +119,12 @@ def test_the_server_ignores_malformed_lines_and_drops_abusive_connections(addres
         s.connect(address)
         ident = '{"hello": {"rank": 0, "local_rank": 0, "world_size": 1, "pid": 1}}\n'
         good = '[["step", "s", 1, 2, "TRAIN", 0, 1, ""]]\n'
-        s.sendall((ident + "not json\n" + '[["too", "short"]]\n' + '{"not": "a batch"}\n'
+        import base64
+        import marshal
+
+        garbage = ("M!!not base64\n" + "M" + base64.b64encode(b"\xff\x00garbage").decode() + "\n"
+                   + "M" + base64.b64encode(marshal.dumps([("step", "s", 1, 2, "TRAIN", 0.5, 1, "")])).decode() + "\n")
+        s.sendall((ident + "not json\n" + '[["too", "short"]]\n' + '{"not": "a batch"}\n' + garbage
                    + '[["step", "s", "1", 2, "TRAIN", 0, 1, ""]]\n' + '[["step", 5, 1, 2, "TRAIN", 0, 1, ""]]\n' + good).encode())
         got = _collect(server, 1)
         assert [e.name for _, e in got] == ["s"]

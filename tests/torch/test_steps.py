@@ -4,7 +4,7 @@ taking over, the optimizer fallback. Times come from the real clock; the order o
 from __future__ import annotations
 
 from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, OPTIMIZER, STEP, TRAIN
-from stallwatch.torch.steps import StepTracker, now_us
+from stallwatch.torch.steps import StepTracker, expand, now_us
 
 
 class Listener:
@@ -18,8 +18,15 @@ class Listener:
         self.calls.append(("end", mode, step))
 
 
+class Events(list):
+    """What the tracker emits, step records expanded into their events (as the sampler stores them)."""
+
+    def append(self, record):
+        self.extend(expand(record))
+
+
 def _tracker():
-    events: list[tuple] = []
+    events = Events()
     listener = Listener()
     return StepTracker(events.append, pid=7, listener=listener), events, listener
 

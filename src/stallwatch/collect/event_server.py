@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallwatch.collect.events import decode_batch
+from stallwatch.collect.events import decode_batch, decode_line
 from stallwatch.log import warn_once
 from stallwatch.records import FrameworkEvent
 
@@ -105,7 +105,7 @@ class EventServer:
                 if self._greeting is not None:
                     self._send(fd, conn, self._greeting)
                 return
-            value = json.loads(line)
+            value = decode_line(line)
             if isinstance(value, dict):
                 artifact = value.get("artifact")
                 if not isinstance(artifact, dict):

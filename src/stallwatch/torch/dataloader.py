@@ -97,6 +97,7 @@ def _record(t0: int, index: Any, main_pid: int, emit_main: Callable[[tuple], Non
     if sender is not None:
         sender.emit_tuple((FETCH, f"worker{worker}", t0, t1, "GLOBAL", None, pid,
                            json.dumps({"worker": worker, "samples": size})))
+        sender.wake()
 
 
 _worker: dict[str, Any] = {}

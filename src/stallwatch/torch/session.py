@@ -37,6 +37,7 @@ class Session:
 
         emit = self.sender.emit_tuple if self.sender is not None else _drop
         self.hooks = TorchHooks(self.tracker, emit, self.pid)
+        self.hooks.on_discovery = self.refresh_listener
         try:
             self.hooks.install()
         except Exception as exc:
@@ -53,11 +54,22 @@ class Session:
             self.config = new
             self.windows.set_config(new, self.tracker.counts[TRAIN])
         self.windows.on_step_begin(mode, step, now_us)
+        self.refresh_listener()
 
     def on_step_end(self, mode: str, step: int, start_us: int, end_us: int) -> None:
         self.windows.on_step_end(mode, step, start_us, end_us)
         if self.hooks is not None:
             self.hooks.step_ended()
+        self.refresh_listener()
+
+    def refresh_listener(self) -> None:
+        """Step boundaries reach this session only while something needs them (a window to open or
+        close, the model still being looked for, DDP timings, a new configuration): most steps of a long
+        run cost the tracker alone."""
+        hooks = self.hooks
+        needed = (not self.windows.idle or self._new_config is not None
+                  or (hooks is not None and hooks.needs_steps))
+        self.tracker.listener = self if needed else None
 
     # -- from the sampler (sender thread) -------------------------------------------------------------
     def on_message(self, message: dict[str, Any]) -> None:
@@ -71,6 +83,7 @@ class Session:
             return
         if config != self.config:
             self._new_config = config
+            self.tracker.listener = self  # applied at the next step boundary
 
     def close(self) -> None:
         if self._closed:

@@ -19,8 +19,21 @@ MAX_PENDING_WAITS = 64
 STEP_NAMES = {TRAIN: "train_step", EVAL: "eval_step", GLOBAL: "step"}
 
 
+_time_ns = time.time_ns
+
+
 def now_us() -> int:
-    return time.time_ns() // 1000
+    return _time_ns() // 1000
+
+
+def expand(record: tuple) -> list[tuple]:
+    """A step record (FrameworkEvent fields + its phases as `(kind, name, start_us, end_us, args)`) as the
+    step's events, each in FrameworkEvent field order; any other event as itself."""
+    if len(record) != 9:
+        return [record]
+    kind, name, start, end, mode, step, pid, args, phases = record
+    return [(kind, name, start, end, mode, step, pid, args),
+            *((k, n, t0, t1, mode, step, pid, a) for k, n, t0, t1, a in phases)]
 
 
 class StepListener(Protocol):
@@ -102,35 +115,48 @@ class StepTracker:
         self._add(step, DATA_WAIT, "next_batch", t0, t1, "")
 
     # -- phases ---------------------------------------------------------------------------------------
+    # The phase methods run a few times per step: the common case (inside a step) is inlined.
     def forward(self, t0: int, t1: int, name: str, grad_enabled: bool) -> None:
         step = self._open
-        if step is None and self.source in (None, OPTIMIZER_SOURCE) and grad_enabled:
-            step = self._optimizer_step(t0)
         if step is None:
-            self._standalone(FORWARD, name, t0, t1, TRAIN if grad_enabled else EVAL)
-            return
+            if self.source in (None, OPTIMIZER_SOURCE) and grad_enabled:
+                step = self._optimizer_step(t0)
+            else:
+                self._standalone(FORWARD, name, t0, t1, TRAIN if grad_enabled else EVAL)
+                return
         step.work = step.forward = True
-        self._add(step, FORWARD, name, t0, t1, "")
+        if t1 > step.last_us:
+            step.last_us = t1
+        if len(step.events) < MAX_EVENTS_PER_STEP:
+            step.events.append((FORWARD, name, t0, t1, ""))
 
     def backward(self, t0: int, t1: int) -> None:
         step = self._open
-        if step is None and self.source in (None, OPTIMIZER_SOURCE):
-            step = self._optimizer_step(t0)
         if step is None:
-            self._standalone(BACKWARD, "backward", t0, t1, TRAIN)
-            return
+            if self.source in (None, OPTIMIZER_SOURCE):
+                step = self._optimizer_step(t0)
+            else:
+                self._standalone(BACKWARD, "backward", t0, t1, TRAIN)
+                return
         step.work = step.backward = True
-        self._add(step, BACKWARD, "backward", t0, t1, "")
+        if t1 > step.last_us:
+            step.last_us = t1
+        if len(step.events) < MAX_EVENTS_PER_STEP:
+            step.events.append((BACKWARD, "backward", t0, t1, ""))
 
     def optimizer(self, t0: int, t1: int, name: str) -> None:
         step = self._open
-        if step is None and self.source in (None, OPTIMIZER_SOURCE):
-            step = self._optimizer_step(t0)
         if step is None:
-            self._standalone(OPTIMIZER, name, t0, t1, TRAIN)
-            return
+            if self.source in (None, OPTIMIZER_SOURCE):
+                step = self._optimizer_step(t0)
+            else:
+                self._standalone(OPTIMIZER, name, t0, t1, TRAIN)
+                return
         step.work = step.backward = True
-        self._add(step, OPTIMIZER, name, t0, t1, "")
+        if t1 > step.last_us:
+            step.last_us = t1
+        if len(step.events) < MAX_EVENTS_PER_STEP:
+            step.events.append((OPTIMIZER, name, t0, t1, ""))
         if self.source == OPTIMIZER_SOURCE:
             self._close(t1)
 
@@ -211,9 +237,10 @@ class StepTracker:
         self._last_end = end_us
         if step.loader is not None and step.work:
             self._loader_modes[step.loader] = mode
-        emit, pid = self._emit, self.pid
-        emit((STEP, STEP_NAMES[mode], step.start_us, end_us, mode, number, pid, ""))
-        for kind, name, t0, t1, args in step.events:
-            emit((kind, name, t0, t1, mode, number, pid, args))
+        # One record per step, its phases inside: the fewest objects built in the training thread. All
+        # tuples of plain values: the garbage collector stops tracking them while they wait to be sent
+        # (lists would stay tracked and, thousands at a time, trigger full collections of the job's heap).
+        self._emit((STEP, STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid, "",
+                    tuple(step.events)))
         if self.listener is not None:
             self.listener.on_step_end(mode, number, step.start_us, end_us)

@@ -153,6 +153,13 @@ class WindowController:
         self._active: dict[str, _Window] = {}
         self._done: set[tuple[str, ProfilingRange]] = set()  # each configured window runs once
         self.windows: list[dict[str, Any]] = []  # what ran, for tests and the end-of-run summary
+        self.idle = False  # nothing configured to start and nothing open: step boundaries cost one check
+        self._update_idle()
+
+    def _update_idle(self) -> None:
+        pending = any((rng := getattr(self.config, f"{layer}_profiling")) is not None and (layer, rng) not in self._done
+                      for layer in LAYERS)
+        self.idle = not pending and not self._active
 
     def set_config(self, config: ProfilerConfig, train_steps_done: int) -> None:
         """A new configuration (live): applies from the next step; a step window already past is said so."""
@@ -163,8 +170,11 @@ class WindowController:
                 logger.warning("%s_profiling %s is already past (%d training steps done); nothing to profile",
                                layer, rng.to_spec(), train_steps_done)
         self.config = config
+        self._update_idle()
 
     def on_step_begin(self, mode: str, step: int, now: int) -> None:
+        if self.idle:
+            return
         config = self.config
         for layer in LAYERS:
             active = self._active.get(layer)
@@ -183,8 +193,11 @@ class WindowController:
                     self._done.add((layer, rng))
             if due:
                 self._start(layer, rng, config, now)
+        self._update_idle()
 
     def on_step_end(self, mode: str, step: int, start_us: int, end_us: int) -> None:
+        if not self._active:
+            return
         for window in list(self._active.values()):
             rng = window.range
             if rng.by_steps:
@@ -194,6 +207,7 @@ class WindowController:
                     self._stop(window, "complete")
             elif end_us >= _time_end(rng):
                 self._stop(window, "complete")
+        self._update_idle()
 
     def close(self) -> None:
         """At exit: a window still open is stopped and kept, marked as cut short."""
