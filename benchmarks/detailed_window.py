@@ -15,7 +15,8 @@ Method
   - bare: the loop, nothing installed.
   - raw torch.profiler: at the top of step K, `torch.profiler.profile(activities=[CPU], record_shapes=True)`
     is made and started; at the top of step K+N, `stop()` then `export_chrome_trace(path)`. The same
-    settings as stallwatch's window (no GPU here), no schedule, no `prof.step()`.
+    settings as stallwatch's window (no GPU here): an always-recording schedule and `prof.step()` at each
+    step boundary inside, so the trace carries the same ProfilerStep#N step markers.
   - stallwatch: the same loop inside `stallwatch.torch.profile(out=tmp/run-i, gpu=False,
     detailed_profiling="K:N")` (a real sampler process, the always-on hooks, the window started and
     stopped by the hooks at step boundaries: started in step K's batch request, stopped and exported, to
@@ -60,7 +61,9 @@ _RUN_IDS = itertools.count(1)
 
 
 def raw_profiler():
-    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+    record = torch.profiler.ProfilerAction.RECORD
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                  schedule=lambda _step: record)
 
 
 class Runner:
@@ -82,8 +85,11 @@ class Runner:
         def before(i: int) -> None:
             if i == BEFORE:
                 prof = raw_profiler()
+                prof.step_num = BEFORE
                 prof.start()
                 state["prof"] = prof
+            elif BEFORE < i < BEFORE + self.n:
+                state["prof"].step()  # type: ignore[attr-defined]
             elif i == BEFORE + self.n:
                 prof = state.pop("prof")
                 prof.stop()  # type: ignore[attr-defined]

@@ -56,7 +56,8 @@ def test_a_detailed_window_stages_a_torch_trace(tmp_path):
     (msg,) = sent
     assert msg["artifact"]["meta"]["profiler"] == "torch.profiler"
     assert msg["artifact"]["meta"]["activities"] == ["cpu"]
-    assert '"aten::mm"' in open(msg["artifact"]["files"]["trace.json"]).read()
+    text = open(msg["artifact"]["files"]["trace.json"]).read()
+    assert '"aten::mm"' in text and '"ProfilerStep#1"' in text  # numbered as the job's steps
 
 
 def test_a_pyinstrument_window(tmp_path):

@@ -84,6 +84,7 @@ def test_the_detailed_window_covers_step_5_with_aten_operators(profiled):
     trace = json.loads(gzip.decompress((out / window["path"] / "trace.json.gz").read_bytes()))
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any(n.startswith("aten::") for n in names)
+    assert "ProfilerStep#5" in names  # Perfetto's and HTA's step markers, numbered as the job's steps
     step5 = _rows(run.framework(kinds=[STEP]), mode=TRAIN, step=5)[0]
     base_us = trace.get("baseTimeNanoseconds", 0) / 1000  # torch's traces count from this base
     ops = [e for e in trace["traceEvents"] if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]

@@ -27,9 +27,12 @@ class _Profiler:
 
     files: dict[str, str]
 
-    def start(self) -> None: ...
+    def start(self, first_step: int) -> None: ...
     def stop(self, folder: str) -> dict[str, str]: ...
     meta: dict[str, Any] = {}
+
+    def next_step(self) -> None:
+        """A new step began inside the window."""
 
 
 class _TorchProfiler(_Profiler):
@@ -40,14 +43,20 @@ class _TorchProfiler(_Profiler):
         if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
         self.meta = {"profiler": "torch.profiler", "activities": [a.name.lower() for a in acts]}
-        self._prof = torch.profiler.profile(activities=acts, record_shapes=True)
+        record = torch.profiler.ProfilerAction.RECORD  # a schedule (always recording) marks each step
+        self._prof = torch.profiler.profile(activities=acts, record_shapes=True, schedule=lambda _step: record)
 
-    def start(self) -> None:
+    def start(self, first_step: int) -> None:
         import torch
 
         if torch._C._autograd._profiler_enabled():  # starting ours would end the user's own session
             raise RuntimeError("torch.profiler is already running in this process")
+        # ProfilerStep#N annotations numbered as the job's steps: Perfetto shows them, HTA needs them.
+        self._prof.step_num = first_step
         self._prof.start()
+
+    def next_step(self) -> None:
+        self._prof.step()
 
     def stop(self, folder: str) -> dict[str, str]:
         self._prof.stop()
@@ -70,7 +79,7 @@ class _CProfile(_Profiler):
         self._prof = cProfile.Profile() if chosen is None else cProfile.Profile(chosen)
         self.meta = {"profiler": "cprofile", "timer": timer}
 
-    def start(self) -> None:
+    def start(self, first_step: int) -> None:
         _no_other_python_profiler()
         self._prof.enable()
 
@@ -88,7 +97,7 @@ class _Pyinstrument(_Profiler):
         self._prof = Profiler(interval=0.001, async_mode="disabled")
         self.meta = {"profiler": "pyinstrument", "timer": None}
 
-    def start(self) -> None:
+    def start(self, first_step: int) -> None:
         _no_other_python_profiler()
         self._prof.start()
 
@@ -102,7 +111,7 @@ class _Pyinstrument(_Profiler):
 class _DataloaderTiming(_Profiler):
     meta = {"profiler": "fetch timing"}
 
-    def start(self) -> None:
+    def start(self, first_step: int) -> None:
         dl.set_profiling(True)
 
     def stop(self, folder: str) -> dict[str, str]:
@@ -181,6 +190,8 @@ class WindowController:
             if active is not None:
                 if not active.range.by_steps and now >= _time_end(active.range):
                     self._stop(active, "complete")
+                else:
+                    active.profiler.next_step()
                 continue
             rng = getattr(config, f"{layer}_profiling")
             if rng is None or (layer, rng) in self._done:
@@ -192,7 +203,7 @@ class WindowController:
                 if now >= _time_end(rng):
                     self._done.add((layer, rng))
             if due:
-                self._start(layer, rng, config, now)
+                self._start(layer, rng, config, now, step)
         self._update_idle()
 
     def on_step_end(self, mode: str, step: int, start_us: int, end_us: int) -> None:
@@ -214,7 +225,7 @@ class WindowController:
         for window in list(self._active.values()):
             self._stop(window, "cut_short")
 
-    def _start(self, layer: str, rng: ProfilingRange, config: ProfilerConfig, now: int) -> None:
+    def _start(self, layer: str, rng: ProfilingRange, config: ProfilerConfig, now: int, step: int) -> None:
         self._done.add((layer, rng))
         if layer != DATALOADER and not self._staging:
             warn_once(f"no-staging-{layer}", "%s profiling needs `stallwatch run` or stallwatch.torch.profile(); "
@@ -222,7 +233,7 @@ class WindowController:
             return
         try:
             profiler = _make(layer, config)
-            profiler.start()
+            profiler.start(step)
         except Exception as exc:  # another profiler already running, pyinstrument not installed…
             logger.warning("cannot start %s profiling (%s: %s); training goes on without it",
                            layer, type(exc).__name__, exc)
