@@ -316,11 +316,13 @@ class TorchHooks:
                 _failed("forward", exc)
 
     # -- backward, optimizer, collectives -------------------------------------------------------------
-    def _patch_backward(self) -> None:
+    def _timed(self, what: str, record: Callable[[int, tuple, dict], None]) -> Callable[..., Any]:
+        """A wrapper factory for `_patch`: the original runs exactly once; `record(t0, args, kwargs)` after
+        it, its failures said once and swallowed."""
         hooks = self
 
         def make(original):
-            def backward(*args, **kwargs):
+            def timed(*args, **kwargs):
                 if not hooks.enabled:
                     return original(*args, **kwargs)
                 t0 = now_us()
@@ -328,12 +330,16 @@ class TorchHooks:
                     return original(*args, **kwargs)
                 finally:
                     try:
-                        hooks.tracker.backward(t0, now_us())
+                        record(t0, args, kwargs)
                     except Exception as exc:
-                        _failed("backward", exc)
-            return backward
+                        _failed(what, exc)
+            return timed
+        return make
 
-        self._patch(torch.autograd, "backward", make)
+    def _patch_backward(self) -> None:
+        tracker = self.tracker
+        self._patch(torch.autograd, "backward",
+                    self._timed("backward", lambda t0, _a, _k: tracker.backward(t0, now_us())))
 
     def _hook_optimizer(self) -> None:
         from torch.optim import optimizer as optim
@@ -358,23 +364,11 @@ class TorchHooks:
 
         if not dist.is_available():
             return
-        hooks = self
         for name in COLLECTIVES:
             if not hasattr(dist, name):
                 continue
-
-            def make(original, name=name):
-                def collective(*args, **kwargs):
-                    if not hooks.enabled:
-                        return original(*args, **kwargs)
-                    t0 = now_us()
-                    try:
-                        return original(*args, **kwargs)
-                    finally:
-                        _guard("collective", hooks._collective, name, t0, args, kwargs)
-                return collective
-
-            self._patch(dist, name, make)
+            record = functools.partial(self._collective, name)
+            self._patch(dist, name, self._timed("collective", record))
 
     def _collective(self, name: str, t0: int, args: tuple, kwargs: dict) -> None:
         tensor = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tensor")

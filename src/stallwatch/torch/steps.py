@@ -131,34 +131,27 @@ class StepTracker:
             step.events.append((FORWARD, name, t0, t1, ""))
 
     def backward(self, t0: int, t1: int) -> None:
-        step = self._open
-        if step is None:
-            if self.source in (None, OPTIMIZER_SOURCE):
-                step = self._optimizer_step(t0)
-            else:
-                self._standalone(BACKWARD, "backward", t0, t1, TRAIN)
-                return
-        step.work = step.backward = True
-        if t1 > step.last_us:
-            step.last_us = t1
-        if len(step.events) < MAX_EVENTS_PER_STEP:
-            step.events.append((BACKWARD, "backward", t0, t1, ""))
+        self._train_phase(BACKWARD, "backward", t0, t1)
 
     def optimizer(self, t0: int, t1: int, name: str) -> None:
+        self._train_phase(OPTIMIZER, name, t0, t1)
+        if self.source == OPTIMIZER_SOURCE:
+            self._close(t1)
+
+    def _train_phase(self, kind: str, name: str, t0: int, t1: int) -> None:
+        """Backward or an optimizer step: the step it is in becomes a TRAIN step."""
         step = self._open
         if step is None:
             if self.source in (None, OPTIMIZER_SOURCE):
                 step = self._optimizer_step(t0)
             else:
-                self._standalone(OPTIMIZER, name, t0, t1, TRAIN)
+                self._standalone(kind, name, t0, t1, TRAIN)
                 return
         step.work = step.backward = True
         if t1 > step.last_us:
             step.last_us = t1
         if len(step.events) < MAX_EVENTS_PER_STEP:
-            step.events.append((OPTIMIZER, name, t0, t1, ""))
-        if self.source == OPTIMIZER_SOURCE:
-            self._close(t1)
+            step.events.append((kind, name, t0, t1, ""))
 
     def other(self, kind: str, name: str, t0: int, t1: int, args: str = "") -> None:
         """Anything else timed inside the loop (a collective, a fetch in the main process…)."""
