@@ -216,3 +216,23 @@ def test_the_summary_and_info_show_steps_and_windows(profiled):
     for text in (p.stderr, run_cli(tmp, "info", str(out)).stdout.decode()):
         assert "TRAIN     16" in text and "EVAL       8" in text
         assert "detailed" in text and "steps 5-5" in text and "steps 9-11" in text
+
+
+def test_the_jobs_own_sitecustomize_still_runs_and_auto_can_be_turned_off(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['MY_SITECUSTOMIZE'] = 'ran'\n")
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "print('site:', os.environ.get('MY_SITECUSTOMIZE'))\n"
+        "m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for xb in torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4):\n"
+        "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
+    for auto, expected in (("1", 4), ("0", 0)):
+        out = tmp_path / f"run-{auto}"
+        p = run_cli(tmp_path, "run", "--out", str(out), "--", sys.executable, str(script),
+                    env={"PYTHONPATH": str(own), "STALLWATCH_AUTO": auto})
+        assert p.returncode == 0, p.stderr
+        assert b"site: ran" in p.stdout
+        assert len(_rows(open_run(str(out)).framework(kinds=[STEP]), mode=TRAIN)) == expected
