@@ -218,6 +218,39 @@ def _show(value: Any) -> str:
     return value.to_spec() if isinstance(value, ProfilingRange) else json.dumps(value)
 
 
+def cmd_rules(args: argparse.Namespace) -> int:
+    """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary."""
+    from stallwatch.analyze.rules.base import ParameterError
+    from stallwatch.analyze.rules.feed import read_run
+    from stallwatch.analyze.rules.registry import all_rules, get_rule
+    from stallwatch.analyze.rules.runner import evaluate, write_results
+    from stallwatch.present.rules_table import rules_table
+
+    run = _open("rules", args.run)
+    if run is None:
+        return 2
+    try:
+        classes = [get_rule(n) for n in args.rule] if args.rule else all_rules()
+        params: dict[str, dict[str, str]] = {}
+        for text in args.param or []:
+            name, sep, value = text.partition("=")
+            rule, dot, key = name.partition(".")
+            if not sep or not dot or not rule or not key:
+                raise ParameterError(f"--param {text!r}: write RULE.parameter=value, e.g. CPUBottleneck.threshold=30")
+            params.setdefault(get_rule(rule).name, {})[key] = value
+        results = evaluate(classes, [read_run(run)], params)
+    except ParameterError as exc:
+        print(f"stallwatch rules: {exc}", file=sys.stderr)
+        return 2
+    try:
+        write_results(run.location, results)
+    except OSError as exc:
+        print(f"stallwatch rules: cannot write the results into {run.uri} ({exc}); the summary follows",
+              file=sys.stderr)
+    print(rules_table(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -226,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("rules", help="evaluate the profiler rules on a run and write rules/<RuleName>.json")
+    p.add_argument("run", help="run directory or s3:// URI")
+    p.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
+    p.add_argument("--param", action="append", metavar="RULE.KEY=VALUE",
+                   help="a rule parameter, e.g. StepOutlier.stddev=2 (repeatable)")
+    p.set_defaults(func=cmd_rules)
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")
     p.set_defaults(func=cmd_info)

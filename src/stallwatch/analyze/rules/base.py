@@ -1,0 +1,157 @@
+"""What every rule shares: declared parameters, incremental updates over chunks of new data, and the
+result schema of RULES.md (SageMaker's keys, plus structured extras).
+
+Evaluation points are defined by the data (each snapshot, window or step), never by when `update()` is
+called, so feeding a run in one chunk or in many (live) ends with the same result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from stallwatch.records import COLUMN_SEP
+
+OK, NOT_APPLICABLE, ERROR = "ok", "not_applicable", "error"
+
+
+@dataclass
+class NodeFrame:
+    """New system snapshots of one node, in time order: timestamps (µs) and one float array per
+    `device/metric` column (float32 as stored; NaN where a value is missing); `info` is the node's record
+    (cores, GPUs…)."""
+
+    node: str
+    timestamps: np.ndarray
+    columns: dict[str, np.ndarray]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+    def devices(self, prefix: str, metric: str) -> list[str]:
+        """Numbered devices with this metric, in number order: devices("gpu", "gpu_util") -> ["gpu0", …]."""
+        found = []
+        for col in self.columns:
+            device, _, m = col.partition(COLUMN_SEP)
+            if m == metric and device.startswith(prefix) and device[len(prefix):].isdigit():
+                found.append(device)
+        return sorted(found, key=lambda d: int(d[len(prefix):]))
+
+    def get(self, device: str, metric: str) -> np.ndarray | None:
+        return self.columns.get(f"{device}{COLUMN_SEP}{metric}")
+
+    def matrix(self, devices: list[str], metric: str) -> np.ndarray:
+        """snapshots × devices (NaN where missing)."""
+        if not devices:
+            return np.empty((len(self), 0))
+        return np.column_stack([self.columns.get(f"{d}{COLUMN_SEP}{metric}", np.full(len(self), np.nan))
+                                for d in devices])
+
+
+@dataclass
+class Chunk:
+    """What a rule is handed at each evaluation: the data that is new since the last one."""
+
+    system: dict[str, NodeFrame]
+    framework: pa.Table  # framework events (stallwatch.records.framework_schema), new since the last chunk
+    run: dict[str, Any] = field(default_factory=dict)  # Run.info: run.json merged with every node's record
+    final: bool = False  # the run has ended: nothing more will come
+
+
+@dataclass
+class RuleResult:
+    name: str
+    triggered: int
+    violations: int
+    datapoints: int
+    parameters: dict[str, Any]
+    description: str
+    recommendation: str
+    details: dict[str, Any] = field(default_factory=dict)
+    status: str = OK
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "RuleName": self.name,
+            "RuleTriggered": self.triggered,
+            "Violations": self.violations,
+            "Datapoints": self.datapoints,
+            "RuleParameters": "\n".join(f"{k}:{_text(v)}" for k, v in self.parameters.items()),
+            "Parameters": dict(self.parameters),
+            "Description": self.description,
+            "Recommendation": self.recommendation,
+            "Details": self.details,
+            "Status": self.status,
+            "Message": self.message,
+        }
+
+
+def _text(value: Any) -> str:
+    return "None" if value is None else str(value)
+
+
+class ParameterError(ValueError):
+    """A rule parameter that is unknown or of the wrong type; the message names it and what is allowed."""
+
+
+class Rule:
+    """Subclasses set `name`, `description`, `recommendation`, `defaults` (ordered: RULES.md's order) and
+    implement `update(chunk)` and `result()`. One instance per evaluation of a run."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    recommendation: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        self.params = dict(self.defaults)
+        for key, value in params.items():
+            if key not in self.defaults:
+                raise ParameterError(f"{self.name} has no parameter {key!r}; its parameters: "
+                                     f"{', '.join(self.defaults) or 'none'}")
+            self.params[key] = coerce(self.name, key, value, self.defaults[key])
+
+    def update(self, chunk: Chunk) -> None:
+        raise NotImplementedError
+
+    def result(self) -> RuleResult:
+        raise NotImplementedError
+
+    def make_result(self, *, triggered: int, violations: int, datapoints: int, details: dict[str, Any],
+                    status: str = OK, message: str = "", recommendation: str | None = None) -> RuleResult:
+        return RuleResult(self.name, int(triggered), int(violations), int(datapoints), dict(self.params),
+                          self.description, recommendation or self.recommendation, details, status, message)
+
+    def not_applicable(self, reason: str, details: dict[str, Any] | None = None) -> RuleResult:
+        return self.make_result(triggered=0, violations=0, datapoints=0, details=details or {},
+                                status=NOT_APPLICABLE, message=reason)
+
+
+def coerce(rule: str, key: str, value: Any, default: Any) -> Any:
+    """A parameter value given as text (CLI, config) in the type of its default."""
+    if not isinstance(value, str) or isinstance(default, str):
+        if default is not None and isinstance(value, bool) != isinstance(default, bool):
+            raise ParameterError(f"{rule}.{key}={value!r}: must be {type(default).__name__}")
+        return value
+    text = value.strip()
+    if default is None or text.lower() == "none":
+        return None if text.lower() in ("none", "") else text
+    try:
+        if isinstance(default, bool):
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        raise ParameterError(f"{rule}.{key}={value!r}: must be {type(default).__name__} "
+                             f"(default {default!r})") from None
+    return text

@@ -1,0 +1,227 @@
+"""CPUBottleneck and IOBottleneck (RULES.md): GPUs idle while the CPU is busy, or waiting on I/O.
+
+One implementation, two rules. A snapshot of a node (after its first `patience`) is a *bottleneck*
+when some GPU of the node is below `gpu_threshold` % utilization and some CPU core is above
+`cpu_threshold` % utilization (CPUBottleneck) or above `io_threshold` % I/O wait (IOBottleneck). The
+per-core columns (`cpuN/…`) are used; a node that records only the total (`cpu/…`) is judged on it.
+
+Evaluation points: every snapshot after patience of a node with GPUs. At each, the rule fires when
+the node's bottleneck snapshots so far exceed `threshold` % of its evaluated snapshots so far
+(cumulative, per node, in the node's snapshot order — so it depends on the data alone, not on how it
+was chunked). RuleTriggered counts those snapshots, summed over nodes. Violations: the bottleneck
+snapshots. Datapoints: the evaluated snapshots.
+
+Details: `low_gpu_utilization` (evaluated snapshots with some GPU below `gpu_threshold`),
+`bottlenecks` {count, percent, ranges: the first 100 runs of consecutive bottleneck snapshots as
+{node, start_us, end_us (timestamp of the run's last snapshot), snapshots}, ranges_total}, `nodes`
+{node: per-node breakdown, `above_threshold` = the node's share at the end exceeds `threshold`}, and
+`not_applicable` {node: reason} for nodes without GPU data (skipped)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
+from stallwatch.analyze.rules.gpu import all_not_applicable, check_counts, listing, not_applicable_nodes, skip_patience
+from stallwatch.records import COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, GPU_UTIL
+
+MAX_RANGES = 100  # time ranges kept in Details (counted beyond that, not listed)
+
+
+@dataclass
+class _Node:
+    seen: int = 0  # snapshots received, patience included
+    has_gpu: bool = False
+    gpus: int = 0
+    cores: int = 0
+    evaluated: int = 0
+    low_gpu: int = 0
+    bottlenecks: int = 0
+    triggered: int = 0
+    in_run: bool = False  # the last evaluated snapshot was a bottleneck (its run may go on)
+    runs: int = 0  # runs of consecutive bottleneck snapshots, all of them
+    ranges: list[list[int]] = field(default_factory=list)  # the first MAX_RANGES: [start_us, end_us, snapshots]
+
+
+class _Bottleneck(Rule):
+    """Shared implementation; subclasses name the per-core metric and its threshold parameter."""
+
+    metric: ClassVar[str] = CPU_UTIL
+    busy_param: ClassVar[str] = "cpu_threshold"
+    what: ClassVar[str] = "CPU"  # for texts
+    busy_text: ClassVar[str] = "a CPU core was above {t} % utilization"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        check_counts(self, "patience")
+        self._nodes: dict[str, _Node] = {}
+
+    # -- per snapshot ---------------------------------------------------------------------------------
+
+    def _flags(self, frame: NodeFrame, skip: int, st: _Node) -> tuple[np.ndarray, np.ndarray]:
+        """(low GPU, bottleneck) per snapshot after `skip`, column by column (no snapshot × device copy)."""
+        m = len(frame) - skip
+        low = np.zeros(m, bool)
+        gpus = frame.devices("gpu", GPU_UTIL)
+        for g in gpus:
+            low |= frame.columns[f"{g}{COLUMN_SEP}{GPU_UTIL}"][skip:] < self.params["gpu_threshold"]
+        cols = [f"{c}{COLUMN_SEP}{self.metric}" for c in frame.devices(CPU, self.metric)]
+        if not cols and f"{CPU}{COLUMN_SEP}{self.metric}" in frame.columns:
+            cols = [f"{CPU}{COLUMN_SEP}{self.metric}"]
+        busy = np.zeros(m, bool)
+        limit = self.params[self.busy_param]
+        for c in cols:
+            busy |= frame.columns[c][skip:] > limit
+        st.gpus = max(st.gpus, len(gpus))
+        st.cores = max(st.cores, len(cols))
+        return low, low & busy
+
+    def update(self, chunk: Chunk) -> None:
+        threshold = self.params["threshold"]
+        for node, frame in chunk.system.items():
+            st = self._nodes.setdefault(node, _Node())
+            n = len(frame)
+            skip = skip_patience(st.seen, n, self.params["patience"])
+            st.seen += n
+            if n and frame.devices("gpu", GPU_UTIL):
+                st.has_gpu = True
+            m = n - skip
+            if m == 0:
+                continue
+            with np.errstate(invalid="ignore"):
+                low, bad = self._flags(frame, skip, st)
+            # cumulative condition at every evaluated snapshot: bottlenecks so far > threshold % of so far
+            so_far = st.bottlenecks + np.cumsum(bad, dtype=np.int64)
+            count = st.evaluated + np.arange(1, m + 1, dtype=np.int64)
+            st.triggered += int(np.count_nonzero(so_far * 100.0 > threshold * count))
+            st.evaluated += m
+            st.low_gpu += int(np.count_nonzero(low))
+            st.bottlenecks = int(so_far[-1])
+            self._runs(st, bad, frame.timestamps[skip:])
+
+    @staticmethod
+    def _runs(st: _Node, bad: np.ndarray, ts: np.ndarray) -> None:
+        """Merge consecutive bottleneck snapshots into ranges, continuing a run across chunks."""
+        edges = np.diff(np.concatenate([[st.in_run], bad, [False]]).astype(np.int8))
+        starts = np.flatnonzero(edges == 1)
+        ends = np.flatnonzero(edges == -1) - 1  # inclusive; the last may be the chunk's end (run goes on)
+        if st.in_run:  # the first end closes the run left open by the previous chunk
+            if bad[0] and st.runs <= MAX_RANGES:  # ... which went on into this one
+                r = st.ranges[st.runs - 1]
+                r[1] = int(ts[ends[0]])
+                r[2] += int(ends[0] + 1)
+            ends = ends[1:]
+        for s, e in zip(starts, ends):
+            st.runs += 1
+            if len(st.ranges) < MAX_RANGES:
+                st.ranges.append([int(ts[s]), int(ts[e]), int(e - s + 1)])
+        if bad.size:
+            st.in_run = bool(bad[-1])
+
+    # -- result ---------------------------------------------------------------------------------------
+
+    def result(self) -> RuleResult:
+        nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
+        if not nodes:
+            return all_not_applicable(self, self._nodes)
+        threshold = self.params["threshold"]
+        per_node: dict[str, Any] = {}
+        ranges: list[dict[str, Any]] = []
+        findings: list[str] = []
+        total = low = bad = triggered = runs = 0
+        for node in sorted(nodes):
+            st = nodes[node]
+            total += st.evaluated
+            low += st.low_gpu
+            bad += st.bottlenecks
+            triggered += st.triggered
+            runs += st.runs
+            pct = 100.0 * st.bottlenecks / st.evaluated if st.evaluated else 0.0
+            above = st.evaluated > 0 and st.bottlenecks * 100.0 > threshold * st.evaluated
+            per_node[node] = {"datapoints": st.evaluated, "low_gpu_utilization": st.low_gpu,
+                              "bottlenecks": st.bottlenecks, "percent": round(pct, 2), "above_threshold": above,
+                              "triggered": st.triggered, "ranges": st.runs, "gpus": st.gpus, "cores": st.cores}
+            ranges += [{"node": node, "start_us": s, "end_us": e, "snapshots": k} for s, e, k in st.ranges]
+            if st.bottlenecks:
+                findings.append(self._finding(node, st, pct, above))
+        ranges.sort(key=lambda r: (r["start_us"], r["node"]))
+        details: dict[str, Any] = {
+            "low_gpu_utilization": low,
+            "bottlenecks": {"count": bad, "percent": round(100.0 * bad / total, 2) if total else 0.0,
+                            "ranges": ranges[:MAX_RANGES], "ranges_total": runs},
+            "nodes": per_node,
+        }
+        message = ""
+        skipped = not_applicable_nodes(self._nodes, "GPU data")
+        if skipped:
+            details["not_applicable"] = skipped
+            message = f"skipped nodes without GPU data: {', '.join(skipped)}"
+        recommendation = f"{listing(findings)}. {self.recommendation}" if findings else None
+        return self.make_result(triggered=triggered, violations=bad, datapoints=total, details=details,
+                                message=message, recommendation=recommendation)
+
+    def _finding(self, node: str, st: _Node, pct: float, above: bool) -> str:
+        t = self.params["threshold"]
+        where = "above" if above else "below"
+        busy = self.busy_text.format(t=self.params[self.busy_param])
+        return (f"{self.what} bottlenecks on node {node} in {pct:.0f} % of the time ({st.bottlenecks} of "
+                f"{st.evaluated} snapshots after the first {self.params['patience']}: a GPU was below "
+                f"{self.params['gpu_threshold']} % while {busy}), {where} the threshold of {t} %"
+                + self._advice(node, st, above))
+
+    def _advice(self, node: str, st: _Node, above: bool) -> str:
+        return ""
+
+
+class CPUBottleneck(_Bottleneck):
+    """GPUs below `gpu_threshold` % while a core is above `cpu_threshold` % utilization; evaluation
+    points, counts and Details as the module says."""
+
+    name = "CPUBottleneck"
+    description = ("Checks if the CPU utilization is high and the GPU utilization is low. It might indicate CPU "
+                   "bottlenecks, where the GPUs are waiting for data to arrive from the CPUs. The rule evaluates "
+                   "the CPU and GPU utilization rates, and triggers the issue if the time spent on the CPU "
+                   "bottlenecks exceeds a threshold percent of the total training time. The default threshold "
+                   "is 50 percent.")
+    recommendation = "Consider increasing the number of data loaders or applying data pre-fetching."
+    defaults = {"threshold": 50, "cpu_threshold": 90, "gpu_threshold": 10, "patience": 1000}
+
+    metric = CPU_UTIL
+    busy_param = "cpu_threshold"
+    what = "CPU"
+    busy_text = "a CPU core was above {t} % utilization"
+
+    def _advice(self, node: str, st: _Node, above: bool) -> str:
+        if not above or not st.cores or not st.gpus:
+            return ""
+        return (f"; the node has {st.cores} cores for {st.gpus} GPU(s): move preprocessing off the training "
+                f"process into data-loader workers (e.g. num_workers up to {max(1, st.cores // st.gpus - 1)} "
+                f"per GPU) and prefetch batches")
+
+
+class IOBottleneck(_Bottleneck):
+    """GPUs below `gpu_threshold` % while a core's I/O wait is above `io_threshold` %; evaluation points,
+    counts and Details as the module says."""
+
+    name = "IOBottleneck"
+    description = ("Checks if the data I/O wait time is high and the GPU utilization is low. It might indicate IO "
+                   "bottlenecks where GPU is waiting for data to arrive from storage. The rule evaluates the I/O "
+                   "and GPU utilization rates and triggers the issue if the time spent on the IO bottlenecks "
+                   "exceeds a threshold percent of the total training time. The default threshold is 50 percent.")
+    recommendation = ("Pre-fetch data or choose different file formats, such as binary formats that improve I/O "
+                      "performance.")
+    defaults = {"threshold": 50, "io_threshold": 50, "gpu_threshold": 10, "patience": 1000}
+
+    metric = CPU_IOWAIT
+    busy_param = "io_threshold"
+    what = "I/O"
+    busy_text = "a CPU core waited on I/O more than {t} % of its time"
+
+    def _advice(self, node: str, st: _Node, above: bool) -> str:
+        if not above:
+            return ""
+        return ("; read the data set from local disk or in larger sequential files (sharded binary records), "
+                "and load it with several workers in parallel")

@@ -1,0 +1,15 @@
+"""The built-in rules, in the report's order."""
+
+from __future__ import annotations
+
+from stallwatch.analyze.rules.bottleneck import CPUBottleneck, IOBottleneck
+from stallwatch.analyze.rules.dataloader import Dataloader
+from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetrics
+from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization
+from stallwatch.analyze.rules.steps import MaxInitializationTime, StepOutlier
+from stallwatch.analyze.rules.system_usage import OverallSystemUsage
+
+RULES: list = [
+    CPUBottleneck, IOBottleneck, Dataloader, GPUMemoryIncrease, BatchSize, LowGPUUtilization,
+    MaxInitializationTime, LoadBalancing, StepOutlier, OverallSystemUsage, OverallFrameworkMetrics,
+]

@@ -1,0 +1,258 @@
+"""Dataloader: are there about as many data-loader worker processes as CPU cores?"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.stats import histogram
+from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
+
+DATALOADER = "dataloader"
+MAX_LOADERS = 50  # loaders listed in Details
+HISTOGRAM_BINS = 50
+US = 1_000_000
+_SETTINGS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last",
+             "timeout", "sampler", "multiprocessing_context", "dataset")
+
+
+class Dataloader(Rule):
+    """Per node: the number of data-loader worker processes running in parallel is the median of the
+    `proc/workers_alive` snapshots taken during the node's training loop (from its first step's start to its
+    last step's end; all snapshots when it has no steps). Where the snapshots lack that metric, it is the sum
+    over the node's ranks of each rank's median `num_workers` over its `dataloader` events. The node fires
+    when that number is below `min_threshold` % or above `max_threshold` % of its logical CPU cores.
+
+    Evaluation points: one per node, on all of its data (the median needs all of it). RuleTriggered =
+    Violations = nodes that fire; Datapoints = the samples of the worker count (snapshots, or dataloader
+    events where snapshots lack it). Not applicable without framework data, or when the job created no
+    DataLoader iterator (no `dataloader` events): then there is no data loader to judge."""
+
+    name = "Dataloader"
+    description = ("Checks how many data loaders are running in parallel and whether the total number is equal the "
+                   "number of available CPU cores. The rule triggers if number is much smaller or larger than the "
+                   "number of available cores. If too small, it might lead to low GPU utilization. If too large, it "
+                   "might impact other compute intensive operations on CPU.")
+    recommendation = "Change the number of data loader processes."
+    defaults = {"min_threshold": 70, "max_threshold": 200}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        for key in ("min_threshold", "max_threshold"):
+            value = self.params[key]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+                raise ParameterError(f"{self.name}.{key}={value!r}: must be a percentage >= 0")
+        if self.params["min_threshold"] > self.params["max_threshold"]:
+            raise ParameterError(f"{self.name}: min_threshold ({self.params['min_threshold']}) must not exceed "
+                                 f"max_threshold ({self.params['max_threshold']})")
+        self._run: dict[str, Any] = {}
+        self._events = 0
+        self._info: dict[str, dict[str, Any]] = {}
+        self._alive: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # node -> [(timestamps, workers_alive)]
+        self._span: dict[str, list[int]] = {}  # node -> [first step start, last step end]
+        self._ranks: dict[str, set[int]] = {}
+        self._loaders: dict[tuple[str, int, str], dict[str, Any]] = {}
+        self._rank_workers: dict[tuple[str, int], list[float]] = {}
+        self._waits_train: list[np.ndarray] = []
+        self._waits_all: list[np.ndarray] = []
+
+    def update(self, chunk: Chunk) -> None:
+        self._run = chunk.run or self._run
+        for node, frame in chunk.system.items():
+            if frame.info:
+                self._info[node] = frame.info
+            alive = frame.get(PROC, WORKERS_ALIVE)
+            if alive is None or not len(frame):
+                continue
+            ok = ~np.isnan(alive)
+            if ok.any():
+                self._alive.setdefault(node, []).append((frame.timestamps[ok].astype(np.int64), alive[ok]))
+        table = chunk.framework
+        if table is None or table.num_rows == 0:
+            return
+        self._events += table.num_rows
+        cols = FrameworkColumns(table)
+        for code in np.flatnonzero(np.bincount(cols.node)).tolist():  # the ranks with events on each node
+            ranks = np.flatnonzero(np.bincount(cols.rank[cols.node == code].clip(0)))
+            self._ranks.setdefault(cols.nodes[code], set()).update(ranks.tolist())
+        is_step = cols.kind_is(STEP)
+        for (node, _), rows in cols.groups(is_step, by_mode=False):
+            lo, hi = int(cols.start[rows].min()), int(cols.end[rows].max())
+            span = self._span.setdefault(node, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        waits = cols.kind_is(DATA_WAIT)
+        if waits.any():
+            dur = np.maximum(cols.end[waits] - cols.start[waits], 0)
+            self._waits_all.append(dur)
+            self._waits_train.append(dur[cols.mode_is([TRAIN])[waits]])
+        loaders = np.flatnonzero(cols.kind_is(DATALOADER))
+        if loaders.size:
+            args = table["args"].take(loaders).to_pylist()
+            names = table["name"].take(loaders).to_pylist()
+            for j, i in enumerate(loaders.tolist()):
+                self._loader_event(cols.nodes[cols.node[i]], int(cols.rank[i]), str(names[j]), int(cols.start[i]),
+                                   args[j])
+
+    def _loader_event(self, node: str, rank: int, name: str, at: int, text: str) -> None:
+        try:
+            args = json.loads(text) if text else {}
+        except ValueError:
+            args = {}
+        if not isinstance(args, dict):
+            args = {}
+        loader = str(args.get("loader_id", name))
+        key = (node, rank, loader)
+        entry = self._loaders.get(key)
+        if entry is None or at < entry["first_us"]:  # settings as of the loader's first iterator
+            settings = {k: args.get(k) for k in _SETTINGS if k in args}
+            settings.setdefault("dataset", name)
+            self._loaders[key] = entry = {"node": node, "rank": rank, "loader_id": loader, **settings,
+                                          "iterators": entry["iterators"] if entry else 0, "first_us": at}
+        entry["iterators"] += 1
+        workers = args.get("num_workers")
+        if isinstance(workers, (int, float)) and not isinstance(workers, bool):
+            self._rank_workers.setdefault((node, rank), []).append(float(workers))
+
+    def _cores(self, node: str) -> int | None:
+        info = self._info.get(node) or (self._run.get("nodes") or {}).get(node) or {}
+        cores = info.get("cpu_cores_logical")
+        return int(cores) if isinstance(cores, (int, float)) and cores > 0 else None
+
+    def _has_gpus(self, node: str) -> bool:
+        info = self._info.get(node) or (self._run.get("nodes") or {}).get(node) or {}
+        return bool(info.get("gpus"))
+
+    def result(self) -> RuleResult:
+        if self._events == 0:
+            return self.not_applicable("no framework data: the job's data loading was not recorded (was it run "
+                                       "under `stallwatch run` with PyTorch?)")
+        if not self._loaders:
+            return self.not_applicable("the job created no DataLoader iterator (no `dataloader` events), so there are "
+                                       "no data-loader workers to judge")
+        lo_pct, hi_pct = float(self.params["min_threshold"]), float(self.params["max_threshold"])
+        nodes: dict[str, dict[str, Any]] = {}
+        triggered = datapoints = 0
+        for node in sorted(set(self._alive) | {k[0] for k in self._loaders}):
+            entry = self._node_workers(node)
+            if entry is None:
+                continue
+            cores = self._cores(node)
+            entry["cores"] = cores
+            ranks = len(self._ranks.get(node, ())) or 1
+            entry["ranks"] = ranks
+            if cores is None:
+                entry.update(percent=None, triggered=False, reason="the node's CPU core count is unknown")
+            else:
+                pct = 100.0 * entry["dataloaders"] / cores
+                fires = pct < lo_pct or pct > hi_pct
+                entry.update(percent=pct, triggered=fires,
+                             reason=("below" if pct < lo_pct else "above") if fires else None,
+                             suggested_num_workers=max(1, cores // ranks))
+                triggered += int(fires)
+            datapoints += entry["samples"]
+            nodes[node] = entry
+        if not nodes:
+            return self.not_applicable("no worker count: neither `proc/workers_alive` snapshots nor `num_workers` "
+                                       "in the dataloader events")
+        loaders = sorted(self._loaders.values(), key=lambda e: (e["node"], e["rank"], e["first_us"], e["loader_id"]))
+        main = _main_loader(loaders)
+        head = next((e for e in nodes.values() if e["triggered"]), None) or next(iter(nodes.values()))
+        details: dict[str, Any] = {
+            "cores": head["cores"],
+            "dataloaders": head["dataloaders"],
+            "num_workers": main.get("num_workers"),
+            "pin_memory": all(bool(e.get("pin_memory")) for e in loaders),
+            "prefetch": any((e.get("num_workers") or 0) > 0 and (e.get("prefetch_factor") or 0) > 0 for e in loaders),
+            "prefetch_factor": main.get("prefetch_factor"),
+            "batch_size": main.get("batch_size"),
+            "nodes": nodes,
+            "loaders": [{k: v for k, v in e.items() if k != "first_us"} for e in loaders[:MAX_LOADERS]],
+            "loaders_total": len(loaders),
+        }
+        timing = self._dataloading_time()
+        if timing:
+            details["dataloading_time"] = timing
+        return self.make_result(triggered=triggered, violations=triggered, datapoints=datapoints, details=details,
+                                recommendation=self._advice(nodes, details))
+
+    def _node_workers(self, node: str) -> dict[str, Any] | None:
+        parts = self._alive.get(node)
+        if parts:
+            ts = np.concatenate([p[0] for p in parts])
+            alive = np.concatenate([p[1] for p in parts])
+            span = self._span.get(node)
+            if span is not None:
+                inside = (ts >= span[0]) & (ts <= span[1])
+                if inside.any():
+                    ts, alive = ts[inside], alive[inside]
+            return {"dataloaders": float(np.median(alive)), "source": "proc/workers_alive",
+                    "samples": int(alive.size), "max_alive": float(alive.max())}
+        medians = [float(np.median(v)) for (n, _), v in sorted(self._rank_workers.items()) if n == node and v]
+        if not medians:
+            return None
+        samples = sum(len(v) for (n, _), v in self._rank_workers.items() if n == node)
+        return {"dataloaders": float(sum(medians)), "source": "dataloader events (num_workers)",
+                "samples": samples, "max_alive": None}
+
+    def _dataloading_time(self) -> dict[str, Any]:
+        train = np.concatenate(self._waits_train) if self._waits_train else np.empty(0, np.int64)
+        mode = TRAIN
+        if train.size == 0:
+            train = np.concatenate(self._waits_all) if self._waits_all else np.empty(0, np.int64)
+            mode = "all"
+        if train.size == 0:
+            return {}
+        seconds = np.sort(train) / US
+        p25, p50, p95 = (float(x) for x in np.percentile(seconds, [25, 50, 95]))
+        return {"p25": p25, "p50": p50, "p95": p95, "max": float(seconds[-1]), "count": int(seconds.size),
+                "mode": mode, **histogram(seconds, bins=HISTOGRAM_BINS)}
+
+    def _advice(self, nodes: dict[str, dict[str, Any]], details: dict[str, Any]) -> str:
+        lines = [self.recommendation]
+        for node, e in nodes.items():
+            if not e["triggered"]:
+                continue
+            per_rank = f" per rank ({e['ranks']} ranks share the node)" if e["ranks"] > 1 else ""
+            workers = _num(e["dataloaders"])
+            if e["reason"] == "below":
+                lines.append(f"Node {node} ran {workers} data-loader workers in parallel on {e['cores']} CPU cores "
+                             f"({e['percent']:.0f} %, below {_num(self.params['min_threshold'])} %): try "
+                             f"num_workers={e['suggested_num_workers']}{per_rank}.")
+            else:
+                lines.append(f"Node {node} ran {workers} data-loader workers in parallel on {e['cores']} CPU cores "
+                             f"({e['percent']:.0f} %, above {_num(self.params['max_threshold'])} %): they compete "
+                             f"with the training processes for the CPU; try num_workers={e['suggested_num_workers']}"
+                             f"{per_rank}.")
+        gpu_nodes = any(self._has_gpus(n) for n in nodes)
+        if gpu_nodes and not details["pin_memory"]:
+            lines.append("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster "
+                         "and lets them overlap with compute.")
+        if not details["prefetch"]:
+            lines.append("The data was not prefetched (num_workers=0 loads each batch in the training process when "
+                         "it is needed): use worker processes (num_workers > 0, prefetch_factor >= 2) so batches "
+                         "are ready ahead of time.")
+        return " ".join(lines)
+
+
+def _main_loader(loaders: list[dict[str, Any]]) -> dict[str, Any]:
+    """The loader settings most iterators were created with (ties: more workers, then first listed)."""
+    if not loaders:
+        return {}
+    counts: dict[tuple, int] = {}
+    first: dict[tuple, dict[str, Any]] = {}
+    for e in loaders:
+        key = (e.get("num_workers"), e.get("prefetch_factor"), e.get("batch_size"))
+        counts[key] = counts.get(key, 0) + e["iterators"]
+        first.setdefault(key, e)
+    best = max(counts, key=lambda k: (counts[k], k[0] if isinstance(k[0], (int, float)) else -1))
+    return first[best]
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+

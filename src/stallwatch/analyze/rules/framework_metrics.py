@@ -1,0 +1,186 @@
+"""OverallFrameworkMetrics: where the training loop's time went (never fires)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
+from stallwatch.analyze.rules.steps import FrameworkColumns, mode_order, rank_key, text_codes
+from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
+
+GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
+INSTANT = ("dataloader", "profiling")  # markers, not time the loop spent
+OTHERS = "others"
+MAX_NAMES = 20  # event names listed per kind
+MAX_OPERATORS = 50  # operators listed per device
+DEVICES = {"cpu": "CPU", "cuda": "GPU"}
+_OP_KEY = ("node", "rank", "window", "operator", "device")
+
+
+class OverallFrameworkMetrics(Rule):
+    """Per rank and overall: the share of time in TRAIN / EVAL / GLOBAL steps and "others" (between steps:
+    from the rank's first step's start to its last step's end, minus the steps); forward vs backward; the
+    general events (waiting for data, optimizer, collectives) with totals per event name; and, from the
+    detailed-profiling windows, the CPU and GPU operator tables (name, % of the device's self time,
+    cumulative µs) and the CPU/GPU ratio.
+
+    It never fires. Everything it keeps is an integer sum per key, so any chunking gives the same result.
+    Operator rows come from `chunk.run["operators"]` (a list of dicts, or `Run.operators()`'s table), rows
+    node, rank, window, operator, device, calls, self_us, total_us; rows are de-duplicated by (node, rank,
+    window, operator, device), so the feed may hand all rows so far or only new ones."""
+
+    name = "OverallFrameworkMetrics"
+    description = ("Summarizes where the training loop's time went: the share of time spent in TRAIN, EVAL and "
+                   "GLOBAL steps and between steps, forward versus backward pass, data loading, optimizer and "
+                   "collective operations, and the most expensive CPU and GPU operators from detailed profiling. "
+                   "This rule never triggers.")
+    recommendation = ("Check the phase that dominates: much time between steps (\"others\") points to work outside the "
+                      "training loop (evaluation, checkpointing, logging), a large share of waiting for data to the "
+                      "input pipeline, and the most expensive operators to where the model itself can be optimized.")
+    defaults: dict[str, Any] = {}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._events = 0
+        self._ranks: dict[tuple[str, int], dict[str, Any]] = {}
+        self._names: dict[tuple[str, str], list[int]] = {}  # (kind, name) -> [count, µs]
+        self._operators: dict[tuple, dict[str, Any]] = {}
+
+    def _rank(self, key: tuple[str, int]) -> dict[str, Any]:
+        if key not in self._ranks:
+            self._ranks[key] = {"first": None, "last": None, "steps": 0, "step_us": {}, "kind_us": {}}
+        return self._ranks[key]
+
+    def update(self, chunk: Chunk) -> None:
+        self._add_operators((chunk.run or {}).get("operators"))
+        table = chunk.framework
+        if table is None or table.num_rows == 0:
+            return
+        self._events += table.num_rows
+        cols = FrameworkColumns(table)
+        dur = np.maximum(cols.end - cols.start, 0)
+        timed = ~cols.kind_is(*INSTANT)
+        is_step = cols.kind_is(STEP)
+        for (node, rank, mode), rows in cols.groups(is_step):
+            r = self._rank((node, rank))
+            lo, hi = int(cols.start[rows].min()), int(cols.end[rows].max())
+            r["first"] = lo if r["first"] is None else min(r["first"], lo)
+            r["last"] = hi if r["last"] is None else max(r["last"], hi)
+            r["steps"] += len(rows)
+            r["step_us"][mode] = r["step_us"].get(mode, 0) + int(dur[rows].sum())
+        for (node, rank), rows in cols.groups(timed & ~is_step, by_mode=False):
+            r = self._rank((node, rank))
+            kinds = cols.kind[rows]
+            for code in np.unique(kinds).tolist():
+                kind = cols.kinds[code]
+                r["kind_us"][kind] = r["kind_us"].get(kind, 0) + int(dur[rows][kinds == code].sum())
+        sel = np.flatnonzero(timed & ~is_step)
+        if sel.size:
+            name_codes, names = text_codes(table["name"])
+            key = cols.kind[sel] * len(names) + name_codes[sel]
+            uniq, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+            sums = np.zeros(len(uniq), np.int64)
+            np.add.at(sums, inv, dur[sel])
+            for k, c, s in zip(uniq.tolist(), counts.tolist(), sums.tolist()):
+                kc, nc = divmod(k, len(names))
+                entry = self._names.setdefault((cols.kinds[kc], names[nc]), [0, 0])
+                entry[0] += c
+                entry[1] += s
+
+    def _add_operators(self, rows: Any) -> None:
+        if rows is None:
+            return
+        if isinstance(rows, pa.Table):
+            rows = rows.to_pylist()
+        for row in rows:
+            key = tuple(str(row.get(k)) for k in _OP_KEY)
+            self._operators[key] = row
+
+    def result(self) -> RuleResult:
+        if self._events == 0:
+            return self.not_applicable("no framework data: the training loop was not recorded (was it run under "
+                                       "`stallwatch run` with PyTorch?)")
+        total_phase: dict[str, int] = {}
+        total_kind: dict[str, int] = {}
+        ranks: dict[str, Any] = {}
+        for (node, rank) in sorted(self._ranks):
+            r = self._ranks[(node, rank)]
+            phase_us = {m: r["step_us"][m] for m in sorted(r["step_us"], key=mode_order)}
+            if r["first"] is not None:
+                phase_us[OTHERS] = max(r["last"] - r["first"] - sum(r["step_us"].values()), 0)
+            for k, v in phase_us.items():
+                total_phase[k] = total_phase.get(k, 0) + v
+            for k, v in r["kind_us"].items():
+                total_kind[k] = total_kind.get(k, 0) + v
+            ranks[rank_key(node, rank)] = {
+                "steps": r["steps"],
+                "phase": _percent(phase_us), "phase_us": phase_us,
+                "forward_backward": _percent(_pick(r["kind_us"], (FORWARD, BACKWARD))),
+                "general_us": _pick(r["kind_us"], GENERAL),
+                "events_us": dict(sorted(r["kind_us"].items())),
+            }
+        phase_us = {k: total_phase[k] for k in sorted(total_phase, key=lambda m: (m == OTHERS, mode_order(m)))}
+        fb_us = _pick(total_kind, (FORWARD, BACKWARD))
+        general_us = _pick(total_kind, GENERAL)
+        details: dict[str, Any] = {
+            "phase": _percent(phase_us), "phase_us": phase_us,
+            "forward_backward": _percent(fb_us), "forward_backward_us": fb_us,
+            "general": _percent(general_us), "general_us": general_us,
+            "events": self._event_names(),
+            "ranks": ranks,
+        }
+        details.update(self._operator_tables())
+        return self.make_result(triggered=0, violations=0, datapoints=self._events, details=details)
+
+    def _event_names(self) -> dict[str, dict[str, dict[str, int]]]:
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for kind in sorted({k for k, _ in self._names}):
+            items = sorted(((n, v) for (k, n), v in self._names.items() if k == kind),
+                           key=lambda kv: (-kv[1][1], kv[0]))
+            out[kind] = {n: {"count": c, "total_us": us} for n, (c, us) in items[:MAX_NAMES]}
+        return out
+
+    def _operator_tables(self) -> dict[str, Any]:
+        if not self._operators:
+            return {}
+        per_device: dict[str, dict[str, list[float]]] = {}
+        windows = set()
+        for key in sorted(self._operators):
+            row = self._operators[key]
+            label = DEVICES.get(str(row.get("device")).lower(), str(row.get("device")).upper())
+            windows.add(key[:3])
+            ops = per_device.setdefault(label, {})
+            acc = ops.setdefault(str(row.get("operator")), [0, 0.0, 0.0])
+            acc[0] += int(row.get("calls") or 0)
+            acc[1] += float(row.get("self_us") or 0.0)
+            acc[2] += float(row.get("total_us") or 0.0)
+        out: dict[str, Any] = {"operator_windows": len(windows), "operators": {}}
+        device_self = {}
+        for label in sorted(per_device):
+            ops = per_device[label]
+            total = sum(v[1] for v in ops.values())
+            device_self[label] = total
+            ranked = sorted(ops.items(), key=lambda kv: (-kv[1][1], kv[0]))[:MAX_OPERATORS]
+            pct = {op: (100.0 * v[1] / total if total > 0 else 0.0) for op, v in ranked}
+            out[label] = pct
+            out[f"{label}_total"] = {op: v[1] for op, v in ranked}
+            out["operators"][label] = [{"operator": op, "calls": v[0], "self_us": v[1], "total_us": v[2],
+                                        "percent": pct[op]} for op, v in ranked]
+            out["operators"][f"{label}_count"] = len(ops)
+        out["ratio"] = _percent(device_self)
+        return out
+
+
+def _pick(values: dict[str, int], keys: tuple[str, ...]) -> dict[str, int]:
+    return {k: values[k] for k in keys if values.get(k)}
+
+
+def _percent(values: dict[str, float]) -> dict[str, float]:
+    """Each value's share of their sum, in %, largest first (the report's pie charts read the first key)."""
+    total = sum(values.values())
+    if total <= 0:
+        return {}
+    return {k: 100.0 * v / total for k, v in sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))}

@@ -1,0 +1,54 @@
+"""Evaluate rules over a run and write `rules/<RuleName>.json` atomically. A rule that fails is one
+result with Status "error", never a failed evaluation of the others."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Any, Iterable
+
+from stallwatch.analyze.rules.base import ERROR, Chunk, Rule, RuleResult
+from stallwatch.log import logger
+
+RULES_DIR = "rules"
+
+
+def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
+             params: dict[str, dict[str, Any]] | None = None) -> list[RuleResult]:
+    """Feed every chunk to every rule (in order) and collect the results."""
+    params = params or {}
+    rules: list[tuple[type[Rule], Rule | None, str]] = []
+    for cls in rule_classes:
+        rules.append((cls, cls(**params.get(cls.name, {})), ""))  # a bad parameter raises before any work
+    chunks = list(chunks)
+    results = []
+    for cls, rule, _ in rules:
+        try:
+            for chunk in chunks:
+                rule.update(chunk)
+            results.append(rule.result())
+        except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
+            logger.warning("rule %s failed: %s: %s", cls.name, type(exc).__name__, exc)
+            results.append(RuleResult(cls.name, 0, 0, 0, dict(rule.params), cls.description, cls.recommendation,
+                                      {"traceback": traceback.format_exc(limit=5)}, ERROR,
+                                      f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def write_results(location: Any, results: list[RuleResult]) -> list[str]:
+    """`rules/<RuleName>.json` for each result, each written atomically; the paths written."""
+    written = []
+    for r in results:
+        rel = f"{RULES_DIR}/{r.name}.json"
+        location.write_atomic(rel, (json.dumps(r.to_json(), indent=2, sort_keys=False, default=_plain) + "\n").encode())
+        written.append(rel)
+    return written
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays in details become plain JSON."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -1,0 +1,129 @@
+"""Dataloader on generated framework events and worker-count snapshots with planted patterns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from stallwatch.analyze.rules.base import ParameterError
+from stallwatch.analyze.rules.dataloader import Dataloader
+from stallwatch.records import EVAL, TRAIN
+
+from ._fw_gen import (MINUTE, MS, S, T0, FwGen, assert_chunk_invariant, evaluate, node_info, run_info, snapshots,
+                      whole)
+
+LOOP_START = T0 + 10 * MINUTE  # the training loop starts after 10 minutes of initialization
+
+
+def loader_run(workers_in_loop: float | None, *, cores: int = 8, ranks: int = 1, num_workers: int = 4,
+               pin_memory: bool = True, gpus: int = 1, waits_ms=None, prefetch_factor: int | None = 2):
+    """Job starts at T0; each rank creates a DataLoader at LOOP_START and runs 500 TRAIN steps of ~100 ms.
+    `proc/workers_alive` is 0 during initialization (60 snapshots) and `workers_in_loop` during the loop (about
+    5 snapshots) — None leaves the metric out."""
+    gen = FwGen()
+    end = LOOP_START
+    for rank in range(ranks):
+        gen.dataloader(rank=rank, at_us=LOOP_START - 1 * S, num_workers=num_workers, pin_memory=pin_memory,
+                       prefetch_factor=prefetch_factor)
+        _, ends = gen.steps(rank=rank, n=500, start_us=LOOP_START, seed=rank,
+                            data_wait_us=5 * MS if waits_ms is None else np.asarray(waits_ms) * MS)
+        end = max(end, int(ends[-1]))
+    info = node_info(start_us=T0, end_us=end + 30 * S, cores=cores, gpus=gpus)
+    series = {}
+    if workers_in_loop is not None:
+        series["proc__workers_alive"] = lambda ts: np.where((ts >= LOOP_START) & (ts <= end), workers_in_loop, 0.0)
+    system = {"algo-1": snapshots("algo-1", T0, end + 30 * S, interval_us=10 * S, info=info, cpu__cpu_util=30,
+                                  **series)}
+    return whole(gen.table(), system, run_info(info))
+
+
+@pytest.mark.parametrize("workers, fires, reason", [
+    (5, True, "below"),     # 62.5 % of 8 cores < 70 %
+    (6, False, None),       # 75 %
+    (16, False, None),      # 200 %: not above
+    (17, True, "above"),    # 212.5 %
+])
+def test_dataloader_fires_outside_the_band(workers, fires, reason):
+    out = evaluate(Dataloader, loader_run(workers))
+    node = out["Details"]["nodes"]["algo-1"]
+    assert node["dataloaders"] == workers and node["source"] == "proc/workers_alive"
+    assert node["percent"] == pytest.approx(100 * workers / 8)
+    assert (node["triggered"], node["reason"]) == (fires, reason)
+    assert (out["RuleTriggered"], out["Violations"]) == (int(fires), int(fires))
+    assert out["Details"]["cores"] == 8 and out["Details"]["dataloaders"] == workers
+    assert out["RuleParameters"] == "min_threshold:70\nmax_threshold:200"
+    if fires:
+        assert f"ran {workers} data-loader workers in parallel on 8 CPU cores" in out["Recommendation"]
+        assert "try num_workers=8" in out["Recommendation"]
+    else:
+        assert out["Recommendation"] == Dataloader.recommendation
+
+
+def test_dataloader_counts_workers_during_the_training_loop_only():
+    """Planted: 0 workers for 10 minutes of initialization, 6 during the (shorter) training loop: the run's
+    overall median would be 0 (fires); the loop's is 6 of 8 cores (75 %, does not fire)."""
+    out = evaluate(Dataloader, loader_run(6))
+    node = out["Details"]["nodes"]["algo-1"]
+    assert node["dataloaders"] == 6 and out["RuleTriggered"] == 0
+    assert out["Datapoints"] == node["samples"] < 60  # only the loop's snapshots
+
+
+@pytest.mark.parametrize("num_workers, fires", [(2, True), (3, False)])
+def test_dataloader_falls_back_to_num_workers_per_rank(num_workers, fires):
+    """Planted: no workers_alive metric; 2 ranks each with a loader of `num_workers` on 8 cores: 4 workers
+    (50 %) fire, 6 (75 %) do not."""
+    out = evaluate(Dataloader, loader_run(None, ranks=2, num_workers=num_workers))
+    node = out["Details"]["nodes"]["algo-1"]
+    assert node["source"].startswith("dataloader events")
+    assert node["dataloaders"] == 2 * num_workers and node["ranks"] == 2
+    assert out["RuleTriggered"] == int(fires) and out["Datapoints"] == 2
+    if fires:
+        assert "try num_workers=4 per rank (2 ranks share the node)" in out["Recommendation"]
+
+
+def test_dataloader_settings_pin_memory_and_prefetch():
+    """Planted: loaders without pinned memory and without workers (no prefetching) on a GPU node."""
+    out = evaluate(Dataloader, loader_run(0, num_workers=0, pin_memory=False, prefetch_factor=None))
+    d = out["Details"]
+    assert (d["num_workers"], d["pin_memory"], d["prefetch"], d["batch_size"]) == (0, False, False, 32)
+    assert d["loaders"][0]["dataset"] == "ImageDataset" and d["loaders"][0]["iterators"] == 1
+    assert "pin_memory=True" in out["Recommendation"] and "not prefetched" in out["Recommendation"]
+    cpu_only = evaluate(Dataloader, loader_run(0, num_workers=0, pin_memory=False, gpus=0))
+    assert "pin_memory" not in cpu_only["Recommendation"]
+    good = evaluate(Dataloader, loader_run(8))
+    assert (good["Details"]["pin_memory"], good["Details"]["prefetch"]) == (True, True)
+
+
+def test_dataloader_dataloading_time_of_train_waits_in_seconds():
+    """Planted: the 500 TRAIN steps wait 0.1, 0.2, …, 50 ms for their batch; EVAL waits (1 s) are left out."""
+    chunk = loader_run(8, waits_ms=np.arange(1, 501) / 10)
+    gen = FwGen()
+    gen.steps(mode=EVAL, n=20, start_us=T0 + 60 * MINUTE, data_wait_us=1 * S, step_us=2 * S)
+    chunk.framework = pa.concat_tables([chunk.framework, gen.table()])
+    t = evaluate(Dataloader, chunk)["Details"]["dataloading_time"]
+    expected = np.percentile(np.arange(1, 501) / 10_000, [25, 50, 95])
+    assert [t["p25"], t["p50"], t["p95"]] == pytest.approx(expected.tolist())
+    assert t["mode"] == TRAIN and t["count"] == 500 and t["max"] == 0.05
+    assert sum(t["probs"]) == pytest.approx(1.0) and t["binedges"][0] == 0.0001 and t["binedges"][-1] == 0.05
+
+
+def test_dataloader_not_applicable():
+    no_fw = loader_run(4)
+    no_fw.framework = no_fw.framework.slice(0, 0)
+    out = evaluate(Dataloader, no_fw)
+    assert out["Status"] == "not_applicable" and out["Datapoints"] == 0 and "no framework data" in out["Message"]
+    gen = FwGen()
+    gen.steps(n=20)  # steps, but the loop never iterated a DataLoader
+    out = evaluate(Dataloader, whole(gen.table(), {}, run_info(node_info())))
+    assert out["Status"] == "not_applicable" and "no DataLoader" in out["Message"]
+
+
+def test_dataloader_bad_thresholds():
+    with pytest.raises(ParameterError, match="min_threshold"):
+        Dataloader(min_threshold=300, max_threshold=200)
+
+
+def test_dataloader_chunk_invariance():
+    assert_chunk_invariant(Dataloader, loader_run(5, waits_ms=np.arange(500) % 17), pieces=20)
+    assert_chunk_invariant(Dataloader, loader_run(None, ranks=3, num_workers=1), pieces=20)

@@ -1,0 +1,198 @@
+"""StepOutlier and MaxInitializationTime on generated framework events with planted patterns."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallwatch.analyze.rules.base import Chunk, ParameterError
+from stallwatch.analyze.rules.feed import split_by_time
+from stallwatch.analyze.rules.steps import MaxInitializationTime, StepOutlier
+from stallwatch.records import EVAL, GLOBAL, TRAIN
+
+from ._fw_gen import (MINUTE, MS, S, T0, FwGen, assert_chunk_invariant, evaluate, node_info, run_info, snapshots,
+                      whole)
+
+SLOW = 1 * S  # a planted outlier step: 1 s among ~100 ms steps
+
+
+def slow_steps(count: int, every: int = 37, offset: int = 5) -> dict[int, int]:
+    return {offset + i * every: SLOW for i in range(count)}
+
+
+# ---------------------------------------------------------------------------------------------- StepOutlier
+
+
+@pytest.mark.parametrize("planted, fires", [(10, False), (11, True)])
+def test_step_outlier_fires_only_above_n_outliers(planted, fires):
+    """Planted: rank 0 TRAIN, 600 steps of 100±1 ms, `planted` of them 1 s long (n_outliers=10)."""
+    gen = FwGen()
+    gen.steps(n=600, slow=slow_steps(planted))
+    out = evaluate(StepOutlier, whole(gen.table()))
+    entry = out["Details"]["step_details"]["algo-1/0/TRAIN"]
+    assert entry["number_of_outliers"] == planted
+    assert sorted(entry["step_numbers"]) == sorted(slow_steps(planted))
+    assert entry["outliers"] == [1.0] * planted
+    assert entry["triggered"] is fires
+    assert (out["RuleTriggered"], out["Violations"]) == ((1, planted) if fires else (0, 0))
+    assert out["Datapoints"] == 600
+    assert out["Status"] == "ok"
+    assert out["RuleParameters"] == "threshold:3\nmode:None\nn_outliers:10\nstddev:3"
+
+
+def test_step_outlier_stats_histogram_and_context_in_seconds():
+    """Planted: 300 TRAIN steps of exactly 100 ms (no jitter), 12 of 1 s whose data wait is 900 ms."""
+    gen = FwGen()
+    slow = slow_steps(12, every=20)
+    waits = [900 * MS if i in slow else 5 * MS for i in range(300)]
+    gen.steps(n=300, jitter_us=0, slow=slow, data_wait_us=waits)
+    out = evaluate(StepOutlier, whole(gen.table()))
+    e = out["Details"]["step_details"]["algo-1/0/TRAIN"]
+    assert e["step_stats"]["max"] == 1.0 and e["step_stats"]["min"] == 0.1 and e["step_stats"]["p50"] == 0.1
+    assert e["step_stats"]["mean"] == pytest.approx((288 * 0.1 + 12 * 1.0) / 300)
+    assert e["phase"] == TRAIN and e["steps"] == 300
+    assert e["stddev"] == pytest.approx(((0.9 ** 2) * 12 * 288 / 300 ** 2) ** 0.5)
+    # histogram of the normal steps only: every one of them is 100 ms
+    assert len(e["binedges"]) == len(e["probs"]) + 1 and sum(e["probs"]) == pytest.approx(1.0)
+    assert e["binedges"][0] <= 0.1 <= e["binedges"][-1] and e["binedges"][-1] < 1.0
+    ctx = e["framework_context"]
+    assert ctx["outlier_steps"]["data_wait"] == pytest.approx(0.9)
+    assert ctx["normal_steps"]["data_wait"] == pytest.approx(0.005)
+    assert out["Details"]["phase"] == {TRAIN: 100.0}
+    assert max(out["Details"]["forward_backward"], key=out["Details"]["forward_backward"].get) == "data_wait"
+    assert "waiting for data" in out["Recommendation"] and "algo-1/0/TRAIN" in out["Recommendation"]
+
+
+def test_step_outlier_per_rank_and_phase_and_mode_filter():
+    """Planted: rank 0 TRAIN with 11 outliers; rank 0 EVAL with 3; rank 1 TRAIN clean; rank 1 GLOBAL with 12."""
+    gen = FwGen()
+    gen.steps(rank=0, mode=TRAIN, n=400, slow=slow_steps(11))
+    gen.steps(rank=0, mode=EVAL, n=200, step_us=40 * MS, start_us=T0 + 60 * S, slow=slow_steps(3))
+    gen.steps(rank=1, mode=TRAIN, n=400)
+    gen.steps(rank=1, mode=GLOBAL, n=300, start_us=T0 + 60 * S, slow=slow_steps(12, every=20))
+    chunk = whole(gen.table())
+    out = evaluate(StepOutlier, chunk)
+    details = out["Details"]["step_details"]
+    assert list(details) == ["algo-1/0/TRAIN", "algo-1/0/EVAL", "algo-1/1/TRAIN", "algo-1/1/GLOBAL"]
+    assert [d["number_of_outliers"] for d in details.values()] == [11, 3, 0, 12]
+    assert (out["RuleTriggered"], out["Violations"], out["Datapoints"]) == (2, 23, 1300)
+    assert set(out["Details"]["phase"]) == {TRAIN, GLOBAL}
+
+    only_eval = evaluate(StepOutlier, chunk, mode="eval")  # any case
+    assert only_eval["Parameters"]["mode"] == EVAL and "mode:EVAL" in only_eval["RuleParameters"]
+    assert list(only_eval["Details"]["step_details"]) == ["algo-1/0/EVAL"]
+    assert (only_eval["RuleTriggered"], only_eval["Datapoints"]) == (0, 200)
+
+    only_global = evaluate(StepOutlier, chunk, mode="GLOBAL")
+    assert (only_global["RuleTriggered"], only_global["Violations"]) == (1, 12)
+
+    stricter = evaluate(StepOutlier, chunk, n_outliers=11)  # 11 outliers is not more than 11
+    assert (stricter["RuleTriggered"], stricter["Violations"]) == (1, 12)
+
+
+def test_step_outlier_stddev_is_the_multiplier():
+    """Planted: 12 steps of 200 ms among 100 ms steps: outliers at stddev 3, not at stddev 10."""
+    gen = FwGen()
+    gen.steps(n=1000, jitter_us=0, slow={i * 80: 200 * MS for i in range(12)})
+    chunk = whole(gen.table())
+    assert evaluate(StepOutlier, chunk)["RuleTriggered"] == 1
+    assert evaluate(StepOutlier, chunk, stddev=10)["RuleTriggered"] == 0
+    assert evaluate(StepOutlier, chunk, threshold=10)["RuleTriggered"] == 1  # SageMaker's report name only
+
+
+def test_step_outlier_lists_at_most_100_slowest_outliers():
+    """Planted: 150 outliers of increasing duration (1.0 s … 1.149 s) among 5000 steps."""
+    gen = FwGen()
+    slow = {10 + 30 * i: SLOW + i * MS for i in range(150)}
+    gen.steps(n=5000, jitter_us=0, slow=slow)
+    e = evaluate(StepOutlier, whole(gen.table()))["Details"]["step_details"]["algo-1/0/TRAIN"]
+    assert e["number_of_outliers"] == 150 and e["outliers_listed"] == 100
+    assert e["step_numbers"] == sorted(e["step_numbers"]) == [10 + 30 * i for i in range(50, 150)]
+
+
+def test_step_outlier_not_applicable_without_framework_data():
+    system = {"algo-1": snapshots("algo-1", T0, T0 + 100 * S, cpu__cpu_util=50)}
+    out = evaluate(StepOutlier, whole(None, system, run_info(node_info())))
+    assert out["Status"] == "not_applicable" and out["Datapoints"] == 0 and "no framework data" in out["Message"]
+    gen = FwGen()
+    gen.steps(mode=TRAIN, n=10)
+    out = evaluate(StepOutlier, whole(gen.table()), mode="EVAL")
+    assert out["Status"] == "not_applicable" and "no EVAL steps" in out["Message"]
+
+
+def test_step_outlier_bad_mode_is_a_parameter_error():
+    with pytest.raises(ParameterError, match="mode"):
+        StepOutlier(mode="training")
+
+
+def test_step_outlier_chunk_invariance():
+    """Planted: two ranks, TRAIN and EVAL, outliers on both sides of n_outliers; cut at random times."""
+    gen = FwGen()
+    gen.steps(rank=0, n=500, slow=slow_steps(11), seed=1)
+    gen.steps(rank=0, mode=EVAL, n=100, start_us=T0 + 60 * S, step_us=30 * MS, slow=slow_steps(2), seed=2)
+    gen.steps(rank=1, n=500, slow=slow_steps(10), seed=3)
+    out = assert_chunk_invariant(StepOutlier, whole(gen.table()), pieces=25)
+    assert out["RuleTriggered"] == 1
+
+
+# ----------------------------------------------------------------------------------- MaxInitializationTime
+
+
+def init_run(first_step_after_us: int | None, *, data_until_us: int = 40 * MINUTE, loader: bool = True) -> Chunk:
+    """Job starts at T0; snapshots every 10 s until T0 + data_until_us; steps from T0 + first_step_after_us."""
+    gen = FwGen()
+    if loader:
+        gen.dataloader(at_us=T0 + 1 * MINUTE)
+    if first_step_after_us is not None:
+        gen.steps(n=50, start_us=T0 + first_step_after_us)
+    info = node_info(start_us=T0, end_us=T0 + data_until_us)
+    system = {"algo-1": snapshots("algo-1", T0, T0 + data_until_us, info=info, cpu__cpu_util=20)}
+    return whole(gen.table(), system, run_info(info))
+
+
+@pytest.mark.parametrize("minutes, fires", [(19, False), (20, False), (21, True)])
+def test_max_initialization_time_threshold(minutes, fires):
+    """Planted: the first step starts `minutes` after the job (threshold 20 minutes: more than, not equal)."""
+    chunk = init_run(minutes * MINUTE)
+    out = evaluate(MaxInitializationTime, chunk)
+    assert (out["RuleTriggered"], out["Violations"]) == (int(fires), int(fires))
+    d = out["Details"]
+    assert d["job_start"] == T0 and d["job_end"] == T0 + 40 * MINUTE
+    assert d["first_step"] == T0 + minutes * MINUTE  # µs since epoch, like every time
+    assert d["last_step"] > d["first_step"] and d["initialization_s"] == minutes * 60
+    assert out["Datapoints"] == 50
+    assert (str(minutes) in out["Recommendation"]) is fires
+    assert evaluate(MaxInitializationTime, chunk, threshold=minutes - 1)["RuleTriggered"] == 1
+
+
+def test_max_initialization_time_fires_without_any_step_once_the_deadline_passed():
+    """Planted: a DataLoader iterator at 1 min, then no step for the 25 minutes the data covers."""
+    out = evaluate(MaxInitializationTime, init_run(None, data_until_us=25 * MINUTE))
+    assert out["RuleTriggered"] == 1 and out["Details"]["first_step"] is None
+    assert "no step after" in out["Message"]
+    short = evaluate(MaxInitializationTime, init_run(None, data_until_us=15 * MINUTE))
+    assert short["RuleTriggered"] == 0  # the run ended before the deadline
+
+
+def test_max_initialization_time_live_fires_as_soon_as_data_passes_the_deadline():
+    """Planted: the first step at 30 minutes; no framework event before it. Fed live, chunk by chunk."""
+    chunk = init_run(30 * MINUTE, loader=False)
+    cuts = [T0 + 10 * MINUTE, T0 + 20 * MINUTE - 1, T0 + 21 * MINUTE, T0 + 35 * MINUTE]
+    rule = MaxInitializationTime()
+    seen = []
+    for part in split_by_time(chunk, cuts):
+        rule.update(part)
+        seen.append(rule.result().triggered)
+    # snapshots up to 10 min, up to 19:50, up to 20:50 (deadline passed, no step yet), steps, the end
+    assert seen == [0, 0, 1, 1, 1]
+    assert rule.result().to_json() == evaluate(MaxInitializationTime, chunk)
+
+
+def test_max_initialization_time_not_applicable_without_framework_data():
+    out = evaluate(MaxInitializationTime, init_run(None, loader=False))
+    assert out["Status"] == "not_applicable" and out["Datapoints"] == 0 and "no framework data" in out["Message"]
+    assert out["Details"]["job_start"] == T0
+
+
+def test_max_initialization_time_chunk_invariance():
+    assert_chunk_invariant(MaxInitializationTime, init_run(22 * MINUTE), pieces=15)
+    assert_chunk_invariant(MaxInitializationTime, init_run(5 * MINUTE), pieces=15)
