@@ -47,6 +47,9 @@ BAD_FIELDS = [
     ("python_profiler", "yappi", "cprofile, pyinstrument"),
     ("cprofile_timer", "wall", "total, cpu, off_cpu"),
     ("detailed_profiling", "5:2", "ProfilingRange"),
+    ("rules_interval_s", 0.5, "0 (evaluate the rules only when the job ends) or from 1 to 3600"),
+    ("rules_interval_s", -1, "0 (evaluate the rules only when the job ends) or from 1 to 3600"),
+    ("rules_interval_s", "10", "0 (evaluate the rules only when the job ends) or from 1 to 3600"),
 ]
 
 

@@ -47,6 +47,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-storage-mb", type=float, metavar="MB", help="storage cap for this node's data (default 10240)")
     g.add_argument("--upload-timeout", dest="upload_timeout_s", type=float, metavar="SECONDS",
                    help="how long to keep uploading to S3 after the job ended (default 30)")
+    g.add_argument("--rules-interval", dest="rules_interval_s", type=float, metavar="SECONDS",
+                   help="evaluate the rules on new data this often while the job runs (default 10; 0: at the end only)")
     g.add_argument("--no-gpu", dest="gpu", action="store_false", default=None, help="do not sample GPUs")
     _add_live_flags(g)
 
@@ -63,7 +65,7 @@ def _add_live_flags(g: argparse._ArgumentGroup) -> None:
 
 _CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
                  "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
-                 "python_profiler", "cprofile_timer")
+                 "python_profiler", "cprofile_timer", "rules_interval_s")
 
 
 def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:
@@ -107,12 +109,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
+    from stallwatch.collect.launcher import resolve_run_uri
+    from stallwatch.live_rules import LiveRules
+
+    config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on
+    live = LiveRules(config)
     try:
         result = launch(command, config)
     except RunConflictError as exc:
+        live.cancel()
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
     _print_run_summary(result, config)
+    summary = live.finish(result.local_copy or result.run_uri)
+    if summary:
+        print(summary, file=sys.stderr)
     return result.exit_code
 
 
@@ -223,7 +234,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from stallwatch.analyze.rules.base import ParameterError
     from stallwatch.analyze.rules.feed import read_run
     from stallwatch.analyze.rules.registry import all_rules, get_rule
-    from stallwatch.analyze.rules.runner import evaluate, write_results
+    from stallwatch.analyze.rules.live import follow
+    from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.present.rules_table import rules_table
 
     run = _open("rules", args.run)
@@ -238,17 +250,40 @@ def cmd_rules(args: argparse.Namespace) -> int:
             if not sep or not dot or not rule or not key:
                 raise ParameterError(f"--param {text!r}: write RULE.parameter=value, e.g. CPUBottleneck.threshold=30")
             params.setdefault(get_rule(rule).name, {})[key] = value
-        results = evaluate(classes, [read_run(run)], params)
+        for cls in classes:
+            cls(**params.get(cls.name, {}))  # a bad parameter is refused before anything is read
+        if args.follow:
+            results = follow(run, classes, params, every_s=args.every,
+                             on_results=lambda res, final: _follow_line(run, res, final))
+        else:
+            results = evaluate(classes, [read_run(run)], params)
     except ParameterError as exc:
         print(f"stallwatch rules: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+    _write_rules(run, results)
+    print(rules_table(results))
+    return 0
+
+
+def _write_rules(run: Any, results: list) -> None:
+    from stallwatch.analyze.rules.runner import write_results
+
     try:
         write_results(run.location, results)
     except OSError as exc:
-        print(f"stallwatch rules: cannot write the results into {run.uri} ({exc}); the summary follows",
-              file=sys.stderr)
-    print(rules_table(results))
-    return 0
+        print(f"stallwatch rules: cannot write the results into {run.uri} ({exc})", file=sys.stderr)
+
+
+def _follow_line(run: Any, results: list, final: bool) -> None:
+    """One line per live evaluation: which rules fire so far; the files are rewritten each time."""
+    from datetime import datetime, timezone
+
+    _write_rules(run, results)
+    fired = ", ".join(f"{r.name} ({r.triggered})" for r in sorted(results, key=lambda r: -r.triggered) if r.triggered)
+    print(f"{datetime.now(timezone.utc):%H:%M:%S} {'final' if final else 'so far'}: "
+          f"{fired or 'no rule triggered'}", flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
     p.add_argument("--param", action="append", metavar="RULE.KEY=VALUE",
                    help="a rule parameter, e.g. StepOutlier.stddev=2 (repeatable)")
+    p.add_argument("--follow", action="store_true",
+                   help="evaluate a running job's new data as it arrives, until the job ends")
+    p.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="with --follow (default 10)")
     p.set_defaults(func=cmd_rules)
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")

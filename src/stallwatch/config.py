@@ -128,6 +128,7 @@ class ProfilerConfig:
     python_profiling: ProfilingRange | None = None
     python_profiler: str = "cprofile"
     cprofile_timer: str = "total"
+    rules_interval_s: float = 10.0  # live rule evaluation during `stallwatch run`; 0: only when the job ends
 
     def __post_init__(self) -> None:
         self.validate()
@@ -160,6 +161,9 @@ class ProfilerConfig:
             raise ConfigError("gpu", self.gpu, "must be true or false")
         if self.python_profiler not in PYTHON_PROFILERS:
             raise ConfigError("python_profiler", self.python_profiler, f"must be one of {', '.join(PYTHON_PROFILERS)}")
+        if not _is_number(self.rules_interval_s) or not (self.rules_interval_s == 0 or 1 <= self.rules_interval_s <= 3600):
+            raise ConfigError("rules_interval_s", self.rules_interval_s,
+                              "must be 0 (evaluate the rules only when the job ends) or from 1 to 3600 seconds")
         if self.cprofile_timer not in CPROFILE_TIMERS:
             raise ConfigError("cprofile_timer", self.cprofile_timer, f"must be one of {', '.join(CPROFILE_TIMERS)}")
         for name in ("detailed_profiling", "dataloader_profiling", "python_profiling"):

@@ -26,9 +26,15 @@ def rules_table(results: Sequence[RuleResult], width: int = 100) -> str:
         params = " ".join(f"{k}:{v}" for k, v in r.parameters.items())
         rows.append([r.name, status, str(r.datapoints), params])
     lines = [headline(results), "", table(["rule", "triggered", "datapoints", "parameters"], rows, "lrrl"), ""]
+    not_applicable: dict[str, list[str]] = {}  # the same reason (e.g. a CPU-only run) said once
     for r in ordered:
         if r.status == NOT_APPLICABLE:
-            lines.append(f"{r.name}: not applicable — {r.message}")
+            not_applicable.setdefault(r.message.replace(r.name, "the rule"), []).append(r.name)
+    for reason, names in not_applicable.items():
+        lines.append(f"Not applicable: {', '.join(names)} — {reason}")
+    for r in ordered:
+        if r.status == NOT_APPLICABLE:
+            continue
         elif r.status == "error":
             lines.append(f"{r.name}: could not be evaluated — {r.message}")
         elif r.triggered:

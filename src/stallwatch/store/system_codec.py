@@ -26,6 +26,15 @@ def decimals_for(metric: str) -> int | None:
     return None
 
 
+def _columns_by_decimals(keys: list[MetricKey]) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for j, key in enumerate(keys):
+        d = decimals_for(key.metric)
+        if d is not None:
+            groups.setdefault(d, []).append(j)
+    return groups
+
+
 def _to_table(keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> pa.Table:
     arrays = [pa.array(timestamps.astype(np.int64, copy=False))]
     for j, key in enumerate(keys):
@@ -41,9 +50,14 @@ def encode(kind: str, keys: list[MetricKey], timestamps: np.ndarray, values: np.
     """A part (Arrow IPC: cheap to write, short-lived) or a segment (Parquet: compact, long-lived)."""
     sink = io.BytesIO()
     if kind == PART:
-        # Written every flush by a process that wakes up cold: no rounding or null masks (readers treat
-        # NaN as missing), and column-major float32 so each column converts without a copy.
-        block = np.asfortranarray(values, dtype=np.float32)
+        # Written every flush by a process that wakes up cold: no null masks (readers treat NaN as
+        # missing), column-major float32 so each column converts without a copy. Rounded exactly as
+        # segments are (one np.round per resolution): a snapshot reads the same before and after
+        # compaction, so rules following a live run agree with a later batch evaluation.
+        rounded = np.array(values, dtype=np.float64, copy=True)
+        for d, cols in _columns_by_decimals(keys).items():
+            rounded[:, cols] = np.round(rounded[:, cols], d)
+        block = np.asfortranarray(rounded, dtype=np.float32)
         table = pa.Table.from_arrays([pa.array(timestamps.astype(np.int64, copy=False))]
                                      + [pa.array(block[:, j]) for j in range(block.shape[1])],
                                      names=[TIMESTAMP] + [k.column for k in keys])

@@ -17,22 +17,24 @@ def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
              params: dict[str, dict[str, Any]] | None = None) -> list[RuleResult]:
     """Feed every chunk to every rule (in order) and collect the results."""
     params = params or {}
-    rules: list[tuple[type[Rule], Rule | None, str]] = []
-    for cls in rule_classes:
-        rules.append((cls, cls(**params.get(cls.name, {})), ""))  # a bad parameter raises before any work
+    rules = [cls(**params.get(cls.name, {})) for cls in rule_classes]  # a bad parameter raises before any work
     chunks = list(chunks)
     results = []
-    for cls, rule, _ in rules:
+    for rule in rules:
         try:
             for chunk in chunks:
                 rule.update(chunk)
             results.append(rule.result())
         except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
-            logger.warning("rule %s failed: %s: %s", cls.name, type(exc).__name__, exc)
-            results.append(RuleResult(cls.name, 0, 0, 0, dict(rule.params), cls.description, cls.recommendation,
-                                      {"traceback": traceback.format_exc(limit=5)}, ERROR,
-                                      f"{type(exc).__name__}: {exc}"))
+            results.append(failed_result(rule, exc))
     return results
+
+
+def failed_result(rule: Rule, exc: Exception) -> RuleResult:
+    """What a rule that raised reports (said once in the log)."""
+    logger.warning("rule %s failed: %s: %s", rule.name, type(exc).__name__, exc)
+    return RuleResult(rule.name, 0, 0, 0, dict(rule.params), rule.description, rule.recommendation,
+                      {"traceback": traceback.format_exc(limit=5)}, ERROR, f"{type(exc).__name__}: {exc}")
 
 
 def write_results(location: Any, results: list[RuleResult]) -> list[str]:

@@ -1,0 +1,82 @@
+"""`stallwatch run`'s rules: followed live in a background thread of the launcher (local runs) every
+`rules_interval_s`, and evaluated once more on the rest when the job has ended; the results are written
+into the run (`rules/`) and summarised. Nothing here can fail the job or the launcher."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from stallwatch.config import ProfilerConfig
+from stallwatch.log import warn_once
+
+FINISH_TIMEOUT_S = 120.0
+
+
+class LiveRules:
+    def __init__(self, config: ProfilerConfig) -> None:
+        self.uri = config.out or ""
+        self.interval_s = config.rules_interval_s
+        self._stop = threading.Event()
+        self._results: list | None = None
+        self._thread: threading.Thread | None = None
+        if self.interval_s > 0 and "://" not in self.uri:  # S3 runs: evaluated once, at the end
+            self._thread = threading.Thread(target=self._follow, name="stallwatch-rules", daemon=True)
+            self._thread.start()
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def finish(self, uri: str) -> str | None:
+        """After the job: the last evaluation, the files written, the summary text (None if impossible)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(FINISH_TIMEOUT_S)
+        results = self._results
+        try:
+            from stallwatch.present.rules_table import rules_table
+
+            if results is None:  # no live evaluation (S3, disabled, or it failed): one batch evaluation
+                from stallwatch.analyze.rules.feed import read_run
+                from stallwatch.analyze.rules.registry import all_rules
+                from stallwatch.analyze.rules.runner import evaluate
+                from stallwatch.store.reader import open_run
+
+                run = open_run(uri)
+                results = evaluate(all_rules(), [read_run(run)])
+                _write(run, results)
+            return "\n" + rules_table(results)
+        except Exception as exc:
+            return f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})"
+
+    def _follow(self) -> None:
+        try:
+            from stallwatch.analyze.rules.live import follow
+            from stallwatch.analyze.rules.registry import all_rules
+            from stallwatch.store.reader import RunNotFoundError, open_run
+
+            run = None
+            while run is None and not self._stop.is_set():
+                try:
+                    run = open_run(self.uri)
+                except RunNotFoundError:
+                    self._stop.wait(0.5)
+            if run is None:
+                run = open_run(self.uri)
+            self._results = follow(run, all_rules(), None, every_s=self.interval_s, finished=self._stop.is_set,
+                                   on_results=lambda results, _final: _write(run, results), sleep=self._stop.wait)
+        except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
+            warn_once("live-rules", "live rule evaluation stopped (%s: %s); the rules run when the job ends",
+                      type(exc).__name__, exc)
+            self._results = None
+
+
+def _write(run: Any, results: list) -> None:
+    from stallwatch.analyze.rules.runner import write_results
+
+    try:
+        write_results(run.location, results)
+    except OSError as exc:
+        warn_once("rules-write", "cannot write the rule results into %s (%s)", run.uri, exc)
