@@ -9,6 +9,7 @@ from typing import Any
 
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import warn_once
+from stallwatch.timeutil import now_us
 
 FINISH_TIMEOUT_S = 120.0
 
@@ -18,6 +19,7 @@ class LiveRules:
         self.uri = config.out or ""
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
+        self._created_us = now_us()
         self._results: list | None = None
         self._thread: threading.Thread | None = None
         if self.interval_s > 0 and "://" not in self.uri:  # S3 runs: evaluated once, at the end
@@ -58,13 +60,16 @@ class LiveRules:
             from stallwatch.store.reader import RunNotFoundError, open_run
 
             run = None
-            while run is None and not self._stop.is_set():
+            while not self._stop.is_set():  # until this launch has claimed its node in the run
                 try:
                     run = open_run(self.uri)
+                    if any((n.get("start_us") or 0) >= self._created_us for n in run.info["nodes"].values()):
+                        break
                 except RunNotFoundError:
-                    self._stop.wait(0.5)
-            if run is None:
-                run = open_run(self.uri)
+                    pass
+                self._stop.wait(0.5)
+            else:
+                return  # ended before it started (e.g. the node name was refused): nothing is written
             self._results = follow(run, all_rules(), None, every_s=self.interval_s, finished=self._stop.is_set,
                                    on_results=lambda results, _final: _write(run, results), sleep=self._stop.wait)
         except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
