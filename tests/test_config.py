@@ -50,6 +50,8 @@ BAD_FIELDS = [
     ("rules_interval_s", 0.5, "0 (evaluate the rules only when the job ends) or from 1 to 3600"),
     ("rules_interval_s", -1, "0 (evaluate the rules only when the job ends) or from 1 to 3600"),
     ("rules_interval_s", "10", "0 (evaluate the rules only when the job ends) or from 1 to 3600"),
+    ("rule_actions", "StepOutlier=log", "must be a list of strings"),
+    ("stop_training", "  ", "must be the reason"),
 ]
 
 
@@ -326,3 +328,21 @@ def test_load_uses_base(tmp_path):
     cfg = ProfilerConfig.load(path, base=ProfilerConfig(node="keep-me"))
     assert cfg.sample_interval_ms == 1000
     assert cfg.node == "keep-me"
+
+
+@pytest.mark.parametrize(("name", "item", "allowed"), [
+    ("rule_actions", "StepOutlier", "write RULE=ACTION"),
+    ("rule_actions", "StepOutlier=reboot", "log, stop_training, command:SHELL COMMAND, notify:https://URL"),
+    ("rule_actions", "X=notify:ftp://x", "notify:https://URL"),
+    ("custom_rules", "no_class_here", "module.path:ClassName"),
+])
+def test_a_bad_list_item_is_named_with_what_is_allowed(name, item, allowed):
+    with pytest.raises(ConfigError) as err:
+        ProfilerConfig(**{name: ("Dataloader=log" if name == "rule_actions" else "m:C", item)})
+    assert err.value.field == name and err.value.value == item and allowed in str(err.value)
+
+
+def test_list_fields_round_trip_through_json():
+    cfg = ProfilerConfig(rule_actions=("StepOutlier=stop_training", "CPUBottleneck=notify:https://h.example/x"),
+                         custom_rules=("my_rules:BusyCpu",), stop_training="asked by hand")
+    assert ProfilerConfig.from_dict(json.loads(cfg.to_json())) == cfg

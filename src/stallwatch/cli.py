@@ -50,6 +50,10 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rules-interval", dest="rules_interval_s", type=float, metavar="SECONDS",
                    help="evaluate the rules on new data this often while the job runs (default 10; 0: at the end only)")
     g.add_argument("--no-gpu", dest="gpu", action="store_false", default=None, help="do not sample GPUs")
+    g.add_argument("--rule-action", dest="rule_actions", action="append", metavar="RULE=ACTION",
+                   help="when RULE fires: log, stop_training, command:SHELL COMMAND or notify:URL (repeatable)")
+    g.add_argument("--custom-rule", dest="custom_rules", action="append", metavar="MODULE:CLASS",
+                   help="a rule of yours (module.path:Class or file.py:Class), evaluated like the built-ins")
     _add_live_flags(g)
 
 
@@ -61,11 +65,14 @@ def _add_live_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--python-profiling", type=_range_arg("python_profiling"), metavar="START:NUM|TIME/SECONDS")
     g.add_argument("--python-profiler", choices=["cprofile", "pyinstrument"])
     g.add_argument("--cprofile-timer", choices=["total", "cpu", "off_cpu"])
+    g.add_argument("--stop-training", metavar="REASON",
+                   help="stop training at the next step boundary (recorded with this reason)")
 
 
 _CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
                  "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
-                 "python_profiler", "cprofile_timer", "rules_interval_s")
+                 "python_profiler", "cprofile_timer", "rules_interval_s", "rule_actions", "custom_rules",
+                 "stop_training")
 
 
 def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:
@@ -82,6 +89,7 @@ def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> Profiler
                 raise
             logger.error("%s — running with the default configuration instead", exc)
     changes = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k, None) is not None}
+    changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
     try:
         return base.replace(**changes)
     except ConfigError as exc:
@@ -233,7 +241,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary."""
     from stallwatch.analyze.rules.base import ParameterError
     from stallwatch.analyze.rules.feed import read_run
-    from stallwatch.analyze.rules.registry import all_rules, get_rule
+    from stallwatch.analyze.rules.registry import all_rules, get_rule, load_custom
     from stallwatch.analyze.rules.live import follow
     from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.present.rules_table import rules_table
@@ -242,6 +250,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     if run is None:
         return 2
     try:
+        load_custom(_run_config(run).custom_rules)
         classes = [get_rule(n) for n in args.rule] if args.rule else all_rules()
         params: dict[str, dict[str, str]] = {}
         for text in args.param or []:
@@ -265,6 +274,16 @@ def cmd_rules(args: argparse.Namespace) -> int:
     _write_rules(run, results)
     print(rules_table(results))
     return 0
+
+
+def _run_config(run: Any) -> ProfilerConfig:
+    """The run's configuration (defaults when its config.json is missing or unreadable)."""
+    from stallwatch.store import layout
+
+    try:
+        return ProfilerConfig.from_dict(json.loads(run.location.read(layout.CONFIG_JSON)))
+    except Exception:
+        return ProfilerConfig()
 
 
 def _write_rules(run: Any, results: list) -> None:

@@ -18,7 +18,9 @@ PYTHON_PROFILERS = ("cprofile", "pyinstrument")
 CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
 MAX_TIME_US = 253_402_300_800 * 1_000_000  # 10000-01-01T00:00:00Z
 # What a running job picks up from its run's config.json (`stallwatch config RUN ...`).
-LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler", "cprofile_timer")
+LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler", "cprofile_timer",
+               "stop_training")
+ACTION_KINDS = ("log", "stop_training", "command:", "notify:")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -129,6 +131,12 @@ class ProfilerConfig:
     python_profiler: str = "cprofile"
     cprofile_timer: str = "total"
     rules_interval_s: float = 10.0  # live rule evaluation during `stallwatch run`; 0: only when the job ends
+    # "RULE=ACTION": log | stop_training | command:SHELL COMMAND | notify:http(s)://URL, run when RULE fires
+    rule_actions: tuple[str, ...] = ()
+    # "module:Class" or "path/to/file.py:Class": user rules evaluated like the built-ins
+    custom_rules: tuple[str, ...] = ()
+    # Set (live) to stop training at the next step boundary; the text is the reason, recorded in the run
+    stop_training: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -164,6 +172,21 @@ class ProfilerConfig:
         if not _is_number(self.rules_interval_s) or not (self.rules_interval_s == 0 or 1 <= self.rules_interval_s <= 3600):
             raise ConfigError("rules_interval_s", self.rules_interval_s,
                               "must be 0 (evaluate the rules only when the job ends) or from 1 to 3600 seconds")
+        for name in ("rule_actions", "custom_rules"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(name, value, "must be a list of strings")
+        for text in self.rule_actions:
+            rule, sep, action = text.partition("=")
+            if not sep or not rule.strip() or not _valid_action(action.strip()):
+                raise ConfigError("rule_actions", text, "write RULE=ACTION with ACTION one of log, stop_training, "
+                                  "command:SHELL COMMAND, notify:https://URL")
+        for text in self.custom_rules:
+            module, sep, cls = text.rpartition(":")
+            if not sep or not module or not cls.isidentifier():
+                raise ConfigError("custom_rules", text, "write module.path:ClassName or path/to/file.py:ClassName")
+        if self.stop_training is not None and not (isinstance(self.stop_training, str) and self.stop_training.strip()):
+            raise ConfigError("stop_training", self.stop_training, "must be the reason, as text (or null)")
         if self.cprofile_timer not in CPROFILE_TIMERS:
             raise ConfigError("cprofile_timer", self.cprofile_timer, f"must be one of {', '.join(CPROFILE_TIMERS)}")
         for name in ("detailed_profiling", "dataloader_profiling", "python_profiling"):
@@ -208,6 +231,8 @@ class ProfilerConfig:
                 raise ConfigError(key, value, f"is not a config field; known fields: {', '.join(sorted(known))}")
             if key.endswith("_profiling") and value is not None:
                 value = _range_from_json(key, value)
+            if key in ("rule_actions", "custom_rules") and isinstance(value, list):
+                value = tuple(value)
             changes[key] = value
         return dataclasses.replace(base or cls(), **changes)
 
@@ -228,6 +253,17 @@ class ProfilerConfig:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
+
+
+def _valid_action(action: str) -> bool:
+    if action in ("log", "stop_training"):
+        return True
+    if action.startswith("command:"):
+        return bool(action[len("command:"):].strip())
+    if action.startswith("notify:"):
+        url = action[len("notify:"):].strip()
+        return url.startswith(("http://", "https://")) and len(url) > 8
+    return False
 
 
 def _range_from_json(name: str, value: Any) -> ProfilingRange:

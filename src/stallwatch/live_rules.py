@@ -16,7 +16,9 @@ FINISH_TIMEOUT_S = 120.0
 
 class LiveRules:
     def __init__(self, config: ProfilerConfig) -> None:
+        self.config = config
         self.uri = config.out or ""
+        self.actions: Any = None
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
         self._created_us = now_us()
@@ -42,13 +44,15 @@ class LiveRules:
 
             if results is None:  # no live evaluation (S3, disabled, or it failed): one batch evaluation
                 from stallwatch.analyze.rules.feed import read_run
-                from stallwatch.analyze.rules.registry import all_rules
                 from stallwatch.analyze.rules.runner import evaluate
                 from stallwatch.store.reader import open_run
 
                 run = open_run(uri)
-                results = evaluate(all_rules(), [read_run(run)])
+                results = evaluate(self._rules(), [read_run(run)])
                 _write(run, results)
+                self._act(run, results)
+            if self.actions is not None:
+                self.actions.wait()
             return "\n" + rules_table(results)
         except Exception as exc:
             return f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})"
@@ -56,7 +60,6 @@ class LiveRules:
     def _follow(self) -> None:
         try:
             from stallwatch.analyze.rules.live import follow
-            from stallwatch.analyze.rules.registry import all_rules
             from stallwatch.store.reader import RunNotFoundError, open_run
 
             run = None
@@ -70,12 +73,33 @@ class LiveRules:
                 self._stop.wait(0.5)
             else:
                 return  # ended before it started (e.g. the node name was refused): nothing is written
-            self._results = follow(run, all_rules(), None, every_s=self.interval_s, finished=self._stop.is_set,
-                                   on_results=lambda results, _final: _write(run, results), sleep=self._stop.wait)
+            def on_results(results: list, _final: bool) -> None:
+                _write(run, results)
+                self._act(run, results)
+
+            self._results = follow(run, self._rules(), None, every_s=self.interval_s, finished=self._stop.is_set,
+                                   on_results=on_results, sleep=self._stop.wait)
         except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
             warn_once("live-rules", "live rule evaluation stopped (%s: %s); the rules run when the job ends",
                       type(exc).__name__, exc)
             self._results = None
+
+
+    def _rules(self) -> list:
+        from stallwatch.analyze.rules.registry import all_rules, load_custom
+
+        load_custom(self.config.custom_rules)
+        return all_rules()
+
+    def _act(self, run: Any, results: list) -> None:
+        from stallwatch.actions import RuleActions
+
+        try:
+            if self.actions is None:
+                self.actions = RuleActions(self.config, run.location)
+            self.actions.on_results(results)
+        except Exception as exc:
+            warn_once("rule-actions", "rule actions failed (%s: %s)", type(exc).__name__, exc)
 
 
 def _write(run: Any, results: list) -> None:

@@ -71,7 +71,7 @@ class ConfigWatcher:
         self.running = updated
         with self._lock:
             self._accepted = updated
-        logger.warning("stallwatch: live configuration changed: %s", ", ".join(
+        logger.warning("live configuration changed: %s", ", ".join(
             f"{k}={_show(v)}" for k, v in changes.items()))
 
     def _validate(self, text: bytes) -> ProfilerConfig | None:
@@ -81,7 +81,7 @@ class ConfigWatcher:
             problem = f"is not valid JSON ({exc.msg} at line {exc.lineno})"
         except (ConfigError, TypeError) as exc:
             problem = str(exc)
-        logger.warning("stallwatch: the run's config.json change is refused: %s; the running configuration "
+        logger.warning("the run's config.json change is refused: %s; the running configuration "
                        "stays in force (fix the file, or use `stallwatch config RUN`)", problem)
         return None
 

@@ -87,6 +87,16 @@ class Recorder:
         except Exception as exc:
             _failed("begin", exc)
 
+    def stop_requested(self) -> bool:
+        """Training was asked to stop (a rule's stop_training action, `stallwatch config --stop-training`)."""
+        try:
+            from stallwatch.torch.session import current
+
+            session = current()
+            return session is not None and session.stop_reason is not None
+        except Exception:
+            return False
+
     def end(self, mode: str | None = None) -> None:
         """End the open step (only one of `mode`, when given)."""
         if self.open_mode is None or (mode is not None and self.open_mode != mode):

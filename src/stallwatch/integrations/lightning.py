@@ -78,6 +78,8 @@ class _LightningMarks:
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any, **kwargs: Any) -> None:
         self.recorder.end(TRAIN)
+        if self.recorder.stop_requested():
+            trainer.should_stop = True  # Lightning ends the fit gracefully (checkpointing hooks still run)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self.recorder.end(TRAIN)

@@ -127,6 +127,8 @@ class StallwatchCallback(TrainerCallback):
     @_never_raises
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.recorder.end(TRAIN)
+        if self.recorder.stop_requested():
+            control.should_training_stop = True
 
     @_never_raises
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -76,6 +76,13 @@ class Profile:
         return _StepMark(self)
 
     @property
+    def should_stop(self) -> bool:
+        """True once training was asked to stop (a rule's stop_training action, `stallwatch config RUN
+        --stop-training`): loops over a DataLoader end by themselves; check this in any other loop."""
+        session = self._session
+        return session is not None and session.stop_reason is not None
+
+    @property
     def windows(self) -> list[dict[str, Any]]:
         """The profiling windows that ran in this process (detailed, python, dataloader)."""
         return list(self._session.windows.windows) if self._session is not None else list(self._ran)

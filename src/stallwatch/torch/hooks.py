@@ -76,6 +76,7 @@ class TorchHooks:
         self._steps = 0
         self.enabled = True
         self.on_discovery: Callable[[], None] | None = None  # the session listens to steps again
+        self.stop_reason: str | None = None  # set: every DataLoader reports its end from the next batch on
 
     # -- install / uninstall --------------------------------------------------------------------------
     def install(self) -> None:
@@ -116,10 +117,16 @@ class TorchHooks:
                 if not hooks.enabled:
                     return original(it)
                 key = getattr(it, "_stallwatch_loader", 0)
+                if hooks.stop_reason is not None:
+                    raise StopIteration  # training was asked to stop: the loop ends as at the end of its data
                 try:
                     t0 = hooks._batch_begin(key)
                 except Exception as exc:
                     t0 = _failed("dataloader", exc)
+                if hooks.stop_reason is not None:  # asked at this very boundary (the new config applies here)
+                    if t0 is not None:
+                        _guard("dataloader", hooks.tracker.batch_end, key, t0, True)
+                    raise StopIteration
                 try:
                     batch = original(it)
                 except StopIteration:

@@ -53,6 +53,8 @@ class Session:
             self._new_config = None
             self.config = new
             self.windows.set_config(new, self.tracker.counts[TRAIN])
+            if new.stop_training and self.hooks is not None and self.hooks.stop_reason is None:
+                self.request_stop(new.stop_training)
         self.windows.on_step_begin(mode, step, now_us)
         self.refresh_listener()
 
@@ -61,6 +63,24 @@ class Session:
         if self.hooks is not None:
             self.hooks.step_ended()
         self.refresh_listener()
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.hooks.stop_reason if self.hooks is not None else None
+
+    def request_stop(self, reason: str) -> None:
+        """Training stops at the next step boundary: every DataLoader then reports its end (the loops end
+        as at the end of the data), the callbacks tell Lightning and Transformers to stop; recorded."""
+        if self.hooks is None or self.hooks.stop_reason is not None:
+            return
+        self.hooks.stop_reason = reason
+        from stallwatch.torch.steps import now_us
+
+        t = now_us()
+        logger.warning("stallwatch: stopping training at the next step boundary: %s", reason)
+        if self.sender is not None:
+            self.sender.emit_tuple(("stop", "stop_training", t, t, "GLOBAL", None, self.pid,
+                                    json.dumps({"reason": reason, "train_steps": self.tracker.counts[TRAIN]})))
 
     def refresh_listener(self) -> None:
         """Step boundaries reach this session only while something needs them (a window to open or
@@ -142,6 +162,8 @@ def install(config: ProfilerConfig | None = None) -> Session | None:
             session = Session(config, sender, os.environ.get(ENV_STAGING))
             sender.on_message = session.on_message
             session.install_hooks()
+            if config.stop_training:
+                session.request_stop(config.stop_training)
             _session = session
             atexit.register(session.close)
             _flush_on_sigterm(session)

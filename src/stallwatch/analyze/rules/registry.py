@@ -31,3 +31,28 @@ def get_rule(name: str) -> type[Rule]:
         if cls.name.lower() == name.lower():
             return cls
     raise ParameterError(f"no rule named {name!r}; rules: {', '.join(c.name for c in all_rules())}")
+
+
+def load_custom(specs: tuple[str, ...] | list[str]) -> list[type[Rule]]:
+    """Rules named as "module.path:Class" or "path/to/file.py:Class" (config `custom_rules`), registered."""
+    import importlib
+    import importlib.util
+    import os
+
+    out = []
+    for spec in specs:
+        where, _, name = spec.rpartition(":")
+        try:
+            if where.endswith(".py") or os.sep in where:
+                module_spec = importlib.util.spec_from_file_location(f"stallwatch_custom_{abs(hash(where))}", where)
+                if module_spec is None or module_spec.loader is None:
+                    raise ImportError(f"cannot load {where}")
+                module = importlib.util.module_from_spec(module_spec)
+                module_spec.loader.exec_module(module)
+            else:
+                module = importlib.import_module(where)
+            cls = getattr(module, name)
+        except Exception as exc:
+            raise ParameterError(f"custom rule {spec!r} cannot be loaded ({type(exc).__name__}: {exc})") from None
+        out.append(register_rule(cls))
+    return out

@@ -1,0 +1,71 @@
+"""`stallwatch run` with rules: the stop_training action stops a real training run early, gracefully, with
+its reason recorded; a custom rule named on the command line runs like a built-in."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from stallwatch.store.reader import open_run
+
+from .collect._support import stallwatch as run_cli
+
+JOB = '''
+import time, torch
+m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+loader = torch.utils.data.DataLoader(torch.randn(4000, 8), batch_size=4)  # data loading in the main process
+done = 0
+for epoch in range(3):
+    for xb in loader:
+        time.sleep(0.003)
+        opt.zero_grad(); m(xb).sum().backward(); opt.step(); done += 1
+print("finished normally after", done, "steps", flush=True)
+'''
+
+
+def test_the_stop_training_action_stops_a_real_run_early_with_its_reason(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    run = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--rule-action", "Dataloader=stop_training",
+                "--", sys.executable, str(script), timeout=240)
+    assert p.returncode == 0, p.stderr  # stopped gracefully: the script ran to its end
+    done = int(p.stdout.decode().split("after")[1].split()[0])
+    assert 0 < done < 3000  # 3 epochs of 1000 steps were planned
+    reason = json.loads((run / "config.json").read_text())["stop_training"]
+    assert reason.startswith("rule Dataloader triggered")
+    (stop,) = open_run(str(run)).framework(kinds=["stop"]).to_pylist()
+    assert json.loads(stop["args"])["reason"] == reason and json.loads(stop["args"])["train_steps"] == done
+    assert "stopping training at the next step boundary" in p.stderr
+
+
+def test_a_custom_rule_from_a_file_runs_like_a_builtin(tmp_path):
+    rule = tmp_path / "my_rules.py"
+    rule.write_text(
+        "from stallwatch.analyze.rules import Rule\n"
+        "class TrainSteps(Rule):\n"
+        "    name = 'TrainSteps'\n"
+        "    description = 'Counts training steps.'\n"
+        "    recommendation = 'None needed.'\n"
+        "    defaults = {'at_least': 1}\n"
+        "    def __init__(self, **p):\n"
+        "        super().__init__(**p)\n"
+        "        self.steps = 0\n"
+        "    def update(self, chunk):\n"
+        "        ev = chunk.framework\n"
+        "        self.steps += sum(1 for k, m in zip(ev['kind'].to_pylist(), ev['mode'].to_pylist())\n"
+        "                          if k == 'step' and m == 'TRAIN')\n"
+        "    def result(self):\n"
+        "        hit = int(self.steps >= self.params['at_least'])\n"
+        "        return self.make_result(triggered=hit, violations=0, datapoints=self.steps, details={})\n")
+    script = tmp_path / "job.py"
+    script.write_text(JOB.replace("range(3)", "range(1)").replace("4000", "80"))
+    run = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--out", str(run), "--custom-rule", f"{rule}:TrainSteps", "--",
+                sys.executable, str(script), timeout=120)
+    assert p.returncode == 0, p.stderr
+    result = json.loads((run / "rules" / "TrainSteps.json").read_text())
+    assert result["Datapoints"] == 20 and result["RuleTriggered"] == 1 and "TrainSteps" in p.stderr
+    p = run_cli(tmp_path, "rules", str(run), "--rule", "TrainSteps", "--param", "TrainSteps.at_least=50")
+    assert p.returncode == 0, p.stderr  # the run's config names the rule: `stallwatch rules` finds it too
+    assert json.loads((run / "rules" / "TrainSteps.json").read_text())["RuleTriggered"] == 0
