@@ -2,7 +2,7 @@
 framework events), read from the store, side by side with what a non-incremental design would pay live.
 
 Targets (issue 4):
-  batch  read_run(open_run(path)) + evaluate(builtin_rules(), [chunk]) <= 5 s and <= 1 GB peak RSS;
+  batch  read_run(open_run(path), builtin_rules()) + evaluate(builtin_rules(), [chunk]) <= 5 s and <= 1 GB peak RSS;
   live   the latest 10 s given to rules that already consumed the day: update() + result() of every rule
          <= 50 ms (baseline: evaluating the whole history again from scratch).
 
@@ -434,7 +434,7 @@ def child_batch(path: str, lean: bool, whatif: bool = False) -> dict[str, Any]:
     rss0 = peak_rss()
     c0 = time.process_time()
     t0 = time.perf_counter()
-    chunk = lean_read_run(open_run(path), framework=whatif) if lean else read_run(open_run(path))
+    chunk = lean_read_run(open_run(path), framework=whatif) if lean else read_run(open_run(path), builtin_rules())
     t1 = time.perf_counter()
     rss_read = peak_rss()
     results = evaluate(builtin_rules(), [chunk])
@@ -544,7 +544,7 @@ def child_live(path: str, history_chunks: int) -> dict[str, Any]:
     from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.store.reader import open_run
 
-    chunk = read_run(open_run(path))
+    chunk = read_run(open_run(path), builtin_rules())
     sl = _Slicer(chunk)
     last = max(int(f.timestamps[-1]) for f in chunk.system.values())
     cut = last + 1 - LIVE_STEPS * LIVE_S * S
@@ -697,7 +697,7 @@ def child_profile(path: str, out: str) -> dict[str, Any]:
 
     prof = cProfile.Profile()
     prof.enable()
-    evaluate(builtin_rules(), [read_run(open_run(path))])
+    evaluate(builtin_rules(), [read_run(open_run(path), builtin_rules())])
     prof.disable()
     prof.dump_stats(out)
     stats = pstats.Stats(out)

@@ -265,7 +265,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
             results = follow(run, classes, params, every_s=args.every,
                              on_results=lambda res, final: _follow_line(run, res, final))
         else:
-            results = evaluate(classes, [read_run(run)], params)
+            results = evaluate(classes, [read_run(run, classes)], params)
     except ParameterError as exc:
         print(f"stallwatch rules: {exc}", file=sys.stderr)
         return 2

@@ -48,7 +48,8 @@ class LiveRules:
                 from stallwatch.store.reader import open_run
 
                 run = open_run(uri)
-                results = evaluate(self._rules(), [read_run(run)])
+                rules = self._rules()
+                results = evaluate(rules, [read_run(run, rules)])
                 _write(run, results)
                 self._act(run, results)
             if self.actions is not None:

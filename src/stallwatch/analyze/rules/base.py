@@ -53,7 +53,8 @@ class NodeFrame:
 
 @dataclass
 class Chunk:
-    """What a rule is handed at each evaluation: the data that is new since the last one."""
+    """What a rule is handed at each evaluation: the data that is new since the last one. (Rules may cache
+    what they derive from it on the instance, outside the fields: see `steps.framework_columns`.)"""
 
     system: dict[str, NodeFrame]
     framework: pa.Table  # framework events (stallwatch.records.framework_schema), new since the last chunk
@@ -100,12 +101,17 @@ class ParameterError(ValueError):
 
 class Rule:
     """Subclasses set `name`, `description`, `recommendation`, `defaults` (ordered: RULES.md's order) and
-    implement `update(chunk)` and `result()`. One instance per evaluation of a run."""
+    implement `update(chunk)` and `result()`. One instance per evaluation of a run.
+
+    `metrics` names the system metrics (the `metric` part of `device/metric` columns) the rule reads from
+    its NodeFrames, so a reader can leave the others out; None (the default) means it may read any, and
+    () that it reads none (timestamps and `info` are always there)."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     recommendation: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    metrics: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(self.defaults)

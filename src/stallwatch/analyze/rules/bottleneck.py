@@ -50,6 +50,7 @@ class _Bottleneck(Rule):
     """Shared implementation; subclasses name the per-core metric and its threshold parameter."""
 
     metric: ClassVar[str] = CPU_UTIL
+    metrics: ClassVar[tuple[str, ...] | None] = (CPU_UTIL, CPU_IOWAIT, GPU_UTIL)
     busy_param: ClassVar[str] = "cpu_threshold"
     what: ClassVar[str] = "CPU"  # for texts
     busy_text: ClassVar[str] = "a CPU core was above {t} % utilization"
@@ -190,6 +191,7 @@ class CPUBottleneck(_Bottleneck):
     defaults = {"threshold": 50, "cpu_threshold": 90, "gpu_threshold": 10, "patience": 1000}
 
     metric = CPU_UTIL
+    metrics = (CPU_UTIL, GPU_UTIL)
     busy_param = "cpu_threshold"
     what = "CPU"
     busy_text = "a CPU core was above {t} % utilization"
@@ -216,6 +218,7 @@ class IOBottleneck(_Bottleneck):
     defaults = {"threshold": 50, "io_threshold": 50, "gpu_threshold": 10, "patience": 1000}
 
     metric = CPU_IOWAIT
+    metrics = (CPU_IOWAIT, GPU_UTIL)
     busy_param = "io_threshold"
     what = "I/O"
     busy_text = "a CPU core waited on I/O more than {t} % of its time"

@@ -10,7 +10,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.stats import histogram
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.rules.steps import framework_columns
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 DATALOADER = "dataloader"
@@ -34,6 +34,7 @@ class Dataloader(Rule):
     DataLoader iterator (no `dataloader` events): then there is no data loader to judge."""
 
     name = "Dataloader"
+    metrics = (WORKERS_ALIVE,)
     description = ("Checks how many data loaders are running in parallel and whether the total number is equal the "
                    "number of available CPU cores. The rule triggers if number is much smaller or larger than the "
                    "number of available cores. If too small, it might lead to low GPU utilization. If too large, it "
@@ -76,7 +77,7 @@ class Dataloader(Rule):
         if table is None or table.num_rows == 0:
             return
         self._events += table.num_rows
-        cols = FrameworkColumns(table)
+        cols = framework_columns(chunk)
         for code in np.flatnonzero(np.bincount(cols.node)).tolist():  # the ranks with events on each node
             ranks = np.flatnonzero(np.bincount(cols.rank[cols.node == code].clip(0)))
             self._ranks.setdefault(cols.nodes[code], set()).update(ranks.tolist())

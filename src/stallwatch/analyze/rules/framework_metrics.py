@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
-from stallwatch.analyze.rules.steps import FrameworkColumns, mode_order, rank_key, text_codes
+from stallwatch.analyze.rules.steps import framework_columns, mode_order, rank_key, text_codes
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
@@ -33,6 +33,7 @@ class OverallFrameworkMetrics(Rule):
     window, operator, device), so the feed may hand all rows so far or only new ones."""
 
     name = "OverallFrameworkMetrics"
+    metrics = ()  # framework events only
     description = ("Summarizes where the training loop's time went: the share of time spent in TRAIN, EVAL and "
                    "GLOBAL steps and between steps, forward versus backward pass, data loading, optimizer and "
                    "collective operations, and the most expensive CPU and GPU operators from detailed profiling. "
@@ -60,7 +61,7 @@ class OverallFrameworkMetrics(Rule):
         if table is None or table.num_rows == 0:
             return
         self._events += table.num_rows
-        cols = FrameworkColumns(table)
+        cols = framework_columns(chunk)
         dur = np.maximum(cols.end - cols.start, 0)
         timed = ~cols.kind_is(*INSTANT)
         is_step = cols.kind_is(STEP)
@@ -74,16 +75,23 @@ class OverallFrameworkMetrics(Rule):
         for (node, rank), rows in cols.groups(timed & ~is_step, by_mode=False):
             r = self._rank((node, rank))
             kinds = cols.kind[rows]
-            for code in np.unique(kinds).tolist():
+            for code in np.flatnonzero(np.bincount(kinds)).tolist():  # the kinds present, in code order
                 kind = cols.kinds[code]
                 r["kind_us"][kind] = r["kind_us"].get(kind, 0) + int(dur[rows][kinds == code].sum())
         sel = np.flatnonzero(timed & ~is_step)
         if sel.size:
             name_codes, names = text_codes(table["name"])
             key = cols.kind[sel] * len(names) + name_codes[sel]
-            uniq, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
-            sums = np.zeros(len(uniq), np.int64)
-            np.add.at(sums, inv, dur[sel])
+            if int(key.max()) < 1 << 16:  # few (kind, name) pairs: count them, and sum after a radix sort
+                per_key = np.bincount(key)
+                uniq = np.flatnonzero(per_key)
+                counts = per_key[uniq]
+                order = np.argsort(key.astype(np.uint16), kind="stable")
+                sums = np.add.reduceat(dur[sel][order], np.concatenate([[0], np.cumsum(counts)[:-1]]))
+            else:
+                uniq, inv, counts = np.unique(key, return_inverse=True, return_counts=True)
+                sums = np.zeros(len(uniq), np.int64)
+                np.add.at(sums, inv, dur[sel])
             for k, c, s in zip(uniq.tolist(), counts.tolist(), sums.tolist()):
                 kc, nc = divmod(k, len(names))
                 entry = self._names.setdefault((cols.kinds[kc], names[nc]), [0, 0])

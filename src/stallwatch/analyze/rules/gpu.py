@@ -286,6 +286,7 @@ class LowGPUUtilization(Rule):
     Details["last_timestamp"]: the latest of them."""
 
     name = "LowGPUUtilization"
+    metrics = (GPU_UTIL,)
     description = ("Checks if the GPU utilization is low or fluctuating. This can happen due to bottlenecks, "
                    "blocking calls for synchronizations, or a small batch size.")
     recommendation = ("Check if there are bottlenecks, minimize blocking calls, change distributed training "
@@ -413,6 +414,7 @@ class BatchSize(Rule):
     the latest over nodes."""
 
     name = "BatchSize"
+    metrics = (CPU_UTIL, GPU_UTIL, GPU_MEM_UTIL)
     description = ("Checks if GPUs are underutilized because the batch size is too small. To detect this "
                    "problem, the rule analyzes the average GPU memory footprint, the CPU and the GPU utilization. ")
     recommendation = ("The batch size is too small, and GPUs are underutilized. Consider running on a smaller "
@@ -554,6 +556,7 @@ class GPUMemoryIncrease(Rule):
     the latest of them."""
 
     name = "GPUMemoryIncrease"
+    metrics = (GPU_MEM_UTIL,)
     description = "Measures the average GPU memory footprint and triggers if there is a large increase."
     recommendation = ("Choose a larger instance type with more memory if footprint is close to maximum "
                       "available memory.")
@@ -696,6 +699,7 @@ class LoadBalancing(Rule):
     {gpu: %}, `imbalanced` [[gpuA, gpuB, d], …]."""
 
     name = "LoadBalancing"
+    metrics = (GPU_UTIL,)
     description = ("Detects workload balancing issues across GPUs. Workload imbalance can occur in training jobs "
                    "with data parallelism. The gradients are accumulated on a primary GPU, and this GPU might be "
                    "overused with regard to other GPUs, resulting in reducing the efficiency of data "

@@ -68,6 +68,8 @@ class OverallSystemUsage(Rule):
     """Resource usage statistics per node, metric and device (see the module docstring); never fires."""
 
     name = "OverallSystemUsage"
+    metrics = (CPU_UTIL, CPU_IOWAIT, MEM_UTIL, GPU_UTIL, GPU_MEM_UTIL, NET_RX_BPS, NET_TX_BPS, DISK_READ_BPS,
+               DISK_WRITE_BPS)
     description = ("Summarizes the resource utilization of every node: total CPU and GPU utilization, memory "
                    "utilization on CPU and GPU, I/O wait time and network throughput, with minimum, maximum and "
                    "the 50th, 95th and 99th percentiles, per node and per device. The rule never triggers.")
