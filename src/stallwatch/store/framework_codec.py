@@ -62,7 +62,8 @@ def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
     if kinds is not None:
         keep &= pc.is_in(table["kind"].cast(pa.string()), pa.array(sorted(kinds), pa.string())).to_numpy(
             zero_copy_only=False)
-    table = table.filter(pa.array(keep))
+    if not keep.all():  # a filter copies every column: only when it removes something
+        table = table.filter(pa.array(keep))
     n = table.num_rows
     rank_value = int(rank) if rank.lstrip("-").isdigit() else -1
     columns = {

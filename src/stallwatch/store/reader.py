@@ -195,10 +195,7 @@ class Run:
                 warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
                           self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 continue
-            if wanted is None and start_us is None and end_us is None:
-                t = _all_events(stored, chunk.node, chunk.rank)  # no all-true filter (a copy of every column)
-            else:
-                t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us)
+            t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us)
             if t.num_rows:
                 if not _in_order(t["start_us"]):  # files are usually in time order already
                     t = t.take(pc.sort_indices(t["start_us"]))
@@ -355,25 +352,6 @@ def _in_order(column: pa.ChunkedArray) -> bool:
         return False
     values = column.to_numpy()
     return bool((values[1:] >= values[:-1]).all())
-
-
-def _all_events(stored: pa.Table, node: str, rank: str) -> pa.Table:
-    """`framework_codec.to_events(stored, node, rank, None, None, None)` without its filter: every row, the
-    same table."""
-    schema = framework_schema()
-    n = stored.num_rows
-    rank_value = int(rank) if rank.lstrip("-").isdigit() else -1
-    fixed = {
-        "node": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([node])),
-        "rank": pa.array(np.full(n, rank_value, dtype=np.int32)),
-    }
-    out = []
-    for f in schema:
-        if f.name in fixed:
-            out.append(fixed[f.name])
-        else:
-            out.append(stored[f.name].cast(f.type).combine_chunks() if n else pa.array([], f.type))
-    return pa.Table.from_arrays(out, schema=schema)
 
 
 def _names(names: Iterable[str] | str | None) -> list[str] | None:
