@@ -43,13 +43,13 @@ class LiveRules:
             from stallwatch.present.rules_table import rules_table
 
             if results is None:  # no live evaluation (S3, disabled, or it failed): one batch evaluation
-                from stallwatch.analyze.rules.feed import read_run
+                from stallwatch.analyze.rules.feed import iter_run
                 from stallwatch.analyze.rules.runner import evaluate
                 from stallwatch.store.reader import open_run
 
                 run = open_run(uri)
                 rules = self._rules()
-                results = evaluate(rules, [read_run(run, rules)])
+                results = evaluate(rules, iter_run(run, rules))
                 _write(run, results)
                 self._act(run, results)
             if self.actions is not None:

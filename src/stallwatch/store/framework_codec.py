@@ -47,16 +47,17 @@ def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
 def read(source: Any, kind: str) -> pa.Table:
     if kind == PART:
         return pa.ipc.open_file(source).read_all()
-    return pq.read_table(source)
+    return pq.read_table(source, use_threads=False)  # small files: threads cost more CPU than they save
 
 
 def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
-              start_us: int | None, end_us: int | None) -> pa.Table:
-    """Stored rows -> `framework_schema()` rows that overlap [start_us, end_us) and are of `kinds`."""
+              start_us: int | None, end_us: int | None, *, starting: bool = False) -> pa.Table:
+    """Stored rows -> `framework_schema()` rows that overlap [start_us, end_us) (with `starting`: that start
+    in it) and are of `kinds`."""
     schema = framework_schema()
     keep = np.ones(table.num_rows, dtype=bool)
     if start_us is not None:
-        keep &= table["end_us"].to_numpy() > start_us
+        keep &= (table["start_us"].to_numpy() >= start_us) if starting else (table["end_us"].to_numpy() > start_us)
     if end_us is not None:
         keep &= table["start_us"].to_numpy() < end_us
     if kinds is not None:

@@ -163,9 +163,9 @@ class Run:
                 warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
                           self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 continue
-            if start_us is not None:
+            if start_us is not None and chunk.start_us < start_us:  # a filter copies: only where it cuts
                 t = t.filter(pc.greater_equal(t[TIMESTAMP], start_us))
-            if end_us is not None:
+            if end_us is not None and chunk.end_us >= end_us:
                 t = t.filter(pc.less(t[TIMESTAMP], end_us))
             if t.num_rows:
                 tables.append(t)
@@ -173,11 +173,21 @@ class Run:
             return pa.table({TIMESTAMP: pa.array([], pa.int64())})
         return pa.concat_tables(tables, promote_options="default")
 
+    def time_range(self) -> tuple[int | None, int | None]:
+        """Earliest and latest timestamp (µs) of any stored snapshot or framework event, from the file names
+        (nothing is read); (None, None) for an empty run."""
+        chunks = self._system_chunks() + self._chunks(layout.FRAMEWORK_DIR)
+        if not chunks:
+            return None, None
+        return min(c.start_us for c in chunks), max(c.end_us for c in chunks)
+
     # -- framework events -------------------------------------------------------------------------------
     def framework(self, start_us: int | None = None, end_us: int | None = None,
-                  kinds: Iterable[str] | None = None, nodes: Iterable[str] | None = None) -> pa.Table:
-        """Framework events (steps, data waits, forward, backward, …) overlapping [start_us, end_us),
-        with node and rank, in `framework_schema()`; ordered by node, rank and time."""
+                  kinds: Iterable[str] | None = None, nodes: Iterable[str] | None = None,
+                  starting: bool = False) -> pa.Table:
+        """Framework events (steps, data waits, forward, backward, …) overlapping [start_us, end_us) — or,
+        with `starting`, that start in it (consecutive ranges then hold each event once) — with node and
+        rank, in `framework_schema()`; ordered by node, rank and time."""
         wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
         node_set = None if nodes is None else ({nodes} if isinstance(nodes, str) else set(nodes))
         tables = []
@@ -195,7 +205,7 @@ class Run:
                 warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
                           self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 continue
-            t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us)
+            t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us, starting=starting)
             if t.num_rows:
                 if not _in_order(t["start_us"]):  # files are usually in time order already
                     t = t.take(pc.sort_indices(t["start_us"]))
@@ -296,18 +306,24 @@ class Run:
             return schema.empty_table()
         return pa.concat_tables(tables)
 
+    def pinned(self) -> "Run":
+        """This run with its file listing taken once and kept: for reading a run in many slices (batch rules)
+        without listing the store again for each. Files written after this call are not seen."""
+        run = Run.__new__(Run)
+        run.__dict__.update(self.__dict__)
+        run._listing = {top: self._chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
+        return run
+
     def _chunks(self, top: str) -> list[layout.Chunk]:
+        listing = self.__dict__.get("_listing")
+        if listing is not None and top in listing:
+            return listing[top]
         chunks = [c for e in self.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
         return layout.live_chunks(chunks)
 
     def _system_chunks(self, nodes: Iterable[str] | None = None) -> list[layout.Chunk]:
         wanted = None if nodes is None else set(nodes)
-        chunks = []
-        for entry in self.location.list(layout.SYSTEM_DIR):
-            chunk = layout.parse_chunk(entry.path, entry.size)
-            if chunk is not None and (wanted is None or chunk.node in wanted):
-                chunks.append(chunk)
-        return layout.live_chunks(chunks)
+        return [c for c in self._chunks(layout.SYSTEM_DIR) if wanted is None or c.node in wanted]
 
     def _read_chunk(self, chunk: layout.Chunk, *, metrics: list[str] | None,
                     start_us: int | None, end_us: int | None) -> pa.Table:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError
@@ -132,6 +135,69 @@ def test_step_outlier_chunk_invariance():
     gen.steps(rank=1, n=500, slow=slow_steps(10), seed=3)
     out = assert_chunk_invariant(StepOutlier, whole(gen.table()), pieces=25)
     assert out["RuleTriggered"] == 1
+
+
+def _reference(durations_us: np.ndarray, k: float = 3) -> tuple[float, float, np.ndarray]:
+    """What StepOutlier computes, the slow way: numpy mean/std over every step, outliers above mean + k·std."""
+    seconds = durations_us / 1e6
+    mean, std = seconds.mean(), seconds.std()
+    return mean, std, np.flatnonzero(seconds > mean + k * std)
+
+
+def test_step_outlier_resumed_numbering_and_repeated_step_numbers():
+    """Planted: a run resumed at step 10,000,000 (12 slow steps with a 900 ms data wait), then the same step
+    numbers again (a second loop that restarts its count), cut at random times: the outliers, their context and
+    the loop's own time (outside_phases) agree with a direct computation, and the answer with the cuts."""
+    gen = FwGen()
+    slow = {10_000_000 + 7 + 30 * i: SLOW for i in range(12)}
+    waits = [900 * MS if 10_000_000 + i in slow else 5 * MS for i in range(400)]
+    gen.steps(n=400, first_step=10_000_000, slow=slow, data_wait_us=waits, phases=True, seed=4)
+    gen.steps(n=100, first_step=10_000_000, start_us=T0 + 100 * S, phases=True, seed=5)
+    table = gen.table()
+    out = assert_chunk_invariant(StepOutlier, whole(table), pieces=30)
+    e = out["Details"]["step_details"]["algo-1/0/TRAIN"]
+    steps = table.filter(pc.equal(table["kind"], "step"))
+    durations = (steps["end_us"].to_numpy() - steps["start_us"].to_numpy()).astype(np.float64)
+    mean, std, outliers = _reference(durations)
+    assert e["steps"] == 500 and e["number_of_outliers"] == len(outliers) == 12
+    assert e["step_stats"]["mean"] == pytest.approx(mean, rel=1e-12) and e["stddev"] == pytest.approx(std, rel=1e-9)
+    assert sorted(e["step_numbers"]) == sorted(slow)
+    ctx = e["framework_context"]
+    repeated = sum(1 for number in slow if number < 10_000_100)  # the second loop's steps share these numbers
+    assert ctx["outlier_steps"]["data_wait"] == pytest.approx(0.9 + 0.005 * repeated / 12)
+    # outside_phases of the normal steps, directly: a step's time not covered by its own events (numbers repeat:
+    # both loops' events count for each of their steps)
+    events = table.filter(pc.not_equal(table["kind"], "step"))
+    covered: dict[int, int] = {}
+    for number, a, b in zip(events["step"].to_pylist(), events["start_us"].to_pylist(), events["end_us"].to_pylist()):
+        covered[number] = covered.get(number, 0) + (b - a)
+    normal = [i for i in range(len(durations)) if i not in set(outliers.tolist())]
+    numbers = steps["step"].to_pylist()
+    outside = [max(durations[i] - covered.get(numbers[i], 0), 0) for i in normal]
+    assert ctx["normal_steps"].get("outside_phases", 0.0) == pytest.approx(np.mean(outside) / 1e6, abs=1e-9)
+
+
+def test_step_outlier_steps_without_a_number_and_numbers_far_apart():
+    """Steps with no number (-1) and numbers spread wider than the kept context span still count as steps
+    (their whole time is outside phases), with the same answer however the data is cut."""
+    gen = FwGen()
+    gen.steps(n=200, slow=slow_steps(11, every=15), seed=6)
+    gen.steps(n=50, first_step=1 << 30, start_us=T0 + 60 * S, seed=7)
+    table = gen.table()
+    numbers = table["step"].to_numpy(zero_copy_only=False).copy()
+    numbers[:20] = -1  # the first 20 events (steps of the first loop) carry no number
+    table = table.set_column(table.schema.get_field_index("step"), "step", pa.array(numbers, pa.int64()))
+    out = assert_chunk_invariant(StepOutlier, whole(table), pieces=20)
+    assert out["Details"]["step_details"]["algo-1/0/TRAIN"]["steps"] == 250
+
+
+def test_sum_of_squares_is_exact_for_long_steps():
+    from stallwatch.analyze.rules.steps import _sum_squares
+
+    values = np.array([0, 1, (1 << 31) - 1, 1 << 31, 5 * 3600 * 10**6, 123_456_789], np.int64)
+    assert _sum_squares(values) == sum(int(v) ** 2 for v in values)
+    big = np.full(100_000, (1 << 31) - 1, np.int64)
+    assert _sum_squares(big) == 100_000 * ((1 << 31) - 1) ** 2
 
 
 # ----------------------------------------------------------------------------------- MaxInitializationTime

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.stats import histogram
-from stallwatch.analyze.rules.steps import framework_columns
+from stallwatch.analyze.rules.stats import Distribution
+from stallwatch.analyze.rules.steps import Appendable, framework_columns
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 DATALOADER = "dataloader"
@@ -54,13 +54,13 @@ class Dataloader(Rule):
         self._run: dict[str, Any] = {}
         self._events = 0
         self._info: dict[str, dict[str, Any]] = {}
-        self._alive: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # node -> [(timestamps, workers_alive)]
+        self._alive: dict[str, _SpanMedian] = {}  # node -> its workers_alive snapshots
         self._span: dict[str, list[int]] = {}  # node -> [first step start, last step end]
         self._ranks: dict[str, set[int]] = {}
         self._loaders: dict[tuple[str, int, str], dict[str, Any]] = {}
         self._rank_workers: dict[tuple[str, int], list[float]] = {}
-        self._waits_train: list[np.ndarray] = []
-        self._waits_all: list[np.ndarray] = []
+        self._waits_train = Distribution(None, np.float64)  # µs
+        self._waits_all = Distribution(None, np.float64)
 
     def update(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
@@ -72,7 +72,7 @@ class Dataloader(Rule):
                 continue
             ok = ~np.isnan(alive)
             if ok.any():
-                self._alive.setdefault(node, []).append((frame.timestamps[ok].astype(np.int64), alive[ok]))
+                self._alive.setdefault(node, _SpanMedian()).add(frame.timestamps[ok].astype(np.int64), alive[ok])
         table = chunk.framework
         if table is None or table.num_rows == 0:
             return
@@ -89,8 +89,8 @@ class Dataloader(Rule):
         waits = cols.kind_is(DATA_WAIT)
         if waits.any():
             dur = np.maximum(cols.end[waits] - cols.start[waits], 0)
-            self._waits_all.append(dur)
-            self._waits_train.append(dur[cols.mode_is([TRAIN])[waits]])
+            self._waits_all.add(dur)
+            self._waits_train.add(dur[cols.mode_is([TRAIN])[waits]])
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
             args = table["args"].take(loaders).to_pylist()
@@ -182,17 +182,11 @@ class Dataloader(Rule):
                                 recommendation=self._advice(nodes, details))
 
     def _node_workers(self, node: str) -> dict[str, Any] | None:
-        parts = self._alive.get(node)
-        if parts:
-            ts = np.concatenate([p[0] for p in parts])
-            alive = np.concatenate([p[1] for p in parts])
-            span = self._span.get(node)
-            if span is not None:
-                inside = (ts >= span[0]) & (ts <= span[1])
-                if inside.any():
-                    ts, alive = ts[inside], alive[inside]
-            return {"dataloaders": float(np.median(alive)), "source": "proc/workers_alive",
-                    "samples": int(alive.size), "max_alive": float(alive.max())}
+        alive = self._alive.get(node)
+        if alive is not None:
+            values = alive.within(self._span.get(node))
+            return {"dataloaders": values.percentiles((50,))[0], "source": "proc/workers_alive",
+                    "samples": int(values.n), "max_alive": values.max()}
         medians = [float(np.median(v)) for (n, _), v in sorted(self._rank_workers.items()) if n == node and v]
         if not medians:
             return None
@@ -201,17 +195,15 @@ class Dataloader(Rule):
                 "samples": samples, "max_alive": None}
 
     def _dataloading_time(self) -> dict[str, Any]:
-        train = np.concatenate(self._waits_train) if self._waits_train else np.empty(0, np.int64)
-        mode = TRAIN
-        if train.size == 0:
-            train = np.concatenate(self._waits_all) if self._waits_all else np.empty(0, np.int64)
-            mode = "all"
-        if train.size == 0:
+        waits, mode = self._waits_train, TRAIN
+        if waits.n == 0:
+            waits, mode = self._waits_all, "all"
+        if waits.n == 0:
             return {}
-        seconds = np.sort(train) / US
-        p25, p50, p95 = (float(x) for x in np.percentile(seconds, [25, 50, 95]))
-        return {"p25": p25, "p50": p50, "p95": p95, "max": float(seconds[-1]), "count": int(seconds.size),
-                "mode": mode, **histogram(seconds, bins=HISTOGRAM_BINS)}
+        p25, p50, p95 = (x / US for x in waits.percentiles((25, 50, 95)))
+        counts, edges = waits.histogram(HISTOGRAM_BINS)
+        return {"p25": p25, "p50": p50, "p95": p95, "max": waits.max() / US, "count": int(waits.n), "mode": mode,
+                "probs": (counts / counts.sum()).tolist(), "binedges": (edges / US).tolist()}
 
     def _advice(self, nodes: dict[str, dict[str, Any]], details: dict[str, Any]) -> str:
         lines = [self.recommendation]
@@ -238,6 +230,49 @@ class Dataloader(Rule):
                          "it is needed): use worker processes (num_workers > 0, prefetch_factor >= 2) so batches "
                          "are ready ahead of time.")
         return " ".join(lines)
+
+
+class _SpanMedian:
+    """A node's worker-count snapshots, for their statistics within the training loop's span, which grows as
+    steps arrive: the snapshots newly inside it are added to a Distribution, so a live result costs little."""
+
+    def __init__(self) -> None:
+        self.ts, self.values = Appendable(), Appendable(np.float64)
+        self._dist = Distribution(None, np.float64)
+        self._covered = (0, 0)  # the index range of `ts` in _dist
+        self._ordered = True
+
+    def add(self, ts: np.ndarray, values: np.ndarray) -> None:
+        if self.ts.n and len(ts) and ts[0] < self.ts.view()[-1] or len(ts) > 1 and (np.diff(ts) < 0).any():
+            self._ordered = False
+        self.ts.extend(ts)
+        self.values.extend(values.astype(np.float64))
+
+    def within(self, span: list[int] | None) -> Distribution:
+        """The values of the snapshots within `span` (all of them when it is None or holds none)."""
+        if not self._ordered:  # snapshots came out of time order (rare): order them once
+            order = np.argsort(self.ts.view(), kind="stable")
+            ts, values = self.ts.view()[order], self.values.view()[order]
+            self.ts, self.values = Appendable(), Appendable(np.float64)
+            self.ts.extend(ts)
+            self.values.extend(values)
+            self._ordered, self._covered, self._dist = True, (0, 0), Distribution(None, np.float64)
+        ts = self.ts.view()
+        lo, hi = 0, len(ts)
+        if span is not None:
+            a, b = int(np.searchsorted(ts, span[0], "left")), int(np.searchsorted(ts, span[1], "right"))
+            if b > a:
+                lo, hi = a, b
+        c_lo, c_hi = self._covered
+        values = self.values.view()
+        if c_hi == c_lo or lo > c_lo or hi < c_hi:  # the span shrank or moved: count afresh
+            self._dist = Distribution(None, np.float64)
+            self._dist.add(values[lo:hi])
+        else:
+            self._dist.add(values[lo:c_lo])
+            self._dist.add(values[c_hi:hi])
+        self._covered = (lo, hi)
+        return self._dist
 
 
 def _main_loader(loaders: list[dict[str, Any]]) -> dict[str, Any]:

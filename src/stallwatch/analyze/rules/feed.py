@@ -3,7 +3,7 @@ chunks by time (what live evaluation hands them, and how tests check that both a
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,32 @@ def read_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None) -> Chun
     events = run.framework()
     info["operators"] = run.operators()  # detailed-profiling summaries, for OverallFrameworkMetrics
     return Chunk(system, events, info, final=True)
+
+
+SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run an hour at a time
+
+
+def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int = SLICE_US) -> Iterator[Chunk]:
+    """The run as consecutive chunks of `slice_us` (snapshots by timestamp, events by start), the last one
+    final: what batch evaluation feeds the rules, so memory holds one slice of data besides the rules' state
+    however long the run. Rules give the same results as from `read_run`'s single chunk."""
+    rules = list(rules) if rules is not None else None
+    run = run.pinned()  # listed once, not once per slice
+    info = dict(run.info)
+    nodes = info.get("nodes", {})
+    metrics = rule_metrics(rules)
+    info["operators"] = run.operators()
+    lo, hi = run.time_range()
+    if lo is None or hi is None:
+        yield Chunk({node: node_frame(node, pa.table({TIMESTAMP: pa.array([], pa.int64())}), nodes.get(node))
+                     for node in run.nodes}, framework_schema().empty_table(), info, final=True)
+        return
+    edges = list(range(lo, hi + 1, slice_us)) + [hi + 1]
+    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        system = {node: node_frame(node, run.system_wide(node, start_us=a, end_us=b, metrics=metrics), nodes.get(node))
+                  for node in run.nodes}
+        events = run.framework(start_us=a, end_us=b, starting=True)
+        yield Chunk(system, events, info, final=i == len(edges) - 2)
 
 
 def split_by_time(chunk: Chunk, boundaries: list[int]) -> list[Chunk]:

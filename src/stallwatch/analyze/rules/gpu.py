@@ -7,9 +7,9 @@ A trailing window shorter than `window` is evaluated once, by the chunk that has
 the only chunk, live the last one), and only by the rules that allow partial windows (LowGPUUtilization
 and BatchSize; GPUMemoryIncrease compares equal-size windows only and drops it).
 
-Whole-run statistics (box plots, p5, max) need every value: the rules keep the evaluated values of the
-series they report as float32 (4 bytes per snapshot and series; a node-day at 100 ms is 3.5 MB per
-series). LoadBalancing keeps only histogram counts.
+Whole-run statistics (box plots, p5, max) need every value: the rules keep each reported series as a
+`Distribution` (counts per 0.01 % step for stored percentages: a few kB per series however long the run;
+exact percentiles at any moment). LoadBalancing keeps only histogram counts.
 
 A node without GPU data is not applicable (listed in Details["not_applicable"]); a run without any GPU
 data makes the whole rule not applicable. Details are keyed by node as SageMaker's were
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.stats import box_stats
+from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.records import COLUMN_SEP, CPU, CPU_UTIL, GPU_MEM_UTIL, GPU_UTIL
 
 _TOTAL_CPU = f"{CPU}{COLUMN_SEP}{CPU_UTIL}"
@@ -79,32 +79,6 @@ def rounded(stats: dict[str, float], digits: int = 4) -> dict[str, float]:
 def plain_float(x: float, digits: int = 4) -> float | None:
     """A JSON number (None for NaN)."""
     return None if x is None or not math.isfinite(x) else round(float(x), digits)
-
-
-class Values:
-    """The values of one series, appended chunk by chunk, kept as float32 (or float64 for byte rates)."""
-
-    def __init__(self, dtype: Any = np.float32) -> None:
-        self.dtype = dtype
-        self.parts: list[np.ndarray] = []
-        self.n = 0
-
-    def add(self, values: np.ndarray) -> None:
-        if len(values):
-            self.parts.append(np.array(values, dtype=self.dtype))  # a copy: never a view into a frame
-            self.n += len(values)
-            # live, thousands of small chunks: merge like a binary counter, so parts stay O(log n) and
-            # each value is copied O(log n) times
-            while len(self.parts) > 1 and len(self.parts[-1]) >= len(self.parts[-2]):
-                last = self.parts.pop()
-                self.parts[-1] = np.concatenate([self.parts[-1], last])
-
-    def array(self) -> np.ndarray:
-        if not self.parts:
-            return np.empty(0, self.dtype)
-        if len(self.parts) > 1:
-            self.parts = [np.concatenate(self.parts)]
-        return self.parts[0]
 
 
 @dataclass
@@ -246,7 +220,7 @@ def listing(items: list[str]) -> str:
 
 @dataclass
 class _GpuWindows:
-    values: Values = field(default_factory=Values)
+    values: Distribution = field(default_factory=Distribution)
     windows: int = 0  # windows with data for this GPU
     underutilized: int = 0
     fluctuating: int = 0
@@ -348,8 +322,7 @@ class LowGPUUtilization(Rule):
             per_gpu: dict[str, Any] = {}
             for gpu in ordered_columns(st.gpus):
                 acc = st.gpus[gpu]
-                v = acc.values.array()
-                v = v[~np.isnan(v)]
+                v = acc.values
                 violations += acc.underutilized + acc.fluctuating
                 if acc.last_timestamp is not None:
                     last = acc.last_timestamp if last is None else max(last, acc.last_timestamp)
@@ -357,10 +330,10 @@ class LowGPUUtilization(Rule):
                 if acc.underutilized or acc.fluctuating:
                     case = "underutilized" if acc.underutilized >= acc.fluctuating else "fluctuating"
                 entry: dict[str, Any] = {"gpu_max": None, "gpu_95": None, "gpu_5": None}
-                if v.size:
-                    p5, p95 = np.percentile(v, [5, 95])
+                if v.n:
+                    p5, p95 = v.percentiles((5, 95))
                     entry = {"gpu_max": plain_float(v.max()), "gpu_95": plain_float(p95), "gpu_5": plain_float(p5)}
-                    entry.update(rounded(box_stats(v)))
+                    entry.update(rounded(v.box_stats()))
                 entry.update({"case": case, "windows": acc.windows, "underutilized": acc.underutilized,
                               "fluctuating": acc.fluctuating, "lowest_window_p95": plain_float(acc.lowest_p95),
                               "lowest_window_p5": plain_float(acc.lowest_p5), "last_timestamp": acc.last_timestamp})
@@ -398,7 +371,7 @@ class _BatchNode:
     n_windows: int = 0
     violations: int = 0
     last_timestamp: int | None = None
-    values: dict[str, Values] = field(default_factory=dict)  # column -> values
+    values: dict[str, Distribution] = field(default_factory=dict)  # column -> values
 
 
 class BatchSize(Rule):
@@ -446,7 +419,7 @@ class BatchSize(Rule):
             st.snapshots += block.size
             st.n_windows += block.n_windows
             for col, x in block.cols.items():
-                st.values.setdefault(col, Values()).add(x)
+                st.values.setdefault(col, Distribution()).add(x)
             nan = np.full(block.size, np.nan)
             cpu95 = block.percentiles(block.cols.get(_TOTAL_CPU, nan), (95.0,))[:, 0]
             some_gpu = np.zeros(block.n_windows, bool)
@@ -478,11 +451,11 @@ class BatchSize(Rule):
             violations += st.violations
             entry: dict[str, Any] = {}
             if _TOTAL_CPU in st.values:
-                entry["cpu"] = rounded(box_stats(st.values[_TOTAL_CPU].array()))
+                entry["cpu"] = rounded(st.values[_TOTAL_CPU].box_stats())
             for col in ordered_columns({c: 0 for c in st.values if c != _TOTAL_CPU}):
                 device, _, metric = col.partition(COLUMN_SEP)
                 key = device if metric == GPU_UTIL else f"{device}_memory"
-                entry[key] = rounded(box_stats(st.values[col].array()))
+                entry[key] = rounded(st.values[col].box_stats())
             # gpuN before gpuN_memory, GPUs in number order
             entry = dict(sorted(entry.items(), key=lambda kv: _batch_key_order(kv[0])))
             entry.update({"windows": st.n_windows, "violations": st.violations, "last_timestamp": st.last_timestamp})
@@ -526,7 +499,7 @@ def _pct(x: float | None) -> str:
 
 @dataclass
 class _MemGpu:
-    values: Values = field(default_factory=Values)
+    values: Distribution = field(default_factory=Distribution)
     prev_mean: float = float("nan")  # mean of the node's previous window for this GPU
     max_increase: float | None = None
     violations: int = 0
@@ -617,15 +590,14 @@ class GPUMemoryIncrease(Rule):
             per_gpu: dict[str, Any] = {}
             for gpu in ordered_columns(st.gpus):
                 acc = st.gpus[gpu]
-                v = acc.values.array()
-                v = v[~np.isnan(v)]
+                v = acc.values
                 violations += acc.violations
                 entry: dict[str, Any] = {"increase": plain_float(acc.max_increase) if acc.max_increase is not None
                                          else None, "gpu_max": None, "p05": None}
-                if v.size:
+                if v.n:
                     entry["gpu_max"] = plain_float(v.max())
-                    entry["p05"] = plain_float(np.percentile(v, 5))
-                    entry.update(rounded(box_stats(v)))
+                    entry["p05"] = plain_float(v.percentiles((5,))[0])
+                    entry.update(rounded(v.box_stats()))
                 entry.update({"violations": acc.violations, "last_timestamp": acc.last_timestamp})
                 per_gpu[gpu] = entry
                 if acc.last_timestamp is not None:

@@ -15,17 +15,27 @@ RULES_DIR = "rules"
 
 def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
              params: dict[str, dict[str, Any]] | None = None) -> list[RuleResult]:
-    """Feed every chunk to every rule (in order) and collect the results."""
+    """Feed every chunk to every rule (in order, one chunk at a time: `chunks` may be a lazy reader) and
+    collect the results. A rule that raises is left out of the later chunks and reports the error."""
     params = params or {}
     rules = [cls(**params.get(cls.name, {})) for cls in rule_classes]  # a bad parameter raises before any work
-    chunks = list(chunks)
-    results = []
-    for rule in rules:
-        try:
-            for chunk in chunks:
+    failed: dict[int, RuleResult] = {}
+    for chunk in chunks:
+        for i, rule in enumerate(rules):
+            if i in failed:
+                continue
+            try:
                 rule.update(chunk)
+            except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
+                failed[i] = failed_result(rule, exc)
+    results = []
+    for i, rule in enumerate(rules):
+        if i in failed:
+            results.append(failed[i])
+            continue
+        try:
             results.append(rule.result())
-        except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
+        except Exception as exc:
             results.append(failed_result(rule, exc))
     return results
 

@@ -1,9 +1,9 @@
 """Rules over the training loop's steps: StepOutlier (slow steps) and MaxInitializationTime (how long the job
 took to reach its first step). Also the column helpers the framework rules share (`FrameworkColumns`).
 
-Both rules keep what they need of every step as numpy arrays and decide in `result()` from everything seen
-so far, in a canonical order (per group, by step number then start), so the answer depends on the data only:
-one chunk or many gives the same result."""
+Both rules keep what they need of every step and decide in `result()` from everything seen so far, with
+exact integer sums and a canonical order (per group, by step number then start), so the answer depends on the
+data only: one chunk or many gives the same result."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.stats import histogram
+from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, MODES, OPTIMIZER, STEP
 
 MAX_LISTED = 100  # outlier steps listed per rank and phase (the slowest ones)
@@ -172,21 +172,146 @@ def mode_order(mode: str) -> int:
     return MODES.index(mode) if mode in MODES else len(MODES)
 
 
-def _concat(parts: list[np.ndarray], dtype: Any = np.int64) -> np.ndarray:
-    if not parts:
-        return np.empty(0, dtype)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
 # --------------------------------------------------------------------------------------------------
 # StepOutlier
 
 # Framework context of a step: the time its own events spent in each of these kinds (by `step`+`mode`).
 CONTEXT_KINDS = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE)
 _OTHER = len(CONTEXT_KINDS)  # any other kind with a step number
+_RECORDED = _OTHER + 1  # kinds recorded per step number; "outside_phases" is derived per step
 # "outside_phases": the step's time in none of its recorded events (the loop's own code between phases).
 _CONTEXT_NAMES = CONTEXT_KINDS + ("other", "outside_phases")
-_STEP_BITS, _KIND_BITS = 40, 4
+_DENSE_SPAN = 1 << 22  # step numbers per (rank, phase) whose context is kept (from the smallest seen)
+
+
+class Appendable:
+    """A numpy column that grows by doubling: appends cost O(new) amortised, reads are views."""
+
+    def __init__(self, dtype: Any = np.int64) -> None:
+        self._data = np.empty(0, dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self.n + len(values)
+        if need > len(self._data):
+            grown = np.empty(max(need, 2 * len(self._data), 1024), self._data.dtype)
+            grown[: self.n] = self._data[: self.n]
+            self._data = grown
+        self._data[self.n: need] = values
+        self.n = need
+
+    def view(self) -> np.ndarray:
+        return self._data[: self.n]
+
+
+class _Series:
+    """One (node, rank, phase)'s steps, kept so that `result()` costs little however many there are: exact
+    integer sums for mean and std; the durations as a Distribution (percentiles, histogram, outlier count);
+    every step's number, start and duration in arrival order (to name the outliers); and per step number the
+    time its events spent in each context kind, with running totals over all steps (the normal steps'
+    context is the totals minus the outliers')."""
+
+    def __init__(self) -> None:
+        self.n = self.s1 = self.s2 = 0  # Python ints: exact, whatever the order of arrival
+        self.durations = Distribution(None, np.float64)  # µs
+        self.step, self.start, self.dur = Appendable(), Appendable(), Appendable()
+        self.base = 0  # step number of row 0 of the dense tables
+        self.ctx = np.zeros((0, _RECORDED), np.int64)  # per step number: µs per recorded kind
+        self.occ = np.zeros(0, np.int32)  # per step number: steps seen with it
+        self.first = np.zeros(0, np.int64)  # per step number: duration of its step (when it has one)
+        self.totals = np.zeros(_RECORDED + 1, np.int64)  # over every step: µs per kind, then outside_phases
+        self.duplicates = False  # a step number seen twice: outside_phases is then summed in result()
+
+    def _dense(self, numbers: np.ndarray) -> np.ndarray:
+        """Which of `numbers` have a row in the dense tables (grown to hold them, within _DENSE_SPAN)."""
+        ok = numbers >= 0
+        if not ok.any():
+            return ok
+        lo, hi = int(numbers[ok].min()), int(numbers[ok].max())
+        size = len(self.occ)
+        new_lo = lo if size == 0 else min(lo, self.base)
+        new_hi = hi if size == 0 else max(hi, self.base + size - 1)
+        new_hi = min(new_hi, new_lo + _DENSE_SPAN - 1)
+        if size == 0 or new_lo < self.base or new_hi >= self.base + size:
+            cap = new_hi - new_lo + 1
+            if size:  # grow by doubling towards higher numbers, so appends stay amortised
+                cap = min(max(cap, 2 * size), _DENSE_SPAN)
+            ctx, occ, first = np.zeros((cap, _RECORDED), np.int64), np.zeros(cap, np.int32), np.zeros(cap, np.int64)
+            at = self.base - new_lo
+            ctx[at: at + size], occ[at: at + size], first[at: at + size] = self.ctx, self.occ, self.first
+            self.base, self.ctx, self.occ, self.first = new_lo, ctx, occ, first
+        return ok & (numbers >= self.base) & (numbers < self.base + len(self.occ))
+
+    def add_context(self, numbers: np.ndarray, kinds: np.ndarray, us: np.ndarray) -> None:
+        """Events of steps: µs in kind per step number."""
+        keep = self._dense(numbers)
+        numbers, kinds, us = numbers[keep], kinds[keep], us[keep]
+        if numbers.size == 0:
+            return
+        lo, hi = int(numbers.min()), int(numbers.max())
+        flat = (numbers - lo) * _RECORDED + kinds
+        delta = np.bincount(flat, weights=us, minlength=(hi - lo + 1) * _RECORDED)  # exact below 2^53 µs
+        delta = delta.astype(np.int64).reshape(-1, _RECORDED)
+        touched = np.flatnonzero(delta.any(axis=1))
+        rows = touched + (lo - self.base)
+        delta = delta[touched]
+        before = self.ctx[rows].sum(axis=1)
+        self.ctx[rows] += delta
+        occ = self.occ[rows].astype(np.int64)
+        self.totals[:_RECORDED] += (occ[:, None] * delta).sum(axis=0)
+        single = occ == 1  # steps seen more than once: outside_phases is summed in result()
+        if single.any():
+            d = self.first[rows[single]]
+            self.totals[_RECORDED] += int((np.maximum(d - before[single] - delta[single].sum(axis=1), 0)
+                                           - np.maximum(d - before[single], 0)).sum())
+
+    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray) -> None:
+        self.n += len(durs)
+        self.s1 += int(durs.sum())
+        self.s2 += _sum_squares(durs)
+        self.durations.add(durs)
+        self.step.extend(numbers)
+        self.start.extend(starts)
+        self.dur.extend(durs)
+        keep = self._dense(numbers)
+        self.totals[_RECORDED] += int(durs[~keep].sum())  # no context kept: all of it outside phases
+        rows = numbers[keep] - self.base
+        d = durs[keep]
+        if rows.size == 0:
+            return
+        seen = np.bincount(rows, minlength=len(self.occ))
+        if (self.occ[rows] > 0).any() or (seen > 1).any():
+            self.duplicates = True
+        self.occ += seen.astype(np.int32)
+        self.first[rows] = d  # only read while every step number has one step
+        ctx = self.ctx[rows]
+        self.totals[:_RECORDED] += ctx.sum(axis=0)
+        self.totals[_RECORDED] += int(np.maximum(d - ctx.sum(axis=1), 0).sum())
+
+    def context_of(self, rows: np.ndarray) -> np.ndarray:
+        """steps (rows of the arrival-order columns) × context kinds, µs, outside_phases last."""
+        numbers, durs = self.step.view()[rows], self.dur.view()[rows]
+        out = np.zeros((len(rows), _RECORDED + 1), np.int64)
+        ok = (numbers >= self.base) & (numbers < self.base + len(self.occ))
+        out[ok, :_RECORDED] = self.ctx[numbers[ok] - self.base]
+        out[:, _RECORDED] = np.maximum(durs - out[:, :_RECORDED].sum(axis=1), 0)
+        return out
+
+    def context_totals(self) -> np.ndarray:
+        if not self.duplicates:
+            return self.totals
+        totals = self.totals.copy()
+        totals[_RECORDED] = int(self.context_of(np.arange(self.n))[:, _RECORDED].sum())
+        return totals
+
+
+def _sum_squares(values: np.ndarray) -> int:
+    """Exact sum of squares of non-negative int64 values (durations in µs), as a Python int."""
+    v = np.asarray(values, np.int64)
+    small = v < (1 << 31)  # squares below 2^62: summed in two 32-bit halves, which cannot overflow
+    sq = (v[small] * v[small]).astype(np.uint64)
+    total = (int((sq >> np.uint64(32)).sum()) << 32) + int((sq & np.uint64(0xFFFFFFFF)).sum())
+    return total + sum(int(x) * int(x) for x in v[~small].tolist())
 
 
 class StepOutlier(Rule):
@@ -199,6 +324,9 @@ class StepOutlier(Rule):
     result at any time is the verdict on the data so far; on a finished run it is the batch verdict, however
     the data was chunked. RuleTriggered = series that fire; Violations = outlier steps of firing series;
     Datapoints = steps evaluated.
+
+    Mean and std come from exact integer sums of the µs durations; the comparison is made in µs. The
+    context of a step (time per phase kind) is kept for a span of 4 M step numbers per series.
 
     `mode` restricts to one phase (TRAIN, EVAL or GLOBAL, any case); None evaluates each phase on its own.
     `threshold` is SageMaker's report name for the same multiplier: it is kept (RuleParameters) for old
@@ -225,16 +353,8 @@ class StepOutlier(Rule):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
                 raise ParameterError(f"{self.name}.{key}={value!r}: must be a number >= 0")
         self._modes = (self.params["mode"],) if self.params["mode"] else MODES
-        self._gid: dict[tuple[str, int, str], int] = {}
-        self._steps: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # gid -> [(step, start, dur)]
-        self._ctx_keys: list[np.ndarray] = []
-        self._ctx_us: list[np.ndarray] = []
+        self._series: dict[tuple[str, int, str], _Series] = {}
         self._events = 0
-
-    def _group_id(self, key: tuple[str, int, str]) -> int:
-        if key not in self._gid:
-            self._gid[key] = len(self._gid)
-        return self._gid[key]
 
     def update(self, chunk: Chunk) -> None:
         table = chunk.framework
@@ -244,98 +364,82 @@ class StepOutlier(Rule):
         cols = framework_columns(chunk)
         in_mode = cols.mode_is(self._modes)
         is_step = cols.kind_is(STEP)
+        # context first: a step arriving with its events then adds their time to the totals once
+        ctx = in_mode & ~is_step & (cols.step >= 0)
+        if ctx.any():
+            kind_code = np.full(len(cols.kinds), _OTHER, np.int64)
+            for i, k in enumerate(cols.kinds):
+                if k in CONTEXT_KINDS:
+                    kind_code[i] = CONTEXT_KINDS.index(k)
+            for key, rows in cols.groups(ctx):
+                self._series.setdefault(key, _Series()).add_context(
+                    cols.step[rows], kind_code[cols.kind[rows]], np.maximum(cols.end[rows] - cols.start[rows], 0))
         for key, rows in cols.groups(is_step & in_mode):
-            gid = self._group_id(key)
-            duration = cols.end[rows] - cols.start[rows]
-            self._steps.setdefault(gid, []).append((cols.step[rows], cols.start[rows], duration))
-        # the time each step's own events spent per kind, keyed (group, step, kind)
-        ctx = in_mode & ~is_step & (cols.step >= 0) & (cols.step < (1 << _STEP_BITS))
-        if not ctx.any():
-            return
-        kind_code = np.full(len(cols.kinds), _OTHER, np.int64)
-        for i, k in enumerate(cols.kinds):
-            if k in CONTEXT_KINDS:
-                kind_code[i] = CONTEXT_KINDS.index(k)
-        for key, rows in cols.groups(ctx):
-            gid = self._group_id(key)
-            keys = ((np.int64(gid) << (_STEP_BITS + _KIND_BITS)) | (cols.step[rows] << _KIND_BITS)
-                    | kind_code[cols.kind[rows]])
-            self._ctx_keys.append(keys)
-            self._ctx_us.append(np.maximum(cols.end[rows] - cols.start[rows], 0))
-        if len(self._ctx_keys) > 64:
-            self._compact_context()
-
-    def _compact_context(self) -> tuple[np.ndarray, np.ndarray]:
-        keys, us = _sum_by_key(_concat(self._ctx_keys), _concat(self._ctx_us))
-        self._ctx_keys, self._ctx_us = [keys], [us]
-        return keys, us
-
-    def _series(self, gid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        parts = self._steps[gid]
-        steps, starts, durs = (_concat([p[i] for p in parts]) for i in range(3))
-        order = np.lexsort((starts, steps))
-        steps, starts, durs = steps[order], starts[order], durs[order]
-        self._steps[gid] = [(steps, starts, durs)]
-        return steps, starts, durs
+            self._series.setdefault(key, _Series()).add_steps(cols.step[rows], cols.start[rows],
+                                                              cols.end[rows] - cols.start[rows])
 
     def result(self) -> RuleResult:
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        if not self._steps:
+        series = {key: s for key, s in self._series.items() if s.n}
+        if not series:
             which = f"{self.params['mode']} " if self.params["mode"] else ""
             return self.not_applicable(f"no {which}steps in the framework data")
-        ctx_keys, ctx_us = self._compact_context()
         k = float(self.params["stddev"])
         limit = self.params["n_outliers"]
-        names = {gid: key for key, gid in self._gid.items()}
-        order = sorted(self._steps, key=lambda g: (names[g][0], names[g][1], mode_order(names[g][2])))
         details: dict[str, Any] = {}
         triggered = violations = datapoints = 0
         phase_us: dict[str, int] = {}
         kinds_us = np.zeros(len(_CONTEXT_NAMES), np.int64)
-        for gid in order:
-            node, rank, mode = names[gid]
-            steps, starts, durs = self._series(gid)
-            seconds = durs / US
-            mean, std = float(seconds.mean()), float(seconds.std())
-            outlier = seconds > mean + k * std
-            n_out = int(outlier.sum())
+        for key in sorted(series, key=lambda g: (g[0], g[1], mode_order(g[2]))):
+            node, rank, mode = key
+            s = series[key]
+            n = s.n
+            mean_us = s.s1 / n
+            std_us = math.sqrt(max(n * s.s2 - s.s1 * s.s1, 0) / (n * n))
+            limit_us = mean_us + k * std_us
+            normal = s.durations.count_le(limit_us)
+            n_out = n - normal
             fires = n_out > limit
-            datapoints += len(seconds)
-            per_kind = _context_per_step(ctx_keys, ctx_us, gid, steps)  # steps × kinds, µs
-            outside = np.clip(durs - per_kind.sum(axis=1), 0, None)
-            per_kind = np.column_stack([per_kind, outside.astype(per_kind.dtype)])
-            listed = np.flatnonzero(outlier)
+            datapoints += n
+            durs = s.dur.view()
+            out_rows = np.flatnonzero(durs > limit_us)
+            out_rows = out_rows[np.lexsort((s.start.view()[out_rows], s.step.view()[out_rows]))]  # step, then start
+            out_ctx = s.context_of(out_rows)
+            out_sums = out_ctx.sum(axis=0)
+            listed = out_rows
             if listed.size > MAX_LISTED:
-                slowest = listed[np.argsort(-durs[listed], kind="stable")[:MAX_LISTED]]
-                listed = np.sort(slowest)
-            p99, p95, p50 = np.percentile(seconds, [99, 95, 50])
+                keep = np.sort(np.argsort(-durs[listed], kind="stable")[:MAX_LISTED])
+                listed = listed[keep]
+            p99, p95, p50 = (x / US for x in s.durations.percentiles((99, 95, 50)))
+            counts, edges = s.durations.histogram(HISTOGRAM_BINS, upto=normal)
             entry = {
                 "node": node, "rank": rank, "phase": mode,
-                "steps": int(len(seconds)),
-                "step_stats": {"mean": mean, "max": float(seconds.max()), "p99": float(p99), "p95": float(p95),
-                               "p50": float(p50), "min": float(seconds.min())},
+                "steps": int(n),
+                "step_stats": {"mean": mean_us / US, "max": s.durations.max() / US, "p99": p99, "p95": p95,
+                               "p50": p50, "min": s.durations.min() / US},
                 "number_of_outliers": n_out,
-                "stddev": std,
-                "outlier_threshold": mean + k * std,
+                "stddev": std_us / US,
+                "outlier_threshold": limit_us / US,
                 "triggered": bool(fires),
-                **histogram(seconds[~outlier], bins=HISTOGRAM_BINS),
-                "step_numbers": steps[listed].tolist(),
-                "outliers": seconds[listed].tolist(),
-                "outlier_start_us": starts[listed].tolist(),
+                "probs": (counts / counts.sum()).tolist() if normal else [],
+                "binedges": (edges / US).tolist() if normal else [],
+                "step_numbers": s.step.view()[listed].tolist(),
+                "outliers": (durs[listed] / US).tolist(),
+                "outlier_start_us": s.start.view()[listed].tolist(),
                 "outliers_listed": int(listed.size),
                 "framework_context": {
-                    "outlier_steps": _mean_per_kind(per_kind[outlier]),
-                    "normal_steps": _mean_per_kind(per_kind[~outlier]),
+                    "outlier_steps": _mean_per_kind(out_sums, n_out),
+                    "normal_steps": _mean_per_kind(s.context_totals() - out_sums, normal),
                 },
             }
             details[rank_key(node, rank, mode)] = entry
             if fires:
                 triggered += 1
                 violations += n_out
-                phase_us[mode] = phase_us.get(mode, 0) + int(durs[outlier].sum())
-                kinds_us += per_kind[outlier].sum(axis=0)
+                phase_us[mode] = phase_us.get(mode, 0) + int(durs[out_rows].sum())
+                kinds_us += out_sums
         result_details: dict[str, Any] = {
             "step_details": details,
             "phase": _percent(phase_us),
@@ -356,38 +460,11 @@ class StepOutlier(Rule):
                                 details=result_details, recommendation=recommendation)
 
 
-def _sum_by_key(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and the (exact, integer) sum of the values of each."""
-    if keys.size == 0:
-        return keys, values
-    order = np.argsort(keys, kind="stable")
-    keys, values = keys[order], values[order]
-    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    return keys[first], np.add.reduceat(values, first)
-
-
-def _context_per_step(keys: np.ndarray, us: np.ndarray, gid: int, steps: np.ndarray) -> np.ndarray:
-    """steps × context kinds: µs the events of each step spent per kind (0 where none was recorded)."""
-    recorded = len(_CONTEXT_NAMES) - 1  # the last column, outside_phases, is derived by the caller
-    out = np.zeros((len(steps), recorded), np.int64)
-    if keys.size == 0 or steps.size == 0:
-        return out
-    ok = (steps >= 0) & (steps < (1 << _STEP_BITS))
-    base = (np.int64(gid) << (_STEP_BITS + _KIND_BITS)) | (np.where(ok, steps, 0) << _KIND_BITS)
-    for kind in range(recorded):
-        want = base | kind
-        pos = np.minimum(np.searchsorted(keys, want), len(keys) - 1)
-        hit = ok & (keys[pos] == want)
-        out[hit, kind] = us[pos[hit]]
-    return out
-
-
-def _mean_per_kind(per_kind: np.ndarray) -> dict[str, float]:
+def _mean_per_kind(sums: np.ndarray, steps: int) -> dict[str, float]:
     """Mean seconds per step in each kind (kinds never seen are left out)."""
-    if len(per_kind) == 0:
+    if steps <= 0:
         return {}
-    sums = per_kind.sum(axis=0)
-    return {n: float(s) / len(per_kind) / US for n, s in zip(_CONTEXT_NAMES, sums) if s > 0}
+    return {n: float(s) / steps / US for n, s in zip(_CONTEXT_NAMES, sums) if s > 0}
 
 
 def _percent(values: dict[str, int]) -> dict[str, float]:

@@ -17,8 +17,9 @@ per core (`cpuN` utilization), per GPU (utilization and memory), and for the nod
 
 Evaluation points: none (RuleTriggered and Violations are 0). Datapoints: snapshots, summed over nodes.
 
-Percentiles need the whole series: the values are kept, as float32 for percentages (4 bytes a snapshot
-and series: 3.5 MB per series for a node-day at 100 ms) and float64 for byte rates (few series)."""
+Percentiles need the whole series: each is kept as a `Distribution` — percentages as counts per 0.01 %
+(the stored resolution; the GPU means are rounded to it), a few kB per series however long the run;
+byte rates (few series) as sorted float64 values."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import Values, rounded
-from stallwatch.analyze.rules.stats import summary
+from stallwatch.analyze.rules.gpu import rounded
+from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.records import (COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, DISK, DISK_READ_BPS, DISK_WRITE_BPS,
                                 GPU_MEM_UTIL, GPU_UTIL, MEM_UTIL, MEMORY, NET, NET_RX_BPS, NET_TX_BPS)
 
@@ -43,8 +44,8 @@ _RATES = {(NET, NET_RX_BPS), (NET, NET_TX_BPS), (DISK, DISK_READ_BPS), (DISK, DI
 @dataclass
 class _Node:
     snapshots: int = 0
-    metrics: dict[str, Values] = field(default_factory=dict)  # report metric -> values
-    devices: dict[tuple[str, str], Values] = field(default_factory=dict)  # (device, metric) -> values
+    metrics: dict[str, Distribution] = field(default_factory=dict)  # report metric -> values
+    devices: dict[tuple[str, str], Distribution] = field(default_factory=dict)  # (device, metric) -> values
 
 
 def _col(device: str, metric: str) -> str:
@@ -52,7 +53,8 @@ def _col(device: str, metric: str) -> str:
 
 
 def _mean_of(frame: NodeFrame, devices: list[str], metric: str) -> np.ndarray:
-    """Per snapshot, the mean over devices that have a value (NaN where none has), column by column."""
+    """Per snapshot, the mean over devices that have a value (NaN where none has), column by column, at the
+    stored resolution (0.01)."""
     total = np.zeros(len(frame))
     count = np.zeros(len(frame), np.int32)
     for d in devices:
@@ -61,7 +63,7 @@ def _mean_of(frame: NodeFrame, devices: list[str], metric: str) -> np.ndarray:
         total += np.where(ok, x, 0.0)
         count += ok
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+        return np.round(np.where(count > 0, total / np.maximum(count, 1), np.nan), 2)
 
 
 class OverallSystemUsage(Rule):
@@ -92,22 +94,22 @@ class OverallSystemUsage(Rule):
             for name, (device, metric) in _SINGLE.items():
                 x = frame.columns.get(_col(device, metric))
                 if x is not None:
-                    st.metrics.setdefault(name, Values()).add(x)
+                    st.metrics.setdefault(name, Distribution()).add(x)
             gpus = frame.devices("gpu", GPU_UTIL)
             if gpus:
-                st.metrics.setdefault(_GPU, Values()).add(_mean_of(frame, gpus, GPU_UTIL))
+                st.metrics.setdefault(_GPU, Distribution()).add(_mean_of(frame, gpus, GPU_UTIL))
             mems = frame.devices("gpu", GPU_MEM_UTIL)
             if mems:
-                st.metrics.setdefault(_GPU_MEM, Values()).add(_mean_of(frame, mems, GPU_MEM_UTIL))
+                st.metrics.setdefault(_GPU_MEM, Distribution()).add(_mean_of(frame, mems, GPU_MEM_UTIL))
             rx, tx = frame.columns.get(_col(NET, NET_RX_BPS)), frame.columns.get(_col(NET, NET_TX_BPS))
             if rx is not None or tx is not None:
                 rx = rx if rx is not None else np.full(n, np.nan)
                 tx = tx if tx is not None else np.full(n, np.nan)
                 both = np.where(np.isnan(rx) & np.isnan(tx), np.nan, np.nan_to_num(rx) + np.nan_to_num(tx))
-                st.metrics.setdefault(_NET, Values(np.float64)).add(both)
+                st.metrics.setdefault(_NET, Distribution(None, np.float64)).add(both)
             for key in self._device_keys(frame):
-                dtype = np.float64 if key in _RATES else np.float32
-                st.devices.setdefault(key, Values(dtype)).add(frame.columns[_col(*key)])
+                dist = Distribution(None, np.float64) if key in _RATES else Distribution()
+                st.devices.setdefault(key, dist).add(frame.columns[_col(*key)])
 
     @staticmethod
     def _device_keys(frame: NodeFrame) -> list[tuple[str, str]]:
@@ -177,10 +179,10 @@ class OverallSystemUsage(Rule):
         return " ".join(texts) if texts else None
 
 
-def _stats(values: Values | None, rate: bool) -> dict[str, float]:
+def _stats(values: Distribution | None, rate: bool) -> dict[str, float]:
     if values is None:
         return {}
-    return rounded(summary(values.array()), 1 if rate else 4)
+    return rounded(values.summary(), 1 if rate else 4)
 
 
 def _device_order(key: tuple[str, str]) -> tuple[int, int, str, str]:
