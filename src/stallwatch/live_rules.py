@@ -1,4 +1,4 @@
-"""`stallwatch run`'s rules: followed live in a background thread of the launcher (local runs) every
+"""`stallwatch run`'s rules: followed live in a background thread of the launcher (local or S3 runs) every
 `rules_interval_s`, and evaluated once more on the rest when the job has ended; the results are written
 into the run (`rules/`) and summarised. Nothing here can fail the job or the launcher."""
 
@@ -24,7 +24,7 @@ class LiveRules:
         self._created_us = now_us()
         self._results: list | None = None
         self._thread: threading.Thread | None = None
-        if self.interval_s > 0 and "://" not in self.uri:  # S3 runs: evaluated once, at the end
+        if self.interval_s > 0:  # local and S3 runs alike: each evaluation reads only the new files
             self._thread = threading.Thread(target=self._follow, name="stallwatch-rules", daemon=True)
             self._thread.start()
 
@@ -42,7 +42,7 @@ class LiveRules:
         try:
             from stallwatch.present.rules_table import rules_table
 
-            if results is None:  # no live evaluation (S3, disabled, or it failed): one batch evaluation
+            if results is None:  # no live evaluation (disabled, or it failed): one batch evaluation
                 from stallwatch.analyze.rules.feed import iter_run
                 from stallwatch.analyze.rules.runner import evaluate
                 from stallwatch.store.reader import open_run

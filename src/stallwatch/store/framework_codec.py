@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -44,17 +44,31 @@ def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
     return sink.getvalue()
 
 
-def read(source: Any, kind: str) -> pa.Table:
+def read(source: Any, kind: str, columns: list[str] | None = None) -> pa.Table:
+    """A stored file's rows: every column, or only `columns` (a segment then decodes only those)."""
     if kind == PART:
-        return pa.ipc.open_file(source).read_all()
-    return pq.read_table(source, use_threads=False)  # small files: threads cost more CPU than they save
+        table = pa.ipc.open_file(source).read_all()
+        return table if columns is None else table.select(columns)
+    return pq.read_table(source, columns=columns, use_threads=False)  # small files: threads cost more than they save
+
+
+def stored_columns(fields: Iterable[str] | None, kinds: bool, times: bool) -> list[str] | None:
+    """The stored columns to read for the event fields `fields` (all when None), plus what the filters need."""
+    if fields is None:
+        return None
+    need = set(fields) | ({"kind"} if kinds else set()) | ({"start_us", "end_us"} if times else set())
+    return [c for c in STORED_SCHEMA.names if c in need]
 
 
 def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
-              start_us: int | None, end_us: int | None, *, starting: bool = False) -> pa.Table:
+              start_us: int | None, end_us: int | None, *, starting: bool = False,
+              fields: Iterable[str] | None = None) -> pa.Table:
     """Stored rows -> `framework_schema()` rows that overlap [start_us, end_us) (with `starting`: that start
-    in it) and are of `kinds`."""
+    in it) and are of `kinds`; only node, rank and `fields` when given."""
     schema = framework_schema()
+    if fields is not None:
+        wanted = {"node", "rank", *fields}
+        schema = pa.schema([f for f in schema if f.name in wanted])
     keep = np.ones(table.num_rows, dtype=bool)
     if start_us is not None:
         keep &= (table["start_us"].to_numpy() >= start_us) if starting else (table["end_us"].to_numpy() > start_us)

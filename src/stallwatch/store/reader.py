@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,37 +181,49 @@ class Run:
             return None, None
         return min(c.start_us for c in chunks), max(c.end_us for c in chunks)
 
+    def framework_files(self) -> set[str]:
+        """The paths of the framework files stored now (immutable once written; parts vanish when compacted)."""
+        return {c.path for c in self._chunks(layout.FRAMEWORK_DIR)}
+
     # -- framework events -------------------------------------------------------------------------------
     def framework(self, start_us: int | None = None, end_us: int | None = None,
                   kinds: Iterable[str] | None = None, nodes: Iterable[str] | None = None,
-                  starting: bool = False) -> pa.Table:
+                  starting: bool = False, skip_files: Container[str] = (),
+                  fields: Iterable[str] | None = None) -> pa.Table:
         """Framework events (steps, data waits, forward, backward, …) overlapping [start_us, end_us) — or,
         with `starting`, that start in it (consecutive ranges then hold each event once) — with node and
-        rank, in `framework_schema()`; ordered by node, rank and time."""
+        rank, in `framework_schema()` (only node, rank and `fields` when given: the others are not even
+        decoded); ordered by node, rank and time. Files in `skip_files` (paths from `framework_files()`) are
+        not read: a follower reads only what is new."""
         wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
+        fields = None if fields is None else ["start_us", *[f for f in fields if f != "start_us"]]
+        columns = framework_codec.stored_columns(fields, wanted is not None, start_us is not None or end_us is not None)
+        schema = framework_schema() if fields is None else pa.schema(
+            [f for f in framework_schema() if f.name in {"node", "rank", *fields}])
         node_set = None if nodes is None else ({nodes} if isinstance(nodes, str) else set(nodes))
         tables = []
         chunks = sorted(self._chunks(layout.FRAMEWORK_DIR), key=lambda c: (c.node, _rank_key(c.rank or ""), c.start_us))
         for chunk in chunks:
-            if chunk.rank is None or (node_set is not None and chunk.node not in node_set):
+            if chunk.rank is None or (node_set is not None and chunk.node not in node_set) or chunk.path in skip_files:
                 continue
             if not chunk.overlaps(start_us, end_us):
                 continue
             try:
-                stored = framework_codec.read(self.location.open_input_file(chunk.path), chunk.kind)
+                stored = framework_codec.read(self.location.open_input_file(chunk.path), chunk.kind, columns)
             except FileNotFoundError:
                 continue
             except Exception as exc:
                 warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
                           self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 continue
-            t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us, starting=starting)
+            t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us, starting=starting,
+                                          fields=fields)
             if t.num_rows:
                 if not _in_order(t["start_us"]):  # files are usually in time order already
                     t = t.take(pc.sort_indices(t["start_us"]))
                 tables.append(t)
         if not tables:
-            return framework_schema().empty_table()
+            return schema.empty_table()
         return pa.concat_tables(tables)
 
     # -- profiling windows ------------------------------------------------------------------------------

@@ -193,3 +193,40 @@ def test_parameters_and_texts_follow_rules_md():
     assert CPUBottleneck.recommendation == ("Consider increasing the number of data loaders or applying data "
                                             "pre-fetching.")
     assert cpu["Status"] == io["Status"] == "not_applicable"  # no data at all
+
+
+@pytest.mark.parametrize("rule_cls, plant, metric, param", KINDS)
+def test_framework_context_during_the_bottleneck_periods(rule_cls, plant, metric, param):
+    """Pattern: bottleneck snapshots 300..399 (one period of 100 intervals); two ranks run steps all along,
+    each step a long wait for data then forward — so during the period the loop mostly waited for data.
+    The context (overlap of events with the period) agrees with a direct computation and with any chunking."""
+    from stallwatch.analyze.rules.base import Chunk
+
+    from ._fw_gen import FwGen
+
+    frame = g.make_node(n=N)
+    _plant(plant, frame, 300, 400)
+    t0 = int(frame.timestamps[0])
+    interval = int(frame.timestamps[1] - frame.timestamps[0])
+    gen = FwGen()
+    for rank in (0, 1):
+        gen.steps(rank=rank, n=N // 2, start_us=t0, step_us=2 * interval - 1000, gap_us=1000, jitter_us=0,
+                  data_wait_us=interval, phases=True, seed=rank)
+    events = gen.table()
+    whole = Chunk({"algo-1": frame}, events, {}, final=True)
+    out = g.assert_chunk_invariant(rule_cls, whole, {"patience": PATIENCE})
+    ctx = out["Details"]["framework_context"]["algo-1"]
+    lo = int(frame.timestamps[PATIENCE + 300])
+    hi = int(frame.timestamps[PATIENCE + 399]) + interval
+    assert ctx["bottleneck_s"] == pytest.approx((hi - lo) / 1e6)
+    assert ctx["ranks"] == 2 and ctx["events"] == events.num_rows
+
+    def overlap(kind: str) -> float:
+        rows = [r for r in events.to_pylist() if r["kind"] == kind]
+        return sum(max(0, min(r["end_us"], hi) - max(r["start_us"], lo)) for r in rows) / 1e6
+
+    assert ctx["phases_s"] == {"TRAIN": pytest.approx(overlap("step"))}
+    assert ctx["kinds_s"]["data_wait"] == pytest.approx(overlap("data_wait"))
+    assert ctx["kinds_s"]["forward"] == pytest.approx(overlap("forward"))
+    assert ctx["outside_steps_s"] == pytest.approx(2 * (hi - lo) / 1e6 - overlap("step"))
+    assert overlap("data_wait") > overlap("forward") > 0  # the loop mostly waited for data

@@ -14,8 +14,13 @@ snapshots. Datapoints: the evaluated snapshots.
 Details: `low_gpu_utilization` (evaluated snapshots with some GPU below `gpu_threshold`),
 `bottlenecks` {count, percent, ranges: the first 100 runs of consecutive bottleneck snapshots as
 {node, start_us, end_us (timestamp of the run's last snapshot), snapshots}, ranges_total}, `nodes`
-{node: per-node breakdown, `above_threshold` = the node's share at the end exceeds `threshold`}, and
-`not_applicable` {node: reason} for nodes without GPU data (skipped)."""
+{node: per-node breakdown, `above_threshold` = the node's share at the end exceeds `threshold`},
+`not_applicable` {node: reason} for nodes without GPU data (skipped), and `framework_context`: what the
+training loop was doing during every bottleneck period (see `_Context`).
+
+Framework context: each bottleneck snapshot stands for one sampling interval; an event's share is its
+overlap with those periods. An event is matched once the node's snapshots have reached its end (so every
+snapshot it overlaps is known), or at the final chunk — the same matches however the data is chunked."""
 
 from __future__ import annotations
 
@@ -26,9 +31,11 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import all_not_applicable, check_counts, listing, not_applicable_nodes, skip_patience
-from stallwatch.records import COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, GPU_UTIL
+from stallwatch.analyze.rules.steps import Appendable, framework_columns
+from stallwatch.records import COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, GPU_UTIL, STEP
 
 MAX_RANGES = 100  # time ranges kept in Details (counted beyond that, not listed)
+STEP_CODE = 0  # the code of the kind "step" in the rule's name table
 
 
 @dataclass
@@ -44,6 +51,100 @@ class _Node:
     in_run: bool = False  # the last evaluated snapshot was a bottleneck (its run may go on)
     runs: int = 0  # runs of consecutive bottleneck snapshots, all of them
     ranges: list[list[int]] = field(default_factory=list)  # the first MAX_RANGES: [start_us, end_us, snapshots]
+    context: _Context = field(default_factory=lambda: _Context())
+
+
+class _Context:
+    """What the training loop did during a node's bottleneck periods: the periods as sorted, disjoint
+    [start, end) intervals (every one, not only the listed ranges), the events not yet matched, and the µs of
+    overlap summed per event kind and per step phase (over ranks)."""
+
+    def __init__(self) -> None:
+        self.starts, self.ends = Appendable(), Appendable()
+        self.interval_us = 0
+        self.last_ts: int | None = None  # the node's latest snapshot so far
+        self.waiting: list[tuple[np.ndarray, ...]] = []  # (kind codes, mode codes, starts, ends, ranks)
+        self.kinds: dict[int, int] = {}  # kind code -> µs of overlap
+        self.phases: dict[int, int] = {}  # mode code -> µs of steps' overlap
+        self.ranks: set[int] = set()
+        self.events = 0
+
+    def add_periods(self, bad: np.ndarray, ts: np.ndarray) -> None:
+        """Bottleneck snapshots (`bad` per snapshot at `ts`) as periods of one sampling interval each."""
+        if ts.size:
+            self.last_ts = int(ts[-1])
+        if not bad.any():
+            return
+        lo, hi = ts[bad], ts[bad] + self.interval_us
+        if self.ends.n and lo[0] <= self.ends.view()[-1]:  # continues (or touches) the last period
+            self.ends.view()[-1] = max(int(self.ends.view()[-1]), int(hi[0]))
+            lo, hi = lo[1:], hi[1:]
+        if lo.size:
+            gap = lo[1:] > hi[:-1]  # merge touching snapshots into one period
+            first = np.flatnonzero(np.r_[True, gap])
+            last = np.r_[first[1:] - 1, lo.size - 1]
+            self.starts.extend(lo[first])
+            self.ends.extend(np.maximum.reduceat(hi, first) if first.size else hi[last])
+
+    def add_events(self, kinds: np.ndarray, modes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   ranks: np.ndarray, final: bool) -> None:
+        """Events (kind and mode as codes of `Names`); matched once the snapshots have reached their end."""
+        if starts.size:
+            self.waiting.append((kinds, modes, starts, ends, ranks))
+        if not self.waiting:
+            return
+        if len(self.waiting) == 1:
+            kinds, modes, starts, ends, ranks = self.waiting[0]
+        else:
+            kinds, modes, starts, ends, ranks = (np.concatenate(parts) for parts in zip(*self.waiting))
+        ready = np.ones(starts.size, bool) if final else ends <= (self.last_ts if self.last_ts is not None else -1)
+        self.waiting = [] if ready.all() else [tuple(a[~ready] for a in (kinds, modes, starts, ends, ranks))]
+        if not ready.any():
+            return
+        kinds, modes, starts, ends, ranks = (a[ready] for a in (kinds, modes, starts, ends, ranks))
+        self.events += int(starts.size)
+        self.ranks.update((np.flatnonzero(np.bincount(np.maximum(ranks, -1) + 1)) - 1).tolist())
+        if not self.starts.n:
+            return
+        # only events that some period overlaps: one that ends after a period's start it starts before the end of
+        p_starts, p_ends = self.starts.view(), self.ends.view()
+        near = np.searchsorted(p_starts, ends, side="left") > np.searchsorted(p_ends, starts, side="right")
+        if not near.any():
+            return
+        kinds, modes, starts, ends = kinds[near], modes[near], starts[near], ends[near]
+        overlap = self._covered(ends) - self._covered(starts)
+        hit = overlap > 0
+        if not hit.any():
+            return
+        for code, us in enumerate(np.bincount(kinds[hit], weights=overlap[hit]).tolist()):
+            if us:
+                self.kinds[code] = self.kinds.get(code, 0) + int(us)
+        steps = hit & (kinds == STEP_CODE)
+        if steps.any():
+            for code, us in enumerate(np.bincount(modes[steps], weights=overlap[steps]).tolist()):
+                if us:
+                    self.phases[code] = self.phases.get(code, 0) + int(us)
+
+    def _covered(self, t: np.ndarray) -> np.ndarray:
+        """µs of bottleneck periods before each time in `t`."""
+        starts, ends = self.starts.view(), self.ends.view()
+        if starts.size == 0:
+            return np.zeros(t.size, np.int64)
+        cum = np.concatenate([[0], np.cumsum(ends - starts)])
+        i = np.searchsorted(starts, t, side="right")  # periods starting at or before t
+        inside = np.where(i > 0, np.minimum(t - starts[np.maximum(i - 1, 0)], (ends - starts)[np.maximum(i - 1, 0)]), 0)
+        return cum[np.maximum(i - 1, 0)] * (i > 0) + np.maximum(inside, 0)
+
+    def summary(self, names: list[str]) -> dict[str, Any]:
+        """Seconds of the bottleneck periods, and of overlap per step phase and per event kind (summed over
+        the node's ranks); `outside_steps_s`: rank-time in the periods spent in no step."""
+        period_us = int((self.ends.view() - self.starts.view()).sum())
+        in_steps = sum(self.phases.values())
+        kinds = sorted(((names[k], v) for k, v in self.kinds.items()), key=lambda kv: (-kv[1], kv[0]))
+        return {"bottleneck_s": period_us / 1e6, "ranks": len(self.ranks), "events": self.events,
+                "phases_s": {k: v / 1e6 for k, v in sorted((names[k], v) for k, v in self.phases.items())},
+                "outside_steps_s": max(period_us * len(self.ranks) - in_steps, 0) / 1e6 if self.ranks else None,
+                "kinds_s": {k: v / 1e6 for k, v in kinds}}
 
 
 class _Bottleneck(Rule):
@@ -59,6 +160,8 @@ class _Bottleneck(Rule):
         super().__init__(**params)
         check_counts(self, "patience")
         self._nodes: dict[str, _Node] = {}
+        self._names: list[str] = [STEP]  # kind and mode names by code (_code)
+        self._codes: dict[str, int] = {STEP: STEP_CODE}
 
     # -- per snapshot ---------------------------------------------------------------------------------
 
@@ -92,6 +195,8 @@ class _Bottleneck(Rule):
             m = n - skip
             if m == 0:
                 continue
+            if not st.context.interval_us:
+                st.context.interval_us = _interval_us(frame)
             with np.errstate(invalid="ignore"):
                 low, bad = self._flags(frame, skip, st)
             # cumulative condition at every evaluated snapshot: bottlenecks so far > threshold % of so far
@@ -102,6 +207,36 @@ class _Bottleneck(Rule):
             st.low_gpu += int(np.count_nonzero(low))
             st.bottlenecks = int(so_far[-1])
             self._runs(st, bad, frame.timestamps[skip:])
+            st.context.add_periods(bad, frame.timestamps[skip:])
+        self._match_events(chunk)
+
+    def _match_events(self, chunk: Chunk) -> None:
+        """Hand each node's new events to its context (matched there once the snapshots reach them). Nodes
+        whose snapshots have no GPU are never evaluated: their events are not kept."""
+        table = chunk.framework
+        if table is not None and table.num_rows:
+            cols = framework_columns(chunk)
+            kind_code = np.array([self._code(k) for k in cols.kinds], np.int64)
+            mode_code = np.array([self._code(m) for m in cols.modes] or [0], np.int64)
+            for code, node in enumerate(cols.nodes):
+                st = self._nodes.setdefault(node, _Node())
+                if st.context.last_ts is not None and not st.has_gpu:
+                    continue
+                rows = np.flatnonzero(cols.node == code)
+                if rows.size:
+                    st.context.add_events(kind_code[cols.kind[rows]], mode_code[cols.mode[rows]], cols.start[rows],
+                                          cols.end[rows], cols.rank[rows], chunk.final)
+        if chunk.final:
+            empty = np.empty(0, np.int64)
+            for st in self._nodes.values():
+                st.context.add_events(empty, empty, empty, empty, empty, final=True)
+
+    def _code(self, name: str) -> int:
+        """A small number per kind or mode name, the same for the whole evaluation (STEP is 0)."""
+        if name not in self._codes:
+            self._codes[name] = len(self._names)
+            self._names.append(name)
+        return self._codes[name]
 
     @staticmethod
     def _runs(st: _Node, bad: np.ndarray, ts: np.ndarray) -> None:
@@ -154,6 +289,8 @@ class _Bottleneck(Rule):
             "bottlenecks": {"count": bad, "percent": round(100.0 * bad / total, 2) if total else 0.0,
                             "ranges": ranges[:MAX_RANGES], "ranges_total": runs},
             "nodes": per_node,
+            "framework_context": {node: nodes[node].context.summary(self._names) for node in sorted(nodes)
+                                  if nodes[node].context.events},
         }
         message = ""
         skipped = not_applicable_nodes(self._nodes, "GPU data")
@@ -175,6 +312,16 @@ class _Bottleneck(Rule):
 
     def _advice(self, node: str, st: _Node, above: bool) -> str:
         return ""
+
+
+def _interval_us(frame: NodeFrame) -> int:
+    """The node's sampling interval (its record's, else the median spacing of these snapshots), µs."""
+    ms = (frame.info or {}).get("sample_interval_ms")
+    if isinstance(ms, (int, float)) and ms > 0:
+        return int(ms * 1000)
+    if len(frame) > 1:
+        return max(int(np.median(np.diff(frame.timestamps))), 1)
+    return 0
 
 
 class CPUBottleneck(_Bottleneck):

@@ -14,8 +14,9 @@ from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 from stallwatch.analyze.rules.feed import node_frame
 from stallwatch.records import framework_schema
 
-# A framework event is written when its step ends and reaches the store up to a flush interval later:
-# events are re-read this far back and the ones already handed out are recognised by their identity.
+# A framework event is written when its step ends and reaches the store up to a flush interval later, and a
+# segment compacts parts already read: only files not read before are read, and the events handed out in this
+# window are recognised by their identity when they come again.
 EVENT_RETENTION_US = 600 * 1_000_000
 
 
@@ -29,6 +30,7 @@ class LiveFeed:
         self._newest = 0
         self._seen_keys = np.empty(0, np.int64)  # identities of the events handed out inside the window
         self._seen_starts = np.empty(0, np.int64)
+        self._read_files: set[str] = set()  # framework files read already (files never change once written)
 
     def next(self, final: bool = False) -> Chunk:
         run = self.run
@@ -46,7 +48,11 @@ class LiveFeed:
         return Chunk(system, self._new_events(), info, final=final)
 
     def _new_events(self) -> pa.Table:
-        events = self.run.framework(start_us=self._floor)
+        # Listed before reading: every file listed here is read now (or was before), so none is missed; a file
+        # that appears in between is read now and again next time, and identities drop its repeats.
+        listed = self.run.framework_files()
+        events = self.run.framework(start_us=self._floor, skip_files=self._read_files)
+        self._read_files = listed
         if self._floor is not None and events.num_rows:
             events = events.filter(pc.greater_equal(events["start_us"], self._floor))
         if events.num_rows == 0:
