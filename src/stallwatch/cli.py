@@ -132,7 +132,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = live.finish(result.local_copy or result.run_uri)
     if summary:
         print(summary, file=sys.stderr)
+    _write_run_report(result.local_copy or result.run_uri)
     return result.exit_code
+
+
+def _write_run_report(uri: str) -> None:
+    """The end of `stallwatch run`: report.html into the run (the rules' results just written there are read
+    back, not evaluated again), its path the last line. Best effort: a failure is one line, never the exit code."""
+    try:
+        from stallwatch.present.report import build_report
+
+        where = build_report(uri)
+    except ImportError as exc:
+        print(f"stallwatch: no report: {exc.name or exc} is not installed (pip install 'stallwatch[dashboard]'); "
+              f"`stallwatch report {uri}` writes it once it is", file=sys.stderr)
+        return
+    except Exception as exc:
+        print(f"stallwatch: the report could not be written ({type(exc).__name__}: {exc}); "
+              f"`stallwatch report {uri}` tries again", file=sys.stderr)
+        return
+    except KeyboardInterrupt:  # the job is over and its exit code stands; the report can be made later
+        print(f"stallwatch: report skipped (interrupted); `stallwatch report {uri}` writes it", file=sys.stderr)
+        return
+    print(f"stallwatch: report {where}", file=sys.stderr)
 
 
 def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
@@ -180,6 +202,26 @@ def cmd_info(args: argparse.Namespace) -> int:
     if run is None:
         return 2
     print(render_info(run))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the run's HTML report (report.html in the run, or -o FILE) and print where it went."""
+    run = _open("report", args.run)
+    if run is None:
+        return 2
+    try:
+        from stallwatch.present.report import build_report
+
+        where = build_report(run, args.output)
+    except ImportError as exc:
+        print(f"stallwatch report: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
+              file=sys.stderr)
+        return 1
+    except Exception as exc:
+        print(f"stallwatch report: the report could not be written ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 1
+    print(where)
     return 0
 
 
@@ -240,7 +282,7 @@ def _show(value: Any) -> str:
 def cmd_rules(args: argparse.Namespace) -> int:
     """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary."""
     from stallwatch.analyze.rules.base import ParameterError
-    from stallwatch.analyze.rules.feed import read_run
+    from stallwatch.analyze.rules.feed import iter_run
     from stallwatch.analyze.rules.registry import all_rules, get_rule, load_custom
     from stallwatch.analyze.rules.live import follow
     from stallwatch.analyze.rules.runner import evaluate
@@ -265,7 +307,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
             results = follow(run, classes, params, every_s=args.every,
                              on_results=lambda res, final: _follow_line(run, res, final))
         else:
-            results = evaluate(classes, [read_run(run, classes)], params)
+            results = evaluate(classes, iter_run(run, classes), params)
     except ParameterError as exc:
         print(f"stallwatch rules: {exc}", file=sys.stderr)
         return 2
@@ -305,6 +347,49 @@ def _follow_line(run: Any, results: list, final: bool) -> None:
           f"{fired or 'no rule triggered'}", flush=True)
 
 
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """Write the run as one Chrome-trace / Perfetto file (nodes, ranks and counters on one time axis)."""
+    from pathlib import Path
+
+    from stallwatch.present.trace_export import export_timeline, resolve_time, run_origin_us
+
+    run = _open("timeline", args.run)
+    if run is None:
+        return 2
+    out = args.output or f"{run.info.get('run_id') or Path(args.run.rstrip('/')).name}-timeline.json.gz"
+    try:
+        origin = run_origin_us(run)
+        start = None if args.start is None else resolve_time(args.start, origin, "--start")
+        end = None if args.end is None else resolve_time(args.end, origin, "--end")
+        if start is not None and end is not None and start >= end:
+            raise ValueError(f"--start {args.start} is not before --end {args.end}")
+    except ValueError as exc:
+        print(f"stallwatch timeline: {exc}", file=sys.stderr)
+        return 2
+    try:
+        s = export_timeline(run, out, start_us=start, end_us=end, max_points=args.max_points,
+                            max_events=args.max_events, all_metrics=args.all_metrics, profiler=args.profiler)
+    except OSError as exc:
+        print(f"stallwatch timeline: cannot write {out} ({exc})", file=sys.stderr)
+        return 1
+    logger.info("timeline: %d framework events, %d counter tracks (%d points), %d torch.profiler window(s)",
+                s.framework_events, s.counter_series, s.counter_points, s.profiler_windows)
+    print(s.path)
+    return 0
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number, at least {minimum}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -325,6 +410,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")
     p.set_defaults(func=cmd_info)
+    p = sub.add_parser("report", help="write the run's interactive HTML report (one file that opens offline)")
+    p.add_argument("run", help="run directory or s3:// URI")
+    p.add_argument("-o", "--output", metavar="FILE", help="write it here instead of report.html in the run")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("config", help="show a run's profiling config, or change it while the job runs")
     p.add_argument("run", help="run directory or s3:// URI")
     _add_live_flags(p.add_argument_group("live profiling configuration"))
@@ -336,6 +425,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dest", help="the run's URI, e.g. s3://bucket/prefix/run-7")
     p.add_argument("--delete", action="store_true", help="remove the local copy once everything is copied")
     p.set_defaults(func=cmd_upload)
+    p = sub.add_parser("timeline", help="export the run as one Chrome-trace / Perfetto file (open in ui.perfetto.dev)")
+    p.add_argument("run", help="run directory or s3:// URI")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write it (default ./<run-id>-timeline.json.gz; gzipped when it ends in .gz)")
+    p.add_argument("--start", metavar="TIME", help="only from here: seconds from the run's start or an ISO time (UTC)")
+    p.add_argument("--end", metavar="TIME", help="only up to here: seconds from the run's start or an ISO time (UTC)")
+    p.add_argument("--max-points", type=_at_least(2), default=10_000, metavar="N",
+                   help="points per counter track at most; min/max per time bucket keeps spikes (default 10000)")
+    p.add_argument("--max-events", type=_at_least(0), default=1_000_000, metavar="N",
+                   help="framework events at most; later ones are left out, said in a log line "
+                        "(default 1000000; 0: no cap)")
+    p.add_argument("--all-metrics", action="store_true",
+                   help="every stored series (per core, GPU power and clocks, the job's processes…), "
+                        "not only the main ones")
+    p.add_argument("--no-profiler", dest="profiler", action="store_false",
+                   help="leave out the torch.profiler events of detailed-profiling windows")
+    p.set_defaults(func=cmd_timeline)
     return parser
 
 

@@ -18,19 +18,29 @@ def headline(results: Sequence[RuleResult]) -> str:
             "Their recommendations are below.")
 
 
+def by_times_fired(results: Sequence[RuleResult]) -> list[RuleResult]:
+    """The order every rules summary uses (console and report): most often fired first, then by name."""
+    return sorted(results, key=lambda r: (-r.triggered, r.name))
+
+
+def not_applicable_groups(results: Sequence[RuleResult]) -> dict[str, list[str]]:
+    """Reason -> the rules that do not apply for it, so the same reason (e.g. a CPU-only run) is said once."""
+    groups: dict[str, list[str]] = {}
+    for r in results:
+        if r.status == NOT_APPLICABLE:
+            groups.setdefault(r.message.replace(r.name, "the rule"), []).append(r.name)
+    return groups
+
+
 def rules_table(results: Sequence[RuleResult], width: int = 100) -> str:
-    ordered = sorted(results, key=lambda r: (-r.triggered, r.name))
+    ordered = by_times_fired(results)
     rows = []
     for r in ordered:
         status = "n/a" if r.status == NOT_APPLICABLE else ("ERROR" if r.status == "error" else str(r.triggered))
         params = " ".join(f"{k}:{v}" for k, v in r.parameters.items())
         rows.append([r.name, status, str(r.datapoints), params])
     lines = [headline(results), "", table(["rule", "triggered", "datapoints", "parameters"], rows, "lrrl"), ""]
-    not_applicable: dict[str, list[str]] = {}  # the same reason (e.g. a CPU-only run) said once
-    for r in ordered:
-        if r.status == NOT_APPLICABLE:
-            not_applicable.setdefault(r.message.replace(r.name, "the rule"), []).append(r.name)
-    for reason, names in not_applicable.items():
+    for reason, names in not_applicable_groups(ordered).items():
         lines.append(f"Not applicable: {', '.join(names)} — {reason}")
     for r in ordered:
         if r.status == NOT_APPLICABLE:

@@ -90,5 +90,12 @@ def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
         if field.name in columns:
             out.append(columns[field.name])
         else:
-            out.append(table[field.name].cast(field.type).combine_chunks() if n else pa.array([], field.type))
+            out.append(_array(table[field.name], field.type) if n else pa.array([], field.type))
     return pa.Table.from_arrays(out, schema=schema)
+
+
+def _array(column: pa.ChunkedArray, type_: pa.DataType) -> pa.Array:
+    """One array of `type_` (no cast or copy when the stored column already is one)."""
+    if column.type != type_:
+        column = column.cast(type_)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

@@ -156,7 +156,8 @@ class Run:
             if not chunk.overlaps(start_us, end_us):
                 continue
             try:
-                t = read_columns(self.location.open_input_file(chunk.path), chunk.kind, wanted)
+                t = self._read_file(chunk, None if wanted is None else tuple(sorted(wanted)),
+                                    lambda c=chunk: read_columns(self.location.open_input_file(c.path), c.kind, wanted))
             except FileNotFoundError:
                 continue  # compacted since listed; its rows are in the segment listed next time
             except Exception as exc:
@@ -209,7 +210,8 @@ class Run:
             if not chunk.overlaps(start_us, end_us):
                 continue
             try:
-                stored = framework_codec.read(self.location.open_input_file(chunk.path), chunk.kind, columns)
+                stored = self._read_file(chunk, None if columns is None else tuple(columns), lambda c=chunk: framework_codec.read(
+                    self.location.open_input_file(c.path), c.kind, columns))
             except FileNotFoundError:
                 continue
             except Exception as exc:
@@ -324,7 +326,21 @@ class Run:
         run = Run.__new__(Run)
         run.__dict__.update(self.__dict__)
         run._listing = {top: self._chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
+        run._recent = {}  # stream -> ((path, columns), table): see _read_file
         return run
+
+    def _read_file(self, chunk: layout.Chunk, key: Any, read: Any) -> pa.Table:
+        """One stored file's table. A pinned run keeps the last file read of each stream: read in consecutive
+        time slices, the file that straddles two slices is then decoded once, not twice."""
+        recent = self.__dict__.get("_recent")
+        if recent is None:
+            return read()
+        hit = recent.get(chunk.stream)
+        if hit is not None and hit[0] == (chunk.path, key):
+            return hit[1]
+        table = read()
+        recent[chunk.stream] = ((chunk.path, key), table)
+        return table
 
     def _chunks(self, top: str) -> list[layout.Chunk]:
         listing = self.__dict__.get("_listing")

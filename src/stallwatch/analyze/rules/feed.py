@@ -3,6 +3,8 @@ chunks by time (what live evaluation hands them, and how tests check that both a
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -10,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule
+from stallwatch.analyze.rules.steps import framework_columns
 from stallwatch.records import TIMESTAMP, framework_schema
 
 
@@ -58,10 +61,22 @@ def read_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None) -> Chun
 SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run an hour at a time
 
 
-def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int = SLICE_US) -> Iterator[Chunk]:
+def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int = SLICE_US,
+             read_ahead: int = 1) -> Iterator[Chunk]:
     """The run as consecutive chunks of `slice_us` (snapshots by timestamp, events by start), the last one
-    final: what batch evaluation feeds the rules, so memory holds one slice of data besides the rules' state
-    however long the run. Rules give the same results as from `read_run`'s single chunk."""
+    final: what batch evaluation feeds the rules, so memory holds a few slices of data besides the rules'
+    state however long the run. Rules give the same results as from `read_run`'s single chunk.
+
+    With `read_ahead` > 0 the next slices are read on a background thread while the caller works on the
+    current one (Parquet decoding releases the GIL: reading and evaluating share the cores)."""
+    slices = _slices(run, rules, slice_us)
+    if read_ahead <= 0:
+        yield from slices
+        return
+    yield from _read_ahead(slices, read_ahead)
+
+
+def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) -> Iterator[Chunk]:
     rules = list(rules) if rules is not None else None
     run = run.pinned()  # listed once, not once per slice
     info = dict(run.info)
@@ -78,7 +93,54 @@ def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slic
         system = {node: node_frame(node, run.system_wide(node, start_us=a, end_us=b, metrics=metrics), nodes.get(node))
                   for node in run.nodes}
         events = run.framework(start_us=a, end_us=b, starting=True)
-        yield Chunk(system, events, info, final=i == len(edges) - 2)
+        chunk = Chunk(system, events, info, final=i == len(edges) - 2)
+        framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
+        yield chunk
+
+
+_DONE = object()
+
+
+def _read_ahead(chunks: Iterator[Chunk], depth: int) -> Iterator[Chunk]:
+    """`chunks` produced on a thread, at most `depth` ahead of the consumer; an error there is raised here,
+    and a consumer that stops early stops the thread."""
+    out: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        out.put(chunk, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            item: Any = _DONE
+        except BaseException as exc:  # handed to the consumer, raised there
+            item = exc
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    thread = threading.Thread(target=produce, name="stallwatch-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = out.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 def split_by_time(chunk: Chunk, boundaries: list[int]) -> list[Chunk]:

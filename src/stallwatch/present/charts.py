@@ -1,0 +1,293 @@
+"""Bokeh figure builders shared by the report and the notebook views: time lines with shaded spans and flags,
+the utilization heatmap and histograms. They draw aggregated data handed to them (already downsampled, binned
+or bucketed) and compute nothing; timestamps come in as int64 µs and go to Bokeh as epoch milliseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from bokeh.layouts import gridplot
+from bokeh.models import (ColorBar, ColumnDataSource, CustomJS, CustomJSHover, DataRange1d, FactorRange, FixedTicker,
+                          HoverTool, Legend, LegendItem, LinearColorMapper, Range1d)
+from bokeh.palettes import Category10_10, Category20_20, Viridis256
+from bokeh.plotting import figure
+
+TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
+NO_DATA = 255  # heatmap cells without a value (the rest are whole percent, 0-100)
+NO_DATA_COLOR = "#e0e0e0"
+SPAN_COLORS = {"Initialization": "#9e9e9e", "Finalization": "#616161", "Training": "#4c9be8", "Evaluation": "#5cb85c",
+               "Other steps": "#b39ddb", "CPU bottleneck": "#d62728", "I/O bottleneck": "#9467bd"}
+MARKER_COLORS = {"Outlier step": "#ff7f0e", "Low GPU utilization (last)": "#8c564b",
+                 "GPU memory increase (last)": "#e377c2", "Small batch (last)": "#17becf"}
+_EXTRA = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line: `values` at `ts` (µs), already downsampled."""
+    name: str
+    ts: np.ndarray
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One figure of a stacked timeline: its lines, title and y axis."""
+    title: str
+    y_label: str
+    series: list[Series]
+    y_format: str = "0.0"  # Bokeh number format of the hover value
+    percent: bool = False  # a 0-100 axis
+
+
+@dataclass(frozen=True)
+class Span:
+    """A shaded time range (a training phase, a bottleneck); `label` groups spans into one legend entry."""
+    start_us: int
+    end_us: int
+    label: str
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A flagged moment drawn as a vertical line (an outlier step…); `label` is its legend entry."""
+    at_us: int
+    label: str
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class HeatRows:
+    """Rows of a heatmap on a regular time grid: `values` is rows × buckets, percent, NaN where empty."""
+    names: list[str]
+    start_us: int
+    width_us: int
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Hist:
+    """One histogram: `counts` per bin between consecutive `edges`."""
+    name: str
+    edges: np.ndarray
+    counts: np.ndarray
+
+
+@dataclass
+class Overlay:
+    """Shaded spans, flagged ranges and markers as data sources shared by every figure of a timeline (stored
+    once), and the renderers drawn from each label (hidden together)."""
+    spans: dict[str, ColumnDataSource] = field(default_factory=dict)
+    flags: dict[str, ColumnDataSource] = field(default_factory=dict)
+    markers: dict[str, ColumnDataSource] = field(default_factory=dict)
+    drawn: dict[str, list[Any]] = field(default_factory=dict)
+    extra_colors: list[str] = field(default_factory=list)
+
+    def color(self, label: str) -> str:
+        return _color(label, {**SPAN_COLORS, **MARKER_COLORS}, self.extra_colors)
+
+
+def ms(ts_us: np.ndarray | int | Sequence[int]) -> Any:
+    """µs since the epoch -> Bokeh's datetime unit (ms, float64)."""
+    return np.asarray(ts_us, dtype=np.int64) / 1000.0
+
+
+def palette(n: int) -> list[str]:
+    return list(Category10_10[:n]) if n <= 10 else [Category20_20[i % 20] for i in range(n)]
+
+
+def _color(label: str, known: dict[str, str], seen: list[str]) -> str:
+    if label in known:
+        return known[label]
+    if label not in seen:
+        seen.append(label)
+    return _EXTRA[seen.index(label) % len(_EXTRA)]
+
+
+def _span_sources(spans: Sequence[Span]) -> dict[str, ColumnDataSource]:
+    out = {}
+    for label in dict.fromkeys(s.label for s in spans):
+        mine = [s for s in spans if s.label == label]
+        out[label] = ColumnDataSource({"x0": ms([s.start_us for s in mine]), "x1": ms([s.end_us for s in mine]),
+                                       "y": [label] * len(mine), "text": [s.text or label for s in mine]})
+    return out
+
+
+def overlay(spans: Sequence[Span] = (), flags: Sequence[Span] = (), markers: Sequence[Marker] = ()) -> Overlay:
+    """Group spans, flagged ranges and markers by label into one column data source each."""
+    out = Overlay(spans=_span_sources(spans), flags=_span_sources(flags))
+    for label in dict.fromkeys(m.label for m in markers):
+        mine = [m for m in markers if m.label == label]
+        out.markers[label] = ColumnDataSource({"x": ms([m.at_us for m in mine]), "y": [label] * len(mine),
+                                               "text": [m.text or label for m in mine]})
+    return out
+
+
+def timeline(panels: Sequence[Panel], *, spans: Sequence[Span] = (), flags: Sequence[Span] = (),
+             markers: Sequence[Marker] = (), height: int = 200, colors: dict[str, str] | None = None) -> Any:
+    """Stacked time-line figures sharing one zoomable datetime x axis. `spans` (training phases) are shaded
+    in every panel; `flags` (flagged ranges: bottlenecks) are shaded too and drawn as bars in a "Flagged" track
+    on top, where `markers` (flagged moments: outlier steps) are points. One legend, above, lists every line,
+    span and flag group; a click hides it in every panel."""
+    shared = overlay(spans, flags, markers)
+    x_range = DataRange1d(range_padding=0.01)
+    names = list(dict.fromkeys(s.name for p in panels for s in p.series))
+    colors = {**dict(zip(names, palette(len(names)))), **(colors or {})}
+    figures = [_panel(p, shared, x_range, height, colors) for p in panels]
+    _legend(figures[0], [*shared.spans, *shared.flags, *names], shared)
+    if shared.flags or shared.markers:
+        track = _track(shared, x_range)
+        _legend(track, [*shared.flags, *shared.markers], shared)
+        figures.insert(0, track)
+    for f in figures[:-1]:
+        f.xaxis.major_label_text_font_size = "0pt"  # one set of dates, under the last figure
+    _link_visibility(shared.drawn)
+    if len(figures) == 1:
+        return figures[0]
+    return gridplot([[f] for f in figures], merge_tools=True, toolbar_location="right", sizing_mode="stretch_width")
+
+
+def _legend(fig: Any, labels: list[str], shared: Overlay) -> None:
+    """A horizontal legend above `fig`, wrapping into rows, of the labels it draws; a click hides the label's
+    renderers in this figure, and `_link_visibility` hides them in the others."""
+    mine = set(fig.renderers)
+    items = [LegendItem(label=label, renderers=[r for r in shared.drawn.get(label, []) if r in mine])
+             for label in dict.fromkeys(labels)]
+    items = [item for item in items if item.renderers]
+    if not items:
+        return
+    cols = min(len(items), 8)
+    fig.add_layout(Legend(items=items, click_policy="hide", orientation="horizontal", ncols=cols,
+                          label_text_font_size="8pt", spacing=8, padding=2, margin=0), "above")
+    fig.height += 22 * -(-len(items) // cols)
+
+
+def _link_visibility(drawn: dict[str, list[Any]]) -> None:
+    """The legend's entry holds one of each label's renderers per figure; hiding one hides them all (also when
+    set from outside the legend)."""
+    for renderers in drawn.values():
+        if len(renderers) > 1:
+            sync = CustomJS(args={"rs": renderers},
+                            code="for (const r of rs) { if (r.visible != cb_obj.visible) r.visible = cb_obj.visible }")
+            for r in renderers:
+                r.js_on_change("visible", sync)
+
+
+def _track(shared: Overlay, x_range: Any) -> Any:
+    """The "Flagged" track: a row per flag label, ranges as bars and moments as markers, with hover texts."""
+    rows = list(dict.fromkeys([*shared.flags, *shared.markers]))
+    f = figure(title="Flagged by the rules", x_axis_type="datetime", x_range=x_range, y_range=FactorRange(*rows[::-1]),
+               height=50 + 24 * len(rows), tools=TOOLS, active_scroll="xwheel_zoom", sizing_mode="stretch_width")
+    bars, points = [], []
+    for label, source in shared.flags.items():
+        r = f.hbar(y="y", left="x0", right="x1", height=0.6, source=source, color=shared.color(label), alpha=0.8)
+        shared.drawn.setdefault(label, []).append(r)
+        bars.append(r)
+    for label, source in shared.markers.items():
+        r = f.scatter(x="x", y="y", source=source, marker="inverted_triangle", size=8, color=shared.color(label),
+                      alpha=0.8)
+        shared.drawn.setdefault(label, []).append(r)
+        points.append(r)
+    if bars:
+        f.add_tools(HoverTool(renderers=bars, tooltips=[("", "@text"), ("from", "@x0{%F %T}"), ("to", "@x1{%F %T}")],
+                              formatters={"@x0": "datetime", "@x1": "datetime"}))
+    if points:
+        f.add_tools(HoverTool(renderers=points, tooltips=[("", "@text"), ("time", "@x{%F %T}")],
+                              formatters={"@x": "datetime"}))
+    f.ygrid.visible = False
+    f.toolbar.logo = None
+    return f
+
+
+def _panel(panel: Panel, shared: Overlay, x_range: Any, height: int, colors: dict[str, str]) -> Any:
+    f = figure(title=panel.title, x_axis_type="datetime", x_range=x_range, height=height, tools=TOOLS,
+               active_scroll="xwheel_zoom", sizing_mode="stretch_width", y_axis_label=panel.y_label)
+    if panel.percent:
+        f.y_range = Range1d(0, 105, bounds=(0, 105))
+    for label, source in [*shared.spans.items(), *shared.flags.items()]:
+        r = f.vstrip(x0="x0", x1="x1", source=source, fill_color=shared.color(label), fill_alpha=0.15, line_alpha=0)
+        shared.drawn.setdefault(label, []).append(r)
+    lines = []
+    for s in panel.series:
+        source = ColumnDataSource({"x": ms(s.ts), "y": np.asarray(s.values, dtype=np.float32)})
+        r = f.line(x="x", y="y", source=source, color=colors[s.name], line_width=1.3, name=s.name)
+        lines.append(r)
+        shared.drawn.setdefault(s.name, []).append(r)
+    f.add_tools(HoverTool(renderers=lines, tooltips=[("", "$name"), ("time", "@x{%F %T}"),
+                                                     ("value", f"@y{{{panel.y_format}}}")],
+                          formatters={"@x": "datetime"}))
+    f.toolbar.logo = None
+    return f
+
+
+def heatmap(rows: HeatRows, *, title: str, height: int | None = None, x_range: Any = None) -> Any:
+    """Every row (a GPU, a core) a band, time as x, colour = utilization (%): one image glyph, stored as whole
+    percent in one byte per cell; cells without data are grey."""
+    n_rows, n_cols = rows.values.shape
+    cells = np.where(np.isnan(rows.values), NO_DATA, np.clip(np.rint(np.nan_to_num(rows.values)), 0, 100))
+    image = cells.astype(np.uint8)
+    height = height or int(min(900, max(160, 60 + 12 * n_rows)))
+    f = figure(title=title, x_axis_type="datetime", height=height, tools=TOOLS, active_scroll="xwheel_zoom",
+               sizing_mode="stretch_width", y_range=Range1d(n_rows, 0, bounds=(0, n_rows)),
+               x_range=x_range if x_range is not None else DataRange1d(range_padding=0))
+    mapper = LinearColorMapper(palette=Viridis256, low=0, high=100, high_color=NO_DATA_COLOR)
+    x0 = float(ms(rows.start_us))
+    f.image(image=[image], x=x0, y=0, dw=n_cols * rows.width_us / 1000.0, dh=n_rows, color_mapper=mapper,
+            anchor="bottom_left", origin="bottom_left")
+    step = max(1, int(np.ceil(n_rows / 40)))  # at most ~40 labels; hover names every row
+    ticks = list(range(0, n_rows, step))
+    f.yaxis.ticker = FixedTicker(ticks=[t + 0.5 for t in ticks])
+    f.yaxis.major_label_overrides = {t + 0.5: rows.names[t] for t in ticks}
+    f.ygrid.visible = False
+    row_name = CustomJSHover(args={"names": list(rows.names)},
+                             code="const i = Math.floor(value); return i >= 0 && i < names.length ? names[i] : ''")
+    cell = CustomJSHover(code=f"return value == {NO_DATA} ? 'no data' : value + ' %'")
+    f.add_tools(HoverTool(tooltips=[("", "$y{row}"), ("time", "$x{%F %T}"), ("mean", "@image{cell}")],
+                          formatters={"$y": row_name, "$x": "datetime", "@image": cell}))
+    f.add_layout(ColorBar(color_mapper=mapper, width=10, title="%"), "right")
+    f.toolbar.logo = None
+    return f
+
+
+def histogram(hists: Sequence[Hist], *, title: str, x_label: str, y_label: str = "count",
+              height: int = 260, colors: dict[str, str] | None = None) -> Any:
+    """Overlaid histograms (one semi-transparent set of bars each); a legend click hides one."""
+    f = figure(title=title, height=height, tools="pan,wheel_zoom,box_zoom,reset,save", sizing_mode="stretch_width",
+               x_axis_label=x_label, y_axis_label=y_label)
+    names = [h.name for h in hists]
+    colors = {**dict(zip(names, palette(len(names)))), **(colors or {})}
+    items, bars = [], []
+    for h in hists:
+        edges = np.asarray(h.edges, dtype=np.float64)
+        source = ColumnDataSource({"left": edges[:-1], "right": edges[1:],
+                                   "top": np.asarray(h.counts, dtype=np.float64)})
+        r = f.quad(left="left", right="right", top="top", bottom=0, source=source, fill_color=colors[h.name],
+                   fill_alpha=0.45, line_color=colors[h.name], line_alpha=0.8, name=h.name)
+        bars.append(r)
+        items.append(LegendItem(label=h.name, renderers=[r]))
+    f.add_tools(HoverTool(renderers=bars, tooltips=[("", "$name"), ("bin", "@left{0.[000]} – @right{0.[000]}"),
+                                                    (y_label, "@top{0.[00]}")]))
+    if len(items) > 1:
+        f.add_layout(Legend(items=items, click_policy="hide", label_text_font_size="8pt"), "right")
+    f.y_range.start = 0
+    f.toolbar.logo = None
+    return f
+
+
+def bars(categories: Sequence[str], values: Sequence[float], *, title: str, y_label: str, height: int = 240,
+         highlight: set[str] | None = None) -> Any:
+    """One bar per category (a node…); highlighted ones in red."""
+    highlight = highlight or set()
+    source = ColumnDataSource({"x": list(categories), "top": [float(v) for v in values],
+                               "color": ["#d62728" if c in highlight else "#4c9be8" for c in categories]})
+    f = figure(title=title, x_range=list(categories), height=height, tools="save", sizing_mode="stretch_width",
+               y_axis_label=y_label)
+    f.vbar(x="x", top="top", width=0.7, color="color", source=source)
+    f.add_tools(HoverTool(tooltips=[("", "@x"), (y_label, "@top{0.[00]}")]))
+    f.y_range.start = 0
+    f.xaxis.major_label_orientation = 0.6 if len(categories) > 6 else 0
+    f.toolbar.logo = None
+    return f

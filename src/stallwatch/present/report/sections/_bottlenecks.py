@@ -1,0 +1,180 @@
+"""CPU and I/O bottlenecks, one presentation for both rules: the seeds' text with the right counts, the pie of
+low-GPU snapshots (with the seeds' wrong subtraction fixed), the longest bottleneck periods, and what the
+training loop was doing during them (the rule's framework context)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bokeh.layouts import row
+
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import Chart, Paragraph, Section, Table
+from stallwatch.present.report.sections import _loop_charts as charts
+from stallwatch.present.report.sections._loop import (duration, num, percent, rule_verdict, rule_view, skipped_nodes,
+                                                      when)
+from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
+
+PERIODS_LISTED = 10
+PARTS = {DATA_WAIT: "waiting for data", FORWARD: "forward", BACKWARD: "backward", OPTIMIZER: "optimizer step",
+         COLLECTIVE: "collectives"}
+REST_OF_STEPS, OUTSIDE_STEPS = "rest of the steps", "outside steps"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What differs between the CPU and the I/O presentation."""
+    rule: str
+    title: str
+    id: str
+    what: str  # "CPU", "I/O"
+    busy_param: str  # the per-core threshold parameter
+    busy: str  # "the utilization of a CPU core", …
+
+
+def build(ctx: ReportContext, kind: Kind) -> list[Section]:
+    sec = Section(kind.id, kind.title, level=3)
+    view, missing = rule_view(ctx, kind.rule, f"the {kind.what} bottleneck analysis")
+    if missing is not None:
+        sec.blocks.append(missing)
+        return [sec]
+    assert view is not None
+    p, d = view.params, view.details
+    b = d.get("bottlenecks") or {}
+    nodes: dict[str, dict[str, Any]] = d.get("nodes") or {}
+    count, share = int(b.get("count") or 0), float(b.get("percent") or 0.0)
+    above = {n: float(e.get("percent") or 0.0) for n, e in nodes.items() if e.get("above_threshold")}
+    if len(nodes) > 1:
+        where = (f"On {_listed(above)} the share was above the threshold of {p.get('threshold')} %; on the other "
+                 "nodes below it." if above else f"On every node the share was below the threshold of "
+                 f"{p.get('threshold')} %.")
+    else:
+        where = f"This is {'above' if above else 'below'} the threshold of {p.get('threshold')} %."
+    sec.blocks.append(Paragraph(
+        f"The {kind.rule} rule checked when {kind.busy} was above {kind.busy_param} of {p.get(kind.busy_param)} % "
+        f"while a GPU's utilization was below gpu_threshold of {p.get('gpu_threshold')} %. During initialization "
+        f"utilization is likely to be zero, so the rule skipped the first {p.get('patience')} snapshots of each "
+        f"node. With this configuration the rule found {count} {kind.what} bottlenecks, which is {num(share, 1)} % "
+        f"of the time analyzed. {where} The rule analyzed {view.datapoints} snapshots and fired at "
+        f"{view.triggered} of them (each snapshot at which the node's share of bottlenecks so far exceeded the "
+        "threshold)."))
+    if skipped_nodes(view):
+        sec.blocks.append(Paragraph(skipped_nodes(view)))
+    if len(nodes) > 1:
+        sec.blocks.append(_nodes_table(nodes, kind))
+    low = int(d.get("low_gpu_utilization") or 0)
+    if low:
+        sec.blocks += _low_gpu(view.datapoints, low, count, kind, p.get("gpu_threshold"))
+    ranges = b.get("ranges") or []
+    if ranges:
+        sec.blocks.append(_periods_table(ctx, ranges, int(b.get("ranges_total") or len(ranges)), kind))
+        context = framework_during(d, int(b.get("ranges_total") or len(ranges)))
+        if context is not None:
+            sec.blocks += _context_blocks(context, kind, int(b.get("ranges_total") or len(ranges)))
+    if above:  # the rule's recommendation names the nodes, their shares and what to do
+        fired = ""
+    else:  # fired while the share so far was high (early in the run), below the threshold over the whole run
+        fired = (f"{kind.what} bottlenecks exceeded {p.get('threshold')} % of the time so far at {view.triggered} "
+                 f"snapshots, though over the whole run they were {num(share, 1)} %.")
+    fine = (f"{kind.what} bottlenecks were rare ({num(share, 1)} % of the time, threshold {p.get('threshold')} %)."
+            if count else f"No {kind.what} bottlenecks.")
+    sec.blocks.append(rule_verdict(view, fired, fine))
+    return [sec]
+
+
+def _listed(shares: dict[str, float]) -> str:
+    """ "node algo-2 (51.7 % of the time)", joined."""
+    return ", ".join(f"node {n} ({num(v, 1)} % of the time)" for n, v in shares.items())
+
+
+def _nodes_table(nodes: dict[str, dict[str, Any]], kind: Kind) -> Table:
+    rows = [[node, e.get("datapoints"), e.get("low_gpu_utilization"), e.get("bottlenecks"), e.get("percent"),
+             "yes" if e.get("above_threshold") else "no", e.get("ranges")] for node, e in nodes.items()]
+    return Table(["Node", "Snapshots", "Low GPU", f"{kind.what} bottlenecks", "% of snapshots", "Above threshold",
+                  "Periods"], rows, caption=f"{kind.what} bottlenecks per node")
+
+
+def _low_gpu(datapoints: int, low: int, count: int, kind: Kind, gpu_threshold: Any) -> list[Any]:
+    """The seeds' pie, with each snapshot counted once: GPU busy / GPU low without a bottleneck / bottleneck."""
+    slices = {"GPU usage above threshold": datapoints - low,
+              f"GPU usage below threshold, no {kind.what} bottleneck": low - count,
+              f"Low GPU usage due to {kind.what} bottlenecks": count}
+    text = (f"The following chart shows how many snapshots had a GPU below the gpu_threshold of {gpu_threshold} % "
+            f"and how many of those were likely caused by a {kind.what} bottleneck. The rule found {low} out of "
+            f"{datapoints} snapshots with a GPU below {gpu_threshold} %; {num(percent(count, low), 1)} % of those "
+            f"were likely caused by {kind.what} bottlenecks.")
+    return [Paragraph(text), Chart(charts.pie(f"Low GPU usage caused by {kind.what} bottlenecks", slices,
+                                              unit="snapshots"),
+                                   caption="Snapshots analyzed, by GPU usage and bottleneck")]
+
+
+def _interval_us(ctx: ReportContext, node: str) -> int:
+    ms = ctx.node_info(node).get("sample_interval_ms")
+    return int(ms * 1000) if isinstance(ms, (int, float)) and ms > 0 else 0
+
+
+def _periods_table(ctx: ReportContext, ranges: list[dict[str, Any]], total: int, kind: Kind) -> Table:
+    longest = sorted(ranges, key=lambda r: (-int(r["snapshots"]), r["start_us"]))[:PERIODS_LISTED]
+    rows = [[r["node"], when(r["start_us"]), when(r["end_us"] + _interval_us(ctx, r["node"])), r["snapshots"],
+             duration((r["end_us"] + _interval_us(ctx, r["node"]) - r["start_us"]) / 1e6)] for r in longest]
+    among = f" (among the first {len(ranges)} of {total} periods)" if total > len(ranges) else ""
+    return Table(["Node", "From", "To", "Snapshots", "Duration"], rows,
+                 caption=f"The longest {kind.what} bottleneck periods{among}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the training loop was doing during the bottleneck periods
+
+
+@dataclass
+class LoopContext:
+    """Rank-seconds of the training loop inside the bottleneck periods: per phase of its steps (TRAIN, EVAL,
+    GLOBAL, outside steps) and per part (waiting for data, forward, …, rest of the steps, outside steps)."""
+    rank_seconds: float
+    periods: int
+    phases: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def framework_during(details: dict[str, Any], periods: int) -> LoopContext | None:
+    """The rule's framework context (every bottleneck period of every node, matched with the events as they
+    arrived), summed over nodes; None when no event fell in a period."""
+    per_node: dict[str, dict[str, Any]] = details.get("framework_context") or {}
+    out = LoopContext(0.0, periods)
+    parts = {label: 0.0 for label in PARTS.values()}
+    phases: dict[str, float] = {}
+    in_steps = 0.0
+    for c in per_node.values():
+        out.rank_seconds += float(c.get("bottleneck_s") or 0.0) * int(c.get("ranks") or 0)
+        kinds = c.get("kinds_s") or {}
+        for k, label in PARTS.items():
+            parts[label] += float(kinds.get(k) or 0.0)
+        for mode, seconds in (c.get("phases_s") or {}).items():
+            phases[mode] = phases.get(mode, 0.0) + float(seconds)
+        in_steps += float(kinds.get(STEP) or 0.0)
+    if in_steps == 0 and not any(parts.values()):
+        return None
+    parts[REST_OF_STEPS] = max(in_steps - sum(parts.values()), 0.0)
+    parts[OUTSIDE_STEPS] = max(out.rank_seconds - in_steps, 0.0)
+    phases[OUTSIDE_STEPS] = max(out.rank_seconds - in_steps, 0.0)
+    out.phases = {k: v for k, v in phases.items() if v > 0}
+    out.parts = {k: v for k, v in parts.items() if v > 0}
+    return out
+
+
+def _context_blocks(c: LoopContext, kind: Kind, total: int) -> list[Any]:
+    among = f" the {total} bottleneck periods" if total > 1 else " the bottleneck period"
+    top = max(c.parts.items(), key=lambda kv: kv[1]) if c.parts else None
+    text = (f"What the training loop was doing during{among}, from its framework events (time of all ranks "
+            f"together, {num(c.rank_seconds, 1)} rank-seconds): the left chart shows the phase of the steps, the "
+            "right one the part of the step.")
+    if top:
+        text += f" Most of that time ({num(percent(top[1], c.rank_seconds), 0)} %) went to {top[0]}."
+    pies = [charts.pie(f"Phase during {kind.what} bottlenecks", c.phases, unit="rank-seconds"),
+            charts.pie(f"Part of the step during {kind.what} bottlenecks", c.parts, unit="rank-seconds")]
+    rows = [[label, seconds, percent(seconds, c.rank_seconds)]
+            for label, seconds in sorted(c.parts.items(), key=lambda kv: -kv[1])]
+    return [Paragraph(text), Chart(row(*pies), caption=f"The training loop during {kind.what} bottlenecks"),
+            Table(["Where the time went", "Rank-seconds", "% of the time"], rows,
+                  caption=f"The training loop during {kind.what} bottlenecks")]

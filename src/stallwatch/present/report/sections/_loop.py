@@ -1,0 +1,133 @@
+"""What the "Analyzing the training loop" subsections share: one rule's result read as typed values, the
+plain statement when a rule does not apply (or failed), and the formatting of numbers in their sentences."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import GOOD, WARN, NotApplicable, Verdict
+
+US = 1_000_000
+HOW_TO_RECORD = ("Run the training under `stallwatch run -- python train.py` (PyTorch) to record its steps, their "
+                 "phases and its data loading.")
+
+
+@dataclass(frozen=True)
+class RuleView:
+    """One rule's result (RULES.md's schema) with its fields typed; `params` are the structured Parameters."""
+
+    name: str
+    triggered: int
+    violations: int
+    datapoints: int
+    params: dict[str, Any]
+    details: dict[str, Any]
+    recommendation: str
+    status: str
+    message: str
+
+    @classmethod
+    def of(cls, result: dict[str, Any]) -> RuleView:
+        return cls(str(result.get("RuleName", "")), int(result.get("RuleTriggered") or 0),
+                   int(result.get("Violations") or 0), int(result.get("Datapoints") or 0),
+                   dict(result.get("Parameters") or {}), dict(result.get("Details") or {}),
+                   str(result.get("Recommendation") or ""), str(result.get("Status") or "ok"),
+                   str(result.get("Message") or ""))
+
+
+def rule_view(ctx: ReportContext, name: str, what: str) -> tuple[RuleView | None, NotApplicable | None]:
+    """The rule's result when it applies, else the statement why `what` (the subsection's analysis, as a phrase:
+    "the batch size analysis") does not apply."""
+    result = ctx.rules.get(name)
+    if result is None:
+        return None, NotApplicable(f"{_cap(what)} was not analyzed: the {name} rule was not evaluated for this run.")
+    view = RuleView.of(result)
+    if view.status == "error":
+        return view, NotApplicable(f"{_cap(what)} could not be analyzed: the {name} rule failed ({view.message}).")
+    if view.status == "not_applicable":
+        return view, NotApplicable(not_applicable_reason(view, what))
+    patience = view.params.get("patience")
+    if view.datapoints == 0 and patience is not None:
+        return view, NotApplicable(f"The run is too short for {what}: the {name} rule skips the first {patience} "
+                                   "snapshots of each node (initialization), and no node had enough snapshots after "
+                                   "them, so nothing was analyzed.")
+    return view, None
+
+
+def not_applicable_reason(view: RuleView, what: str) -> str:
+    """A rule's "not applicable" as a plain sentence: no GPU, no framework data (and how to get it), or the
+    rule's own message."""
+    skipped = view.details.get("not_applicable")
+    if isinstance(skipped, dict) and skipped:
+        nodes = ("node " if len(skipped) == 1 else "nodes ") + ", ".join(sorted(skipped))
+        return f"No GPU on this run ({nodes} recorded no GPU data): {what} does not apply."
+    message = view.message.rstrip(".")
+    if message.startswith("no framework data"):
+        return f"No framework data on this run: {what} does not apply. {HOW_TO_RECORD}"
+    return f"{_cap(what)} does not apply: {message}."
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def skipped_nodes(view: RuleView) -> str:
+    """The nodes a GPU rule skipped for lack of GPU data, as a sentence ("" when none)."""
+    skipped = view.details.get("not_applicable")
+    if not isinstance(skipped, dict) or not skipped:
+        return ""
+    return f"Nodes without GPU data, left out here: {', '.join(sorted(skipped))}."
+
+
+def node_details(view: RuleView) -> dict[str, dict[str, Any]]:
+    """Details keyed by node (GPU rules), without the run-wide keys."""
+    return {k: v for k, v in view.details.items() if isinstance(v, dict) and k not in ("not_applicable",)}
+
+
+def rule_verdict(view: RuleView, fired: str, fine: str, *, fires: bool | None = None) -> Verdict:
+    """The rule's verdict: `fired` followed by its recommendation when it fired, else `fine`."""
+    if (view.triggered > 0) if fires is None else fires:
+        return Verdict(f"{fired} {_cap(view.recommendation)}".strip(), WARN)
+    return Verdict(fine, GOOD)
+
+
+def when(us: int | None) -> str:
+    """µs since the epoch as UTC text."""
+    if us is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(us / US, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float | None) -> str:
+    """A duration for sentences: "850 ms", "12.3 s", "4 min 05 s", "2 h 03 min"."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    s = max(float(seconds), 0.0)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def num(x: float | None, digits: int = 2) -> str:
+    """A number for sentences, `digits` after the point, without trailing zeros ("-" for missing)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    text = f"{float(x):.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def plural(n: int, word: str) -> str:
+    """ "1 window", "3 windows" (the last word takes the s)."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def percent(part: float, whole: float) -> float:
+    return 100.0 * part / whole if whole else 0.0

@@ -1,0 +1,96 @@
+"""5. Dataloading analysis: data-loader workers against CPU cores per node, pinned memory and prefetching, the
+loaders' settings, and how long the training loop waited for each batch (the Dataloader rule's numbers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import INFO, Chart, Paragraph, Section, Table, Verdict
+from stallwatch.present.report.sections import _loop_charts as charts
+from stallwatch.present.report.sections._loop import num, plural, rule_verdict, rule_view
+
+RULE = "Dataloader"
+TITLE = "Dataloading analysis"
+
+
+def build(ctx: ReportContext) -> list[Section]:
+    sec = Section("dataloading", TITLE, level=3)
+    view, missing = rule_view(ctx, RULE, "the dataloading analysis")
+    if missing is not None:
+        sec.blocks.append(missing)
+        return [sec]
+    assert view is not None
+    d = view.details
+    p = view.params
+    sec.blocks.append(Paragraph(
+        "The number of data-loader workers can greatly affect the overall performance of your training job. The "
+        "Dataloader rule compared the number of data-loader worker processes running in parallel on each node "
+        "(the median during the training loop) with the node's CPU cores, and checked whether it is below "
+        f"{p.get('min_threshold')} % or above {p.get('max_threshold')} % of the cores. Too few workers can slow "
+        "down data preprocessing and leave the GPUs waiting; too many compete for the CPU with the training "
+        "processes and other compute-intensive work. The rule analyzed "
+        f"{view.datapoints} samples of the worker count and fired on {plural(view.triggered, 'node')}."))
+    nodes: dict[str, dict[str, Any]] = d.get("nodes") or {}
+    if nodes:
+        sec.blocks.append(_nodes_table(nodes))
+    loaders = d.get("loaders") or []
+    if loaders:
+        sec.blocks.append(_loaders_table(loaders, int(d.get("loaders_total") or len(loaders))))
+    timing = d.get("dataloading_time") or {}
+    if timing.get("probs"):
+        sec.blocks += _timing(timing)
+    # fired: the rule's recommendation names the nodes, the worker counts to try, pinned memory and prefetching
+    sec.blocks.append(rule_verdict(view, "", "The number of data-loader workers fits the CPU cores of every node."))
+    advice = _advice(ctx, nodes, d)
+    if advice and not view.triggered:
+        sec.blocks.append(Verdict(advice, INFO))
+    return [sec]
+
+
+def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
+    rows = []
+    for node, e in nodes.items():
+        verdict = {"below": "too few", "above": "too many"}.get(e.get("reason") or "", "fine")
+        if e.get("percent") is None:
+            verdict = e.get("reason") or "unknown"
+        rows.append([node, e.get("cores"), e.get("ranks"), e.get("dataloaders"), e.get("percent"), e.get("max_alive"),
+                     e.get("source"), e.get("suggested_num_workers"), verdict])
+    return Table(["Node", "CPU cores", "Ranks", "Workers in parallel (median)", "% of cores", "Most workers alive",
+                  "Counted from", "Suggested num_workers per rank", "Verdict"], rows,
+                 caption="Data-loader workers and CPU cores per node")
+
+
+def _advice(ctx: ReportContext, nodes: dict[str, dict[str, Any]], d: dict[str, Any]) -> str:
+    """The seeds' sentences on pinned memory (for GPU nodes) and prefetching, where they apply."""
+    parts = []
+    gpu_nodes = [n for n in nodes if ctx.node_info(n).get("gpus")]
+    if gpu_nodes and d.get("pin_memory") is False:
+        parts.append("Pinned memory makes copies to the GPUs faster and lets them overlap with compute; your "
+                     "training job did not use it everywhere. With a PyTorch DataLoader, set pin_memory=True.")
+    if d.get("prefetch") is False:
+        parts.append("Your training job did not prefetch data (every loader ran with num_workers=0, loading each "
+                     "batch in the training process when it was needed). Prefetching prepares batches ahead of "
+                     "time: use worker processes (num_workers > 0, prefetch_factor >= 2).")
+    return " ".join(parts)
+
+
+def _loaders_table(loaders: list[dict[str, Any]], total: int) -> Table:
+    rows = [[e.get("node"), e.get("rank"), e.get("dataset"), e.get("batch_size"), e.get("num_workers"),
+             e.get("pin_memory"), e.get("prefetch_factor"), e.get("persistent_workers"), e.get("iterators")]
+            for e in loaders]
+    more = f" (the first {len(loaders)} of {total})" if total > len(loaders) else ""
+    return Table(["Node", "Rank", "Dataset", "Batch size", "num_workers", "pin_memory", "prefetch_factor",
+                  "persistent_workers", "Iterators"], rows, caption=f"The data loaders and their settings{more}")
+
+
+def _timing(t: dict[str, Any]) -> list[Any]:
+    which = "training steps" if t.get("mode") == "TRAIN" else "steps"
+    text = (f"The following histogram shows how long the training loop waited for each batch ({t.get('count')} "
+            f"waits during {which}). The median wait was {num(t.get('p50'), 4)} s, the 95th percentile "
+            f"{num(t.get('p95'), 4)} s, the 25th percentile {num(t.get('p25'), 4)} s and the longest "
+            f"{num(t.get('max'), 4)} s.")
+    chart = charts.histogram("Waiting for data", "Wait for a batch in s", [("Waits for a batch", t["probs"],
+                                                                          t["binedges"])],
+                             y_label="Share of waits")
+    return [Paragraph(text), Chart(chart, caption="Time the training loop waited for each batch")]

@@ -1,0 +1,195 @@
+"""3. Framework metrics summary: where the training loop's time went (TRAIN / EVAL / between steps, forward vs
+backward, waiting for data, optimizer, collectives), then the CPU and GPU operator tables of the detailed-
+profiling windows — all from the OverallFrameworkMetrics rule's details."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bokeh.layouts import row
+
+from stallwatch.analyze.rules.steps import mode_order
+from stallwatch.present.report.breakdowns import pie
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import (INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table,
+                                             Verdict)
+from stallwatch.records import COLLECTIVE, DATA_WAIT, OPTIMIZER
+
+SECTION_ID = "framework"
+TITLE = "Framework metrics summary"
+RULE = "OverallFrameworkMetrics"
+PHASE_TEXT = ("The following two pie charts show the time spent on the TRAIN phase, the EVAL phase, and others. The "
+              "'others' includes the time spent between steps (after one step has finished and before the next step "
+              "has started). Ideally, most of the training time should be spent on the TRAIN and EVAL phases. If "
+              "TRAIN/EVAL were not specified in the training script, steps will be recorded as GLOBAL.")
+OTHERS_WARN = 25.0  # % of the loop between steps the seeds called significant
+UNEVEN = 70.0  # % forward (or backward) the seeds called a significant difference
+GENERAL_LABELS = {DATA_WAIT: "waiting for data", OPTIMIZER: "optimizer", COLLECTIVE: "collectives"}
+PIE_TOP = 9  # operators drawn as their own wedge; the rest are one
+HOW_TO_PROFILE = ("To get one, profile a few steps with torch.profiler: `stallwatch run --detailed-profiling 5:1 -- "
+                  "python train.py` profiles step 5 (while the job runs: `stallwatch config RUN --detailed-profiling "
+                  "5:1`).")
+
+
+def build(ctx: ReportContext) -> list[Section]:
+    result = ctx.rules.get(RULE) or {}
+    if result.get("Status") != "ok":
+        why = result.get("Message") or "the rule's result is missing"
+        main = Section(SECTION_ID, TITLE, [NotApplicable(
+            f"No framework metrics in this run ({why}). They come from inside the training process: run the "
+            "PyTorch job under `stallwatch run -- python train.py`, and its steps, phases and data loading are "
+            "recorded with no code change.")])
+        return [main, *operator_sections(ctx, {})]
+    details: Mapping[str, Any] = result.get("Details") or {}
+    blocks: list[Block] = []
+    blocks += _phases(details)
+    blocks += _general(details)
+    blocks += _ranks(details)
+    blocks += _ratio(details)
+    return [Section(SECTION_ID, TITLE, blocks), *operator_sections(ctx, details)]
+
+
+def _seconds(values: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> dict[str, float]:
+    labels = labels or {}
+    return {labels.get(k, k): float(v) / 1e6 for k, v in values.items()}
+
+
+def _phases(details: Mapping[str, Any]) -> list[Block]:
+    phase, fb = details.get("phase") or {}, details.get("forward_backward") or {}
+    out: list[Block] = []
+    charts = []
+    text = PHASE_TEXT
+    if phase:
+        charts.append(pie(_seconds(details.get("phase_us") or {}), unit="seconds",
+                          title="Time in the TRAIN/EVAL phases and others"))
+        others = float(phase.get("others", 0.0))
+        if others > OTHERS_WARN:
+            out.append(Verdict(f"Your training job spent quite a significant amount of time ({others:.1f} %) in "
+                               "phase \"others\", between steps: check what happens there (evaluation outside the "
+                               "recorded steps, checkpointing, logging).", WARN))
+    if fb:
+        event, perc = max(fb.items(), key=lambda kv: kv[1])
+        text += (f" The pie chart on the right shows a more detailed breakdown: {perc:.0f} % of the time of forward "
+                 f"and backward passes was spent in the {event} pass.")
+        if perc > UNEVEN:
+            text += " There is quite a significant difference between the time spent on forward and backward pass."
+        charts.append(pie(_seconds(details.get("forward_backward_us") or {}), unit="seconds",
+                          title="Forward and backward pass"))
+    out.append(Paragraph(text))
+    if charts:
+        out.append(Chart(row(*charts), "The ratio between the time spent on the TRAIN/EVAL phase and others"))
+    return out
+
+
+def _general(details: Mapping[str, Any]) -> list[Block]:
+    out: list[Block] = []
+    general = details.get("general_us") or {}
+    if general:
+        event, share = max((details.get("general") or {}).items(), key=lambda kv: kv[1], default=("", 0.0))
+        out.append(Paragraph("The following pie chart shows the time the training loop spent in its general framework "
+                             "events: waiting for the data loader's next batch, optimizer steps and collective "
+                             f"operations. The largest share, {share:.0f} %, was {GENERAL_LABELS.get(event, event)}."))
+        out.append(Chart(pie(_seconds(general, GENERAL_LABELS), unit="seconds", title="General framework events"),
+                         "General framework events"))
+    collectives = (details.get("events") or {}).get(COLLECTIVE) or {}
+    if collectives:
+        total = sum(v["total_us"] for v in collectives.values()) / 1e6
+        out.append(Paragraph(f"Collective operations (all-reduce, broadcast, barriers …) took {total:,.1f} s in all "
+                             f"ranks together, over {sum(v['count'] for v in collectives.values()):,} calls."))
+    else:
+        out.append(Paragraph("No collective operations were recorded: a single-process job has none; a distributed "
+                             "job's collectives are recorded when they run through torch.distributed."))
+    events = details.get("events") or {}
+    rows = [[kind, name, v["count"], v["total_us"] / 1e6, v["total_us"] / 1e3 / max(v["count"], 1)]
+            for kind, names in events.items() for name, v in names.items()]
+    rows.sort(key=lambda r: -r[3])
+    if rows:
+        out.append(Table(["event", "name", "count", "total time (s)", "mean (ms)"], rows,
+                         "Framework events by name (all ranks)"))
+    return out
+
+
+def _ranks(details: Mapping[str, Any]) -> list[Block]:
+    ranks = details.get("ranks") or {}
+    if len(ranks) < 2:
+        return []
+    phases = sorted({p for r in ranks.values() for p in (r.get("phase") or {})},
+                    key=lambda p: (p == "others", mode_order(p), p))
+    rows = []
+    for key, r in ranks.items():
+        fb = r.get("forward_backward") or {}
+        rows.append([key, r.get("steps", 0), *((r.get("phase") or {}).get(p, 0.0) for p in phases),
+                     fb.get("forward", 0.0), fb.get("backward", 0.0),
+                     (r.get("general_us") or {}).get(DATA_WAIT, 0) / 1e6])
+    return [Table(["rank", "steps", *(f"{p} %" for p in phases), "forward %", "backward %", "waiting for data (s)"],
+                  rows, "Per rank")]
+
+
+def _ratio(details: Mapping[str, Any]) -> list[Block]:
+    ratio = details.get("ratio") or {}
+    if not ratio:
+        return []
+    key, perc = next(iter(ratio.items()))
+    if len(ratio) == 1:
+        return [Paragraph(f"All of the operators' time in the detailed-profiling windows was spent on {key} "
+                          "operators.")]
+    return [Paragraph(f"The following pie chart shows a breakdown of the CPU/GPU operators of the detailed-profiling "
+                      f"windows. It shows that {perc:.0f} % of the operators' time was spent on executing {key} "
+                      "operators."),
+            Chart(pie(ratio, unit="%", title="CPU and GPU operators"),
+                  "The ratio between the time spent on CPU/GPU operators")]
+
+
+def operator_sections(ctx: ReportContext, details: Mapping[str, Any]) -> list[Section]:
+    """"CPU operators" and "GPU operators": each a table and a pie, or a plain statement why there is none."""
+    tables = details.get("operators") or {}
+    out = []
+    for label, where in (("CPU", "the CPUs"), ("GPU", "the GPUs")):
+        sid, title = f"{label.lower()}-operators", f"{label} operators"
+        ops = tables.get(label) or []
+        if ops:
+            out.append(Section(sid, title, _operators(label, where, ops, int(tables.get(f"{label}_count") or len(ops)),
+                                                      int(details.get("operator_windows") or 0)), level=3))
+        else:
+            out.append(Section(sid, title, [NotApplicable(_no_operators(ctx, label, bool(tables)))], level=3))
+    return out
+
+
+def _no_operators(ctx: ReportContext, label: str, any_operators: bool) -> str:
+    if any_operators:  # the other device has some
+        return (f"The detailed-profiling windows recorded no {label} operators"
+                + (": the job ran on the CPU only (no CUDA device was profiled)." if label == "GPU" else "."))
+    windows = ctx.run.profiles(layer="detailed")
+    if windows and ctx.operators.num_rows == 0:
+        return (f"{len(windows)} detailed-profiling window(s) were recorded, but none holds an operator summary "
+                "(see `summary_error` in their window.json).")
+    return f"No detailed-profiling window was recorded in this run, so there are no operator tables. {HOW_TO_PROFILE}"
+
+
+def _operators(label: str, where: str, ops: list[Mapping[str, Any]], count: int, windows: int) -> list[Block]:
+    top = ops[0]
+    blocks: list[Block] = [Paragraph(
+        f"The following table shows a list of operators that ran on {where}, by self time (the time in the operator "
+        f"itself, without the operators it called). The most expensive operator on {where} was \"{top['operator']}\" "
+        f"with {float(top['percent']):.0f} %.")]
+    if float(top["percent"]) > 50:
+        blocks.append(Verdict(f"One operator, \"{top['operator']}\", took most of the {label} operators' time: it is "
+                              "where the model itself can be made faster.", INFO))
+    values = {str(o["operator"]): float(o["self_us"]) / 1e3 for o in ops}
+    blocks.append(Chart(pie(values, unit="ms", top=PIE_TOP, rest=_unlisted_ms(ops), others="other operators",
+                            title=f"{label} operators by self time"), f"{label} operators by self time"))
+    rows = [[o["operator"], o["calls"], o["self_us"] / 1e3, o["total_us"] / 1e3, o["percent"]] for o in ops]
+    shown = f"The {len(ops)} most expensive of {count:,}" if count > len(ops) else f"All {count:,}"
+    blocks.append(Table(["operator", "calls", "self time (ms)", "total time (ms)", f"% of {label} self time"], rows,
+                        f"{shown} {label} operators, over {windows} detailed-profiling window(s)"))
+    return blocks
+
+
+def _unlisted_ms(ops: list[Mapping[str, Any]]) -> float:
+    """Self time (ms) of the operators the rule did not list, from the listed ones' shares of the device's."""
+    listed_ms = sum(float(o["self_us"]) for o in ops) / 1e3
+    listed_pct = sum(float(o["percent"]) for o in ops)
+    if not 0 < listed_pct < 99.999:
+        return 0.0
+    return listed_ms * 100.0 / listed_pct - listed_ms

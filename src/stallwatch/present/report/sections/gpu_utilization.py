@@ -1,0 +1,108 @@
+"""5. GPU utilization: LowGPUUtilization's verdict per GPU, and box plots of each GPU's utilization per node,
+their quantiles computed here from the node's snapshots (after the rule's patience)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stallwatch.analyze.rules.stats import box_stats
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import Chart, Paragraph, Section, Table
+from stallwatch.present.report.sections import _loop_charts as charts
+from stallwatch.present.report.sections._loop import (RuleView, node_details, num, rule_verdict, rule_view,
+                                                      skipped_nodes, when)
+from stallwatch.records import GPU_UTIL
+
+RULE = "LowGPUUtilization"
+TITLE = "GPU utilization"
+
+
+def build(ctx: ReportContext) -> list[Section]:
+    sec = Section("gpu-utilization", TITLE, level=3)
+    view, missing = rule_view(ctx, RULE, "the GPU utilization analysis")
+    if missing is not None:
+        sec.blocks.append(missing)
+        return [sec]
+    assert view is not None
+    sec.blocks.append(Paragraph(_intro(view)))
+    if skipped_nodes(view):
+        sec.blocks.append(Paragraph(skipped_nodes(view)))
+    patience = int(view.params.get("patience") or 0)
+    for node, gpus in node_details(view).items():
+        sec.blocks.append(_table(node, gpus, view))
+        boxes, skipped = gpu_boxes(ctx, node, patience)
+        if boxes:
+            after = (f"after its first {patience} snapshots" if skipped else
+                     "all snapshots: the node has no more than the rule's patience")
+            sec.blocks.append(Chart(charts.box_plot(f"GPU utilization on node {node}", boxes),
+                                    caption=f"Utilization per GPU on node {node} ({after}; whiskers at most 1.5 "
+                                            "IQR beyond the box, without outliers)"))
+    last = view.details.get("last_timestamp")
+    sec.blocks.append(rule_verdict(
+        view, _fired_text(view, last), f"Every GPU stayed busy: no window had a p95 of utilization below "
+        f"{view.params.get('threshold_p95')} % or fluctuated below {view.params.get('threshold_p5')} %."))
+    return [sec]
+
+
+def gpu_boxes(ctx: ReportContext, node: str, patience: int) -> tuple[list[tuple[str, dict[str, float]]], bool]:
+    """Box-plot statistics of each GPU's utilization on `node`, over its snapshots after `patience` (all of them
+    when none is left); whether the patience was skipped."""
+    frame = ctx.system(node, (GPU_UTIL,))
+    skip = patience if len(frame) > patience else 0
+    boxes = []
+    for gpu in frame.devices("gpu", GPU_UTIL):
+        values = np.asarray(frame.get(gpu, GPU_UTIL), dtype=np.float64)[skip:]
+        stats = box_stats(values)
+        if stats:
+            stats["max"] = float(np.nanmax(values))
+            boxes.append((gpu, stats))
+    return boxes, skip > 0
+
+
+def _intro(view: RuleView) -> str:
+    p = view.params
+    under = sum(int(g.get("underutilized") or 0) for gpus in node_details(view).values() for g in gpus.values()
+                if isinstance(g, dict))
+    fluct = sum(int(g.get("fluctuating") or 0) for gpus in node_details(view).values() for g in gpus.values()
+                if isinstance(g, dict))
+    return (f"The LowGPUUtilization rule checks for low and fluctuating GPU usage. If the GPU usage is consistently "
+            f"low, it might be caused by bottlenecks or a small batch size. If usage is heavily fluctuating, it can be "
+            f"due to bottlenecks or blocking calls. The rule computed the 95th and 5th percentile of each GPU's "
+            f"utilization over windows of {p.get('window')} consecutive snapshots: it found {under} windows where "
+            f"p95 was below {p.get('threshold_p95')} % (underutilized) and {fluct} where p95 was above "
+            f"{p.get('threshold_p95')} % and p5 below {p.get('threshold_p5')} % (fluctuating). During "
+            f"initialization the GPU usage is likely zero, so the rule skipped the first {p.get('patience')} "
+            f"snapshots of each node. The rule analyzed {view.datapoints} snapshots and fired in {view.triggered} "
+            f"windows.")
+
+
+def _table(node: str, gpus: dict[str, Any], view: RuleView) -> Table:
+    t95, t5 = view.params.get("threshold_p95"), view.params.get("threshold_p5")
+    rows = []
+    for gpu, g in gpus.items():
+        rows.append([gpu, g.get("gpu_max"), g.get("gpu_95"), g.get("gpu_5"), g.get("p50"), g.get("windows"),
+                     g.get("underutilized"), g.get("fluctuating"), _gpu_verdict(g, t95, t5),
+                     when(g.get("last_timestamp")) if g.get("last_timestamp") is not None else ""])
+    return Table(["GPU", "Max %", "p95 %", "p5 %", "Median %", "Windows", "Underutilized", "Fluctuating", "Verdict",
+                  "Last flagged"], rows, caption=f"GPU utilization on node {node}")
+
+
+def _gpu_verdict(g: dict[str, Any], t95: Any, t5: Any) -> str:
+    p95, p5 = g.get("gpu_95"), g.get("gpu_5")
+    if g.get("case") == "underutilized":
+        return f"underutilized (p95 down to {num(g.get('lowest_window_p95'), 0)} % in a window)"
+    if g.get("case") == "fluctuating":
+        return f"fluctuating (p5 down to {num(g.get('lowest_window_p5'), 0)} % in a window)"
+    if p95 is not None and p5 is not None and p95 - p5 > 50:
+        return f"well used, but spread widely over the run (p5 {num(p5, 0)} %, p95 {num(p95, 0)} %)"
+    return "well used" if p95 is not None else "no data after patience"
+
+
+def _fired_text(view: RuleView, last: int | None) -> str:
+    gpus = node_details(view).values()
+    under = any((g.get("underutilized") or 0) for n in gpus for g in n.values() if isinstance(g, dict))
+    text = ("Your training job is underutilizing the instance: consider a smaller instance type or a larger batch "
+            "size. " if under else "GPU utilization fluctuated: look for bottlenecks and blocking calls. ")
+    return text + f"The rule last fired at {when(last)}."

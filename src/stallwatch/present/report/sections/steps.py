@@ -1,0 +1,202 @@
+"""5. Step duration analysis: StepOutlier's statistics per node, rank and phase, a histogram of every step's
+duration per node (log-spaced bins, the rule's outliers marked), and where the outlier steps spent their time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+from bokeh.layouts import row
+
+from stallwatch.analyze.rules.steps import int_column, mode_order, text_codes
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import GOOD, INFO, WARN, Chart, Paragraph, Section, Table, Verdict
+from stallwatch.present.report.sections import _loop_charts as charts
+from stallwatch.present.report.sections._loop import US, RuleView, duration, num, rule_view, when
+from stallwatch.records import STEP
+
+RULE = "StepOutlier"
+TITLE = "Step duration analysis"
+SLOWEST_LISTED = 10  # outlier steps named in the table of the slowest
+HISTOGRAM_BINS = 60
+SERIES_COMPARED = 10  # ranks and phases whose outlier steps are compared with their normal ones
+# What StepOutlier's framework context calls each part of a step, in the order shown.
+KIND_LABELS = {
+    "data_wait": "waiting for data", "forward": "forward", "backward": "backward", "optimizer": "optimizer step",
+    "collective": "collectives", "other": "other recorded events",
+    "outside_phases": "outside the recorded phases (the loop's own code)",
+}
+
+
+def build(ctx: ReportContext) -> list[Section]:
+    sec = Section("step-duration", TITLE, level=3)
+    view, missing = rule_view(ctx, RULE, "the step duration analysis")
+    if missing is not None:
+        sec.blocks.append(missing)
+        return [sec]
+    assert view is not None
+    series: dict[str, dict[str, Any]] = view.details.get("step_details") or {}
+    sec.blocks.append(Paragraph(_intro(view)))
+    sec.blocks.append(_stats_table(series))
+    histograms = step_histograms(ctx, {str(e.get("phase")) for e in series.values()})
+    if histograms:
+        sec.blocks.append(Paragraph(
+            "The following histograms show the step durations measured on each node, one series per rank and "
+            "phase, on a logarithmic axis so that slow steps and normal ones show together; the outliers are also "
+            "marked as red triangles (hover for their step numbers). Click a label in the legend to hide its "
+            "series."))
+    for hist in histograms:
+        sec.blocks.append(Chart(_histogram(hist, series), caption=f"Step durations on node {hist.node}"))
+    if any(e.get("number_of_outliers") for e in series.values()):
+        sec.blocks += _outlier_context(view, series)
+    sec.blocks.append(_verdict(view, series))
+    return [sec]
+
+
+def _intro(view: RuleView) -> str:
+    p = view.params
+    mode = p.get("mode")
+    phases = (f"Only steps of the {mode} phase were checked." if mode else
+              "Each phase (TRAIN, EVAL, GLOBAL) of each rank was checked on its own.")
+    return (f"The StepOutlier rule measures step durations and checks for outliers: a step is an outlier when it "
+            f"takes longer than the mean plus {p.get('stddev')} times the standard deviation of its rank's steps of "
+            f"the same phase. {phases} Typically the first steps take significantly more time; so that they do not "
+            f"make the rule fire at once, it ignores up to n_outliers = {p.get('n_outliers')} outliers per rank and "
+            f"phase. The rule analyzed {view.datapoints} steps and fired for {view.triggered} rank and phase "
+            f"series, with {view.violations} outlier steps in them.")
+
+
+def ms(seconds: float | None) -> float | None:
+    """Seconds (as the rule reports them) in milliseconds, the unit step tables show."""
+    return None if seconds is None else seconds * 1000.0
+
+
+def _stats_table(series: dict[str, dict[str, Any]]) -> Table:
+    rows = []
+    for e in series.values():
+        s = e.get("step_stats") or {}
+        rows.append([e.get("node"), e.get("rank"), e.get("phase"), e.get("steps"),
+                     *(ms(s.get(k)) for k in ("mean", "max", "p99", "p95", "p50", "min")), ms(e.get("stddev")),
+                     ms(e.get("outlier_threshold")), e.get("number_of_outliers"),
+                     "yes" if e.get("triggered") else "no"])
+    return Table(["Node", "Rank", "Phase", "Steps", "Mean [ms]", "Max [ms]", "p99 [ms]", "p95 [ms]", "p50 [ms]",
+                  "Min [ms]", "Std dev [ms]", "Outlier above [ms]", "Outliers", "Fired"], rows,
+                 caption="Step durations per node, rank and phase")
+
+
+@dataclass(frozen=True)
+class NodeSteps:
+    """One node's step durations binned for its histogram: shared `edges` (s) and, per (rank, phase), the
+    share of that series' steps in each bin."""
+    node: str
+    edges: np.ndarray
+    shares: dict[tuple[int, str], np.ndarray]
+
+
+def step_histograms(ctx: ReportContext, modes: set[str]) -> list[NodeSteps]:
+    """Per node, every step of the phases in `modes` (outliers included) in HISTOGRAM_BINS log-spaced bins
+    from its shortest to its longest step: a slow first step and the normal ones show on one axis."""
+    fw = ctx.steps
+    if fw.num_rows == 0:
+        return []
+    steps = fw.filter(pc.equal(fw["kind"], STEP))
+    if steps.num_rows == 0:
+        return []
+    node, nodes = text_codes(steps["node"])
+    mode, mode_names = text_codes(steps["mode"])
+    rank = int_column(steps["rank"])
+    seconds = (int_column(steps["end_us"]) - int_column(steps["start_us"])) / US
+    wanted = np.array([m in modes for m in mode_names], bool)[mode] & (seconds > 0)
+    out = []
+    for code in sorted(range(len(nodes)), key=lambda c: nodes[c]):
+        here = wanted & (node == code)
+        if not here.any():
+            continue
+        d = seconds[here]
+        lo, hi = float(d.min()), float(d.max())
+        edges = np.geomspace(lo, hi, HISTOGRAM_BINS + 1) if hi > lo * 1.001 else np.array([lo * 0.999, hi * 1.001])
+        key = rank[here] * len(mode_names) + mode[here]  # one number per (rank, phase)
+        shares = {}
+        for k in sorted(np.unique(key).tolist(), key=lambda k: (k // len(mode_names),
+                                                                 mode_order(mode_names[k % len(mode_names)]))):
+            part = d[key == k]
+            counts, _ = np.histogram(part, bins=edges)
+            shares[(k // len(mode_names), mode_names[k % len(mode_names)])] = counts / part.size
+        out.append(NodeSteps(nodes[code], edges, shares))
+    return out
+
+
+def _histogram(hist: NodeSteps, series: dict[str, dict[str, Any]]) -> Any:
+    bars = [(f"rank {r} {m}", share, hist.edges) for (r, m), share in hist.shares.items()]
+    markers = [(_label(e), e.get("outliers") or [], [f"step {n}" for n in e.get("step_numbers") or []])
+               for e in series.values() if e.get("node") == hist.node and e.get("outliers")]
+    return charts.histogram(f"Step durations on node {hist.node}", "Step duration in s (log scale)", bars,
+                            y_label="Share of the series' steps", markers=markers, marker_label="outlier",
+                            log_x=True)
+
+
+def _label(e: dict[str, Any]) -> str:
+    return f"rank {e.get('rank')} {e.get('phase')}"
+
+
+def _outlier_context(view: RuleView, series: dict[str, dict[str, Any]]) -> list[Any]:
+    blocks: list[Any] = [Paragraph(
+        "To get a better understanding of what may have caused the outliers, the steps' own framework events "
+        "show where their time went: the table compares the mean time per step in each phase of the outlier steps "
+        "with the normal steps of the same rank and phase. Time outside the recorded phases is the training "
+        "loop's own code between them (logging, metrics, host-side work, synchronization).")]
+    rows = []
+    with_outliers = sorted((e for e in series.values() if e.get("number_of_outliers")),
+                           key=lambda e: -int(e.get("number_of_outliers") or 0))
+    for e in with_outliers[:SERIES_COMPARED]:
+        ctx = e.get("framework_context") or {}
+        slow, normal = ctx.get("outlier_steps") or {}, ctx.get("normal_steps") or {}
+        for kind, label in KIND_LABELS.items():
+            if kind in slow or kind in normal:
+                a, b = slow.get(kind, 0.0), normal.get(kind, 0.0)
+                rows.append([e.get("node"), e.get("rank"), e.get("phase"), label, ms(a), ms(b), ms(a - b)])
+    if rows:
+        among = (f" (the {SERIES_COMPARED} ranks and phases with the most outliers, of {len(with_outliers)})"
+                 if len(with_outliers) > SERIES_COMPARED else "")
+        blocks.append(Table(["Node", "Rank", "Phase", "Where the time went", "Outlier steps [ms]",
+                             "Normal steps [ms]", "Difference [ms]"], rows,
+                            caption=f"Mean time per step in each phase{among}"))
+    slowest = sorted(((d, e, n, t) for e in series.values()
+                      for d, n, t in zip(e.get("outliers") or [], e.get("step_numbers") or [],
+                                         e.get("outlier_start_us") or [])), key=lambda x: -x[0])[:SLOWEST_LISTED]
+    if slowest:
+        blocks.append(Table(["Node", "Rank", "Phase", "Step", "Duration [ms]", "Started"],
+                            [[e.get("node"), e.get("rank"), e.get("phase"), n, ms(d), when(t)]
+                             for d, e, n, t in slowest],
+                            caption=f"The {len(slowest)} slowest outlier steps"))
+    phase, parts = view.details.get("phase") or {}, view.details.get("forward_backward") or {}
+    if view.triggered and (phase or parts):
+        top = max(parts.items(), key=lambda kv: kv[1]) if parts else None
+        text = "Over the outlier steps of the series that fired, the charts show the share of their time per phase"
+        if top:
+            text += (f" and per part of the step: {num(top[1], 0)} % went to "
+                     f"{KIND_LABELS.get(top[0], top[0])}")
+        blocks.append(Paragraph(text + "."))
+        pies = [charts.pie("Outlier time per phase", phase)] if phase else []
+        if parts:
+            pies.append(charts.pie("Outlier time per part of the step",
+                                   {KIND_LABELS.get(k, k): v for k, v in parts.items()}))
+        blocks.append(Chart(row(*pies), caption="Where the outlier steps spent their time"))
+    return blocks
+
+
+def _verdict(view: RuleView, series: dict[str, dict[str, Any]]) -> Verdict:
+    n = view.params.get("n_outliers")
+    if view.triggered:
+        return Verdict(view.recommendation, WARN)
+    outliers = sum(int(e.get("number_of_outliers") or 0) for e in series.values())
+    if outliers:
+        return Verdict(f"{outliers} outlier steps in all, but no rank and phase had more than {n}: occasional slow "
+                       "steps (such as the first ones) are expected.", INFO)
+    means = [(e.get("step_stats") or {}).get("mean") for e in series.values()]
+    means = [m for m in means if m is not None]
+    low, high = (duration(min(means)), duration(max(means))) if means else ("", "")
+    typical = "" if not means else f" (mean step {low})" if low == high else f" (mean step {low} to {high})"
+    return Verdict(f"No outlier steps: step durations were stable{typical}.", GOOD)

@@ -1,0 +1,131 @@
+"""2. System usage statistics: per node and metric the OverallSystemUsage rule's max, p99, p95, p50 and min,
+the verdict on each node (underutilized, CPU-bound, well utilized), and how busy each core and GPU was."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from stallwatch.present.report.breakdowns import device_bars
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import (GOOD, INFO, ISSUE, WARN, Block, Chart, NotApplicable, Paragraph, Section,
+                                             Table, Verdict)
+from stallwatch.records import CPU_UTIL, DISK_READ_BPS, DISK_WRITE_BPS, GPU_MEM_UTIL, GPU_UTIL, NET_RX_BPS, NET_TX_BPS
+
+SECTION_ID = "system-usage"
+TITLE = "System usage statistics"
+RULE = "OverallSystemUsage"
+INTRO = ("The following table shows statistics of resource utilization per worker (node), such as the total CPU and "
+         "GPU utilization, and the memory utilization on CPU and GPU. The table also includes the total I/O wait time "
+         "and the total amount of data sent and received over the network per second. The table shows min and max "
+         "values as well as p99, p95 and p50 percentiles.")
+STATS = ("max", "p99", "p95", "p50", "min")
+METRICS = ("CPU", "CPU memory", "GPU", "GPU memory", "I/O", "Network")  # the rule's names, in its order
+UNITS = {"CPU": "%", "CPU memory": "%", "GPU": "%", "GPU memory": "%", "I/O": "% (I/O wait)", "Network": "MB/s"}
+MB = 1e6
+RATES = {DISK_READ_BPS: "disk read", DISK_WRITE_BPS: "disk write", NET_RX_BPS: "network received",
+         NET_TX_BPS: "network sent"}
+BUSY = 70.0  # the seeds' threshold for "well utilized" (p95 / p50 above it)
+SATURATED = 90.0  # a core this busy (p95) is the limit, whatever the total says (CPUBottleneck's cpu_threshold)
+
+
+def build(ctx: ReportContext) -> list[Section]:
+    result = ctx.rules.get(RULE)
+    if not result or result.get("Status") != "ok":
+        why = (result or {}).get("Message") or "the rule's result is missing"
+        return [Section(SECTION_ID, TITLE, [NotApplicable(f"No system usage statistics: {why}.")])]
+    details: Mapping[str, Any] = result.get("Details") or {}
+    nodes = sorted({n for m in METRICS for n in (details.get(m) or {})} | set(details.get("devices") or {}))
+    blocks: list[Block] = [v for node in nodes if (v := node_verdict(node, details)) is not None]
+    blocks.append(Paragraph(INTRO))
+    rows = []
+    for node in nodes:
+        for metric in METRICS:
+            stats = (details.get(metric) or {}).get(node)
+            if stats:
+                scale = MB if metric == "Network" else 1.0
+                rows.append([node, metric, UNITS[metric], *(_num(stats.get(k), scale) for k in STATS)])
+    blocks.append(Table(["node", "metric", "unit", *STATS], rows))
+    devices = details.get("devices") or {}
+    rates = [[node, RATES[metric], "MB/s", *(_num(stats.get(k), MB) for k in STATS)]
+             for node in nodes for dev in (devices.get(node) or {}).values()
+             for metric, stats in dev.items() if metric in RATES]
+    if rates:
+        blocks.append(Table(["node", "throughput", "unit", *STATS], rates, "Disk and network throughput"))
+    for node in nodes:
+        chart = _device_chart(node, devices.get(node) or {})
+        if chart is not None:
+            blocks.append(chart)
+    return [Section(SECTION_ID, TITLE, blocks)]
+
+
+def _num(value: Any, scale: float = 1.0) -> float | None:
+    return None if value is None else float(value) / scale
+
+
+def node_verdict(node: str, details: Mapping[str, Any]) -> Verdict | None:
+    """The seeds' per-node verdict, from the 95th and 50th percentiles of total CPU and (mean) GPU utilization;
+    a CPU-only node is judged on its CPUs alone."""
+    cpu = (details.get("CPU") or {}).get(node)
+    gpu = (details.get("GPU") or {}).get(node)
+    if gpu:
+        g95, g50 = gpu["p95"], gpu["p50"]
+        if cpu and g95 < BUSY and cpu["p95"] < BUSY:
+            return Verdict(f"The 95th percentile of the total GPU utilization on node {node} is only {g95:.0f} % and "
+                           f"that of the total CPU utilization only {cpu['p95']:.0f} %: node {node} is underutilized. "
+                           "You may want to consider switching to a smaller instance type or increasing the batch "
+                           f"size.{_one_busy_core(node, details)}", WARN)
+        if cpu and g95 < BUSY and cpu["p95"] > BUSY:
+            return Verdict(f"The 95th percentile of the total GPU utilization on node {node} is only {g95:.0f} %, "
+                           f"while that of the total CPU utilization is {cpu['p95']:.0f} %: the GPUs on node {node} "
+                           "are underutilized, likely because of CPU bottlenecks (see the CPU bottlenecks and data "
+                           "loading analyses).", ISSUE)
+        if g50 > BUSY:
+            return Verdict(f"The median total GPU utilization on node {node} is {g50:.0f} %: the GPUs on node {node} "
+                           "are well utilized.", GOOD)
+        cpu_text = f", the median total CPU utilization {cpu['p50']:.0f} %" if cpu else ""
+        return Verdict(f"The median total GPU utilization on node {node} is {g50:.0f} %{cpu_text}.", INFO)
+    if cpu:
+        if cpu["p95"] > BUSY:
+            return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is {cpu['p95']:.0f} %: "
+                           f"the CPUs on node {node} are well utilized.", GOOD)
+        return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is only {cpu['p95']:.0f} %: "
+                       f"node {node} is underutilized; a smaller instance would do.{_one_busy_core(node, details)}",
+                       WARN)
+    return None
+
+
+def _one_busy_core(node: str, details: Mapping[str, Any]) -> str:
+    """When the total is low but one core is saturated, the job is limited by one process (often the main one
+    preparing batches): a smaller instance would not help, more data-loader workers might."""
+    cores = [(d, m[CPU_UTIL]["p95"]) for d, m in ((details.get("devices") or {}).get(node) or {}).items()
+             if d.startswith("cpu") and d[3:].isdigit() and CPU_UTIL in m]
+    if len(cores) < 2:
+        return ""
+    device, p95 = max(cores, key=lambda c: c[1])
+    if p95 < SATURATED:
+        return ""
+    return (f" However, core {device} was saturated (95th percentile {p95:.0f} %): the job may be held back by one "
+            "busy process, such as a main process that loads data itself; check the data loading analysis before "
+            "choosing a smaller instance.")
+
+
+def _device_chart(node: str, devices: Mapping[str, Mapping[str, Any]]) -> Chart | None:
+    """Per core and per GPU (utilization, then memory): the median as a bar, p95 and max as markers."""
+    names, stats = [], []
+    for device, metrics in devices.items():
+        if CPU_UTIL in metrics and device.startswith("cpu"):
+            names.append(device)
+            stats.append(metrics[CPU_UTIL])
+    for device, metrics in devices.items():
+        if GPU_UTIL in metrics:
+            names.append(device)
+            stats.append(metrics[GPU_UTIL])
+    for device, metrics in devices.items():
+        if GPU_MEM_UTIL in metrics:
+            names.append(f"{device} mem")
+            stats.append(metrics[GPU_MEM_UTIL])
+    if not names:
+        return None
+    return Chart(device_bars(names, stats, title=f"Utilization per core and GPU on node {node}"),
+                 f"Utilization per device on node {node}")

@@ -1,0 +1,91 @@
+"""Section 2, System usage statistics: the OverallSystemUsage rule's numbers, as they are, and the per-node
+verdict of the seeds — CPU-only nodes included (the seeds' version crashed on those)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stallwatch.present.report.context import ReportContext
+from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Chart, NotApplicable, Table, Verdict
+from stallwatch.present.report.sections import system_usage
+from stallwatch.present.report.sections.system_usage import node_verdict
+from stallwatch.store.reader import open_run
+
+from .._full_runs import full_run
+
+STATS = ("max", "p99", "p95", "p50", "min")
+
+
+def _stats(p95: float, p50: float | None = None) -> dict[str, float]:
+    p50 = p95 - 10 if p50 is None else p50
+    return {"max": p95 + 3, "p99": p95 + 1, "p95": p95, "p50": p50, "min": 0.0}
+
+
+def _build(root: Path):
+    ctx = ReportContext(open_run(str(root)))
+    (section,) = system_usage.build(ctx)
+    assert (section.id, section.title) == ("system-usage", "System usage statistics")
+    return ctx, section
+
+
+def test_the_table_holds_the_rules_numbers(tmp_path: Path):
+    ctx, section = _build(full_run(tmp_path / "run", nodes=("algo-1", "algo-2"), gpus=2).root)
+    details = ctx.rules["OverallSystemUsage"]["Details"]
+    table = next(b for b in section.blocks if isinstance(b, Table) and b.columns[:3] == ["node", "metric", "unit"])
+    assert len(table.rows) == 2 * 6  # six metrics a node
+    for node, metric, unit, *values in table.rows:
+        scale = 1e6 if metric == "Network" else 1.0
+        assert values == pytest.approx([details[metric][node][k] / scale for k in STATS]), (node, metric)
+        assert unit == ("MB/s" if metric == "Network" else "% (I/O wait)" if metric == "I/O" else "%")
+    rates = next(b for b in section.blocks if isinstance(b, Table) and b.caption == "Disk and network throughput")
+    assert {r[1] for r in rates.rows} == {"disk read", "disk write", "network received", "network sent"}
+    charts = [b for b in section.blocks if isinstance(b, Chart)]
+    assert len(charts) == 2
+    assert list(charts[0].model.x_range.factors) == ["cpu0", "cpu1", "cpu2", "cpu3", "gpu0", "gpu1", "gpu0 mem",
+                                                     "gpu1 mem"]
+    verdicts = [b for b in section.blocks if isinstance(b, Verdict)]
+    assert [v.level for v in verdicts] == [GOOD, GOOD]  # generated GPUs run at 80 %: well utilized
+
+
+def test_a_cpu_only_run_is_judged_on_its_cpus(tmp_path: Path):
+    ctx, section = _build(full_run(tmp_path / "run", gpus=0).root)
+    table = next(b for b in section.blocks if isinstance(b, Table))
+    assert {r[1] for r in table.rows} == {"CPU", "CPU memory", "I/O", "Network"}
+    p95 = ctx.rules["OverallSystemUsage"]["Details"]["CPU"]["algo-1"]["p95"]
+    assert 30 < p95 < 35  # generated: 30 ± 5 %
+    (verdict,) = [b for b in section.blocks if isinstance(b, Verdict)]
+    assert verdict.level == WARN and f"total CPU utilization on node algo-1 is only {p95:.0f} %" in verdict.text
+    assert "saturated" not in verdict.text
+
+
+def test_without_the_rules_result_it_says_why(tmp_path: Path):
+    root = full_run(tmp_path / "run", gpus=0, framework=False).root
+    result = {"RuleName": "OverallSystemUsage", "Status": "not_applicable", "Details": {},
+              "Message": "no system data: no node reported any snapshot"}
+    (section,) = system_usage.build(ReportContext(open_run(str(root)), rule_results={"OverallSystemUsage": result}))
+    assert section.blocks == [NotApplicable("No system usage statistics: no system data: no node reported any "
+                                            "snapshot.")]
+
+
+@pytest.mark.parametrize("cpu, gpu, level, words", [
+    (_stats(50), _stats(50), WARN, "node n1 is underutilized. You may want to consider switching to a smaller"),
+    (_stats(90), _stats(50), ISSUE, "likely because of CPU bottlenecks"),
+    (_stats(60), _stats(95, 85), GOOD, "the GPUs on node n1 are well utilized"),
+    (_stats(60), _stats(80, 60), INFO, "The median total GPU utilization on node n1 is 60 %, the median total CPU"),
+    (None, _stats(80, 60), INFO, "The median total GPU utilization on node n1 is 60 %."),
+    (_stats(90), None, GOOD, "the CPUs on node n1 are well utilized"),  # the seeds' CPU-only text crashed
+    (_stats(40), None, WARN, "node n1 is underutilized; a smaller instance would do."),
+])
+def test_node_verdict(cpu, gpu, level, words):
+    details = {k: {"n1": v} for k, v in (("CPU", cpu), ("GPU", gpu)) if v is not None}
+    v = node_verdict("n1", details)
+    assert v is not None and v.level == level and words in v.text, v
+
+
+def test_one_saturated_core_tempers_underutilized():
+    devices = {"n1": {"cpu0": {"cpu_util": _stats(20)}, "cpu1": {"cpu_util": _stats(97)}}}
+    v = node_verdict("n1", {"CPU": {"n1": _stats(55)}, "devices": devices})
+    assert v is not None and v.level == WARN and "However, core cpu1 was saturated (95th percentile 97 %)" in v.text
+    assert node_verdict("n1", {"devices": devices}) is None  # no totals, no verdict
