@@ -1,8 +1,9 @@
 """Rules: the cost of all eleven built-in rules over one node-day at 100 ms (16 cores, 8 GPUs, 8 ranks of
-framework events), read from the store, side by side with what a non-incremental design would pay live.
+framework events), read from the store, side by side with the designs they replace.
 
 Targets (issue 4):
-  batch  read_run(open_run(path), builtin_rules()) + evaluate(builtin_rules(), [chunk]) <= 5 s and <= 1 GB peak RSS;
+  batch  evaluate(builtin_rules(), iter_run(open_run(path), builtin_rules())) <= 5 s and <= 1 GB peak RSS
+         (baseline: the whole run read into one chunk, then evaluated);
   live   the latest 10 s given to rules that already consumed the day: update() + result() of every rule
          <= 50 ms (baseline: evaluating the whole history again from scratch).
 
@@ -14,12 +15,8 @@ evaluation pass and data-loader iterators every hour). It is kept in --data DIR 
 Every measurement runs in a fresh Python process; peak memory is that process's VmHWM (peak RSS, all of it:
 interpreter, numpy and pyarrow included). Live: the rules are fed the day (as one chunk, and as 8640 chunks
 of 10 s like a follower), then each of the next 10 s chunks is timed: update() of all, then result() of all.
-
-Besides the shipped path, experiments written here (never in the package) show what a change would save,
-each checked to give byte-identical results: A reads only the columns the rules use and skips the sorted
-copy; B also reads and feeds the day an hour at a time; C adds a per-rank framework read and one shared,
-sort-free FrameworkColumns (patched in for that process); D is C an hour at a time.
-Run: python benchmarks/rules_cost.py [--data DIR] [--repeat 3] [--experiments] [--profile]
+All batch variants must give byte-identical results (a JSON digest is compared).
+Run: python benchmarks/rules_cost.py [--data DIR] [--repeat 3] [--history-chunks 8640] [--profile]
 """
 
 from __future__ import annotations
@@ -52,10 +49,6 @@ NODE = "algo-1"
 FORMAT = 1  # bump when the generated data changes: a cached data set of another format is regenerated
 LIVE_S = 10
 LIVE_STEPS = 6  # successive live evaluations timed (each gets the next 10 s)
-
-# What the built-in rules read of a node's snapshots (metric names: system_wide(metrics=) filters by them).
-RULE_METRICS = (r.CPU_UTIL, r.CPU_IOWAIT, r.MEM_UTIL, r.NET_RX_BPS, r.NET_TX_BPS, r.DISK_READ_BPS,
-                r.DISK_WRITE_BPS, r.GPU_UTIL, r.GPU_MEM_UTIL, r.WORKERS_ALIVE)
 
 GB = 1e9
 MB = 1e6
@@ -273,178 +266,27 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def current_rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def lean_read_run(run: Any, metrics: tuple[str, ...] | None = RULE_METRICS, framework: bool = False) -> Any:
-    """read_run() with two changes a reader could make (an experiment, not the package's code): only the
-    columns the rules read (`system_wide(metrics=)`), and no sorted copy of columns already in time order
-    (each column goes from Arrow to numpy once, and its Arrow chunks are dropped as soon as it is
-    converted)."""
-    from stallwatch.analyze.rules.base import Chunk, NodeFrame
-    from stallwatch.records import TIMESTAMP
-
-    info = dict(run.info)
-    nodes = info.get("nodes", {})
-    system = {}
-    for node in run.nodes:
-        t = run.system_wide(node, metrics=metrics)
-        ts = t[TIMESTAMP].to_numpy().astype(np.int64, copy=False)
-        order = None if np.all(ts[1:] >= ts[:-1]) else np.argsort(ts, kind="stable")
-        cols = {}
-        for name in [n for n in t.column_names if n != TIMESTAMP]:
-            values = t[name].to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            cols[name] = values if order is None else values[order]
-            t = t.drop_columns([name])  # the only reference: its Arrow buffers go now
-        system[node] = NodeFrame(node, ts if order is None else ts[order], cols, dict(nodes.get(node) or {}))
-        del t
-    events = lean_framework(run) if framework else run.framework()
-    info["operators"] = run.operators()
-    return Chunk(system, events, info, final=True)
-
-
-def lean_framework(run: Any, lo: int | None = None, hi: int | None = None) -> Any:
-    """Run.framework() done differently (an experiment; local runs with segments only): each rank's files in
-    one pyarrow.dataset scan instead of a read, a filter, a sort and a copy per file; dictionaries unified so
-    every column is one chunk per rank; sorted only when not already in time order. Events starting in
-    [lo, hi)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.dataset as pads
-
-    from stallwatch.records import framework_schema
-    from stallwatch.store import layout
-
-    schema = framework_schema()
-    found = [c for e in run.location.list(layout.FRAMEWORK_DIR)
-             if (c := layout.parse_chunk(e.path, e.size)) is not None and c.rank is not None]
-    streams: dict[tuple[str, str], list[Any]] = {}
-    for c in layout.live_chunks(found):
-        if c.overlaps(lo, hi):
-            streams.setdefault((c.node, c.rank), []).append(c)
-    tables = []
-    for (node, rank), chunks in sorted(streams.items(), key=lambda kv: (kv[0][0], int(kv[0][1]))):
-        if any(c.kind != layout.SEGMENT for c in chunks):
-            t = run.framework(start_us=lo, end_us=hi, nodes=[node])  # parts: the reader's way
-            t = t.filter(pc.equal(t["rank"], int(rank)))
-            tables.append(t if lo is None else t.filter(pc.greater_equal(t["start_us"], lo)))
-            continue
-        t = pads.dataset([os.path.join(run.uri, c.path) for c in chunks], format="parquet").to_table()
-        if lo is not None or hi is not None:
-            start = t["start_us"]
-            keep = pc.and_(pc.greater_equal(start, lo) if lo is not None else pa.scalar(True),
-                           pc.less(start, hi) if hi is not None else pa.scalar(True))
-            t = t.filter(keep)
-        t = t.unify_dictionaries().combine_chunks()
-        starts = t["start_us"].to_numpy()
-        if not np.all(starts[1:] >= starts[:-1]):
-            t = t.take(pa.array(np.argsort(starts, kind="stable")))
-        n = t.num_rows
-        fixed = {"node": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([node])),
-                 "rank": pa.array(np.full(n, int(rank), np.int32))}
-        tables.append(pa.Table.from_arrays([fixed[f.name] if f.name in fixed else t[f.name].cast(f.type)
-                                            for f in schema], schema=schema))
-    return pa.concat_tables(tables) if tables else schema.empty_table()
-
-
-def patch_framework_columns() -> None:
-    """Three changes to the rules' shared FrameworkColumns, patched in for this process only (an experiment):
-    one instance per events table shared by the four framework rules instead of one each; kind_is/mode_is by
-    a lookup table instead of np.isin; groups() by counting and a radix (uint16 stable) sort of the small
-    group key instead of two np.unique and an int64 argsort. Same groups, same order."""
-    from stallwatch.analyze.rules.steps import FrameworkColumns
-
-    if getattr(FrameworkColumns, "_bench_patched", False):
-        return
-    orig_init, orig_groups = FrameworkColumns.__init__, FrameworkColumns.groups
-    last: list[Any] = [None, None]  # (table, instance): the table is held so its id is never reused
-
-    def new(cls: type, table: Any) -> Any:
-        if last[0] is table:
-            return last[1]
-        obj = object.__new__(cls)
-        obj._ready = False
-        last[0], last[1] = table, obj
-        return obj
-
-    def init(self: Any, table: Any) -> None:
-        if not self._ready:
-            orig_init(self, table)
-            self._ready = True
-
-    def lookup(names: list[str], wanted: Any, codes: np.ndarray, n: int) -> np.ndarray:
-        lut = np.array([x in wanted for x in names], bool)
-        return lut[codes] if lut.size else np.zeros(n, bool)
-
-    def groups(self: Any, mask: np.ndarray, *, by_mode: bool = True) -> list[tuple[tuple, np.ndarray]]:
-        idx = np.flatnonzero(mask)
-        if idx.size == 0:
-            return []
-        r = self.rank[idx]
-        lo, hi = int(r.min()), int(r.max())
-        if hi - lo > 4096:
-            return orig_groups(self, mask, by_mode=by_mode)
-        present = np.flatnonzero(np.bincount(r - lo))
-        ranks = present + lo
-        dense = np.zeros(hi - lo + 1, np.int64)
-        dense[present] = np.arange(len(present))
-        nm = max(len(self.modes), 1)
-        key = self.node[idx] * len(ranks) + dense[r - lo]
-        if by_mode:
-            key = key * nm + self.mode[idx]
-        if int(key.max()) >= 1 << 16:
-            return orig_groups(self, mask, by_mode=by_mode)
-        counts = np.bincount(key)
-        uniq = np.flatnonzero(counts)
-        order = np.argsort(key.astype(np.uint16), kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(counts[uniq])])
-        out = []
-        for g, k in enumerate(uniq.tolist()):
-            m = 0
-            if by_mode:
-                k, m = divmod(k, nm)
-            node, rank = divmod(k, len(ranks))
-            name = (self.nodes[node], int(ranks[rank])) + ((self.modes[m],) if by_mode else ())
-            out.append((name, idx[order[bounds[g]:bounds[g + 1]]]))
-        return out
-
-    FrameworkColumns.__new__ = new  # type: ignore[method-assign]
-    FrameworkColumns.__init__ = init  # type: ignore[method-assign]
-    FrameworkColumns.kind_is = lambda self, *kinds: lookup(self.kinds, kinds, self.kind, self.n)  # type: ignore
-    FrameworkColumns.mode_is = lambda self, modes: lookup(self.modes, set(modes), self.mode, self.n)  # type: ignore
-    FrameworkColumns.groups = groups  # type: ignore[method-assign]
-    FrameworkColumns._bench_patched = True  # type: ignore[attr-defined]
-
-
-def frame_bytes(chunk: Any) -> tuple[int, int]:
-    system = sum(f.timestamps.nbytes + sum(v.nbytes for v in f.columns.values()) for f in chunk.system.values())
-    return system, chunk.framework.nbytes
-
-
-def child_batch(path: str, lean: bool, whatif: bool = False) -> dict[str, Any]:
-    from stallwatch.analyze.rules.feed import read_run
+def child_batch(path: str, mode: str) -> dict[str, Any]:
+    """One batch evaluation: "batch" as shipped (iter_run: an hour at a time, read ahead on a thread),
+    "serial" (the same, reading and evaluating in turn), "one-chunk" (the baseline: the whole run read into
+    one chunk, then evaluated, as before slicing)."""
+    from stallwatch.analyze.rules.feed import iter_run, read_run
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.store.reader import open_run
 
-    if whatif:
-        patch_framework_columns()
     rss0 = peak_rss()
     c0 = time.process_time()
     t0 = time.perf_counter()
-    chunk = lean_read_run(open_run(path), framework=whatif) if lean else read_run(open_run(path), builtin_rules())
-    t1 = time.perf_counter()
-    rss_read = peak_rss()
-    results = evaluate(builtin_rules(), [chunk])
-    t2 = time.perf_counter()
-    cpu_s = time.process_time() - c0
-    system_b, events_b = frame_bytes(chunk)
-    return {"read_s": t1 - t0, "eval_s": t2 - t1, "total_s": t2 - t0, "cpu_s": cpu_s, "load": os.getloadavg()[0],
-            "rss_start": rss0, "rss_read": rss_read,
-            "rss_peak": peak_rss(), "system_bytes": system_b, "events_bytes": events_b,
-            "columns": sum(len(f.columns) for f in chunk.system.values()), "events": chunk.framework.num_rows,
+    run = open_run(path)
+    if mode == "one-chunk":
+        chunks: Any = [read_run(run, builtin_rules())]
+    else:
+        chunks = iter_run(run, builtin_rules(), read_ahead=1 if mode == "batch" else 0)
+    results = evaluate(builtin_rules(), chunks)
+    total = time.perf_counter() - t0
+    return {"total_s": total, "cpu_s": time.process_time() - c0, "load": os.getloadavg()[0], "rss_start": rss0,
+            "rss_peak": peak_rss(),
             "results": {x.name: [x.status, x.triggered, x.violations, x.datapoints] for x in results},
             "digest": digest(results)}
 
@@ -457,55 +299,6 @@ def digest(results: list[Any]) -> str:
 
     text = json.dumps([x.to_json() for x in results], sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def child_stream(path: str, hours: float, metrics: tuple[str, ...] | None, whatif: bool = False) -> dict[str, Any]:
-    """The same evaluation with the run read a slice of time at a time (`hours` per chunk; snapshots in
-    [lo, hi), events starting in [lo, hi)), every rule fed each chunk as it is read: memory then holds
-    one slice of data plus what the rules keep, not the whole day."""
-    import pyarrow.compute as pc
-
-    from stallwatch.analyze.rules.base import Chunk
-    from stallwatch.analyze.rules.feed import node_frame
-    from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.store.reader import open_run
-
-    if whatif:
-        patch_framework_columns()
-    rss0 = peak_rss()
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    run = open_run(path)
-    info = dict(run.info)
-    info["operators"] = run.operators()
-    nodes = run.nodes
-    start, end = int(info["start_us"]), int(info["end_us"]) + 1
-    step = int(hours * 3600 * S)
-    edges = list(range(start, end, step)) + [end]
-    rules = [cls() for cls in builtin_rules()]
-    read_s = 0.0
-    for i in range(len(edges) - 1):
-        lo, hi = edges[i], edges[i + 1]
-        a = time.perf_counter()
-        system = {n: node_frame(n, run.system_wide(n, start_us=lo, end_us=hi, metrics=metrics), info["nodes"].get(n))
-                  for n in nodes}
-        if whatif:
-            events = lean_framework(run, lo, hi)
-        else:
-            events = run.framework(start_us=lo, end_us=hi)
-            if events.num_rows:  # overlapping events were read by the slice before: keep those starting here
-                events = events.filter(pc.greater_equal(events["start_us"], lo))
-        read_s += time.perf_counter() - a
-        chunk = Chunk(system, events, info, final=i == len(edges) - 2)
-        for rule in rules:
-            rule.update(chunk)
-        del chunk, system, events
-    results = [rule.result() for rule in rules]
-    t2 = time.perf_counter()
-    return {"read_s": read_s, "eval_s": t2 - t0 - read_s, "total_s": t2 - t0, "cpu_s": time.process_time() - c0,
-            "load": os.getloadavg()[0], "rss_start": rss0, "rss_peak": peak_rss(), "chunks": len(edges) - 1,
-            "results": {x.name: [x.status, x.triggered, x.violations, x.datapoints] for x in results},
-            "digest": digest(results)}
 
 
 class _Slicer:
@@ -627,63 +420,25 @@ def child_live_read(path: str) -> dict[str, Any]:
 
 
 def child_breakdown(path: str) -> dict[str, Any]:
-    """Where the batch time and memory go: each step of read_run timed (with Arrow's allocation and the
-    process RSS after it), then each rule's update()+result() timed, then its peak Python/numpy memory
-    (tracemalloc, a second pass: tracing slows the first down)."""
-    import tracemalloc
-
-    import pyarrow as pa
-
-    from stallwatch.analyze.rules.base import Chunk
-    from stallwatch.analyze.rules.feed import node_frame
+    """Where the shipped batch time goes: reading the hourly slices (with the rules' shared framework view),
+    then each rule's update() over every slice and its result(), in CPU seconds of this process."""
+    from stallwatch.analyze.rules.feed import iter_run
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.store.reader import open_run
 
-    steps = []
-
-    def mark(what: str, t0: float) -> float:
-        now = time.perf_counter()
-        steps.append([what, now - t0, pa.total_allocated_bytes(), current_rss(), peak_rss()])
-        return now
-
-    t = time.perf_counter()
-    run = open_run(path)
-    info = dict(run.info)
-    nodes = run.nodes
-    t = mark("open_run + info + nodes", t)
-    tables = {n: run.system_wide(n) for n in nodes}
-    t = mark("system_wide (Parquet -> Arrow)", t)
-    system = {n: node_frame(n, tables[n], info["nodes"].get(n)) for n in nodes}
-    t = mark("node_frame (Arrow -> numpy, sorted copy)", t)
-    del tables
-    t = mark("drop the Arrow tables", t)
-    events = run.framework()
-    t = mark("framework (Parquet -> Arrow events)", t)
-    info["operators"] = run.operators()
-    t = mark("operators", t)
-    chunk = Chunk(system, events, info, final=True)
+    c0 = time.process_time()
+    chunks = list(iter_run(open_run(path), builtin_rules(), read_ahead=0))
+    read_s = time.process_time() - c0
     rules = []
     for cls in builtin_rules():
         rule = cls()
-        a = time.perf_counter()
-        rule.update(chunk)
-        b = time.perf_counter()
+        a = time.process_time()
+        for chunk in chunks:
+            rule.update(chunk)
+        b = time.process_time()
         rule.result()
-        c = time.perf_counter()
-        rules.append([cls.name, b - a, c - b])
-    tracemalloc.start()
-    for row, cls in zip(rules, builtin_rules()):
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        rule = cls()
-        rule.update(chunk)
-        rule.result()
-        kept = tracemalloc.get_traced_memory()[0] - base
-        row += [tracemalloc.get_traced_memory()[1] - base, kept]
-        del rule
-    tracemalloc.stop()
-    return {"read": steps, "rules": rules, "columns": sum(len(f.columns) for f in system.values()),
-            "events": events.num_rows, "events_bytes": events.nbytes}
+        rules.append([cls.name, b - a, time.process_time() - b])
+    return {"read_s": read_s, "slices": len(chunks), "rules": rules, "rss_peak": peak_rss()}
 
 
 def child_profile(path: str, out: str) -> dict[str, Any]:
@@ -708,84 +463,10 @@ def child_profile(path: str, out: str) -> dict[str, Any]:
     return {"tottime": rows[:25], "cumtime": sorted(rows, key=lambda x: -x[3])[:40]}
 
 
-def child_experiments(path: str) -> list[list[Any]]:
-    """Measurements behind the suggestions (first run and best of 2): the alternatives, side by side."""
-    import glob
-
-    import pyarrow.dataset as pads
-
-    from stallwatch.analyze.rules.steps import FrameworkColumns
-    from stallwatch.store.reader import open_run
-
-    rows: list[list[Any]] = []
-
-    def best(label: str, fn: Any, n: int = 2) -> Any:
-        out, times = None, []
-        for _ in range(n):
-            a = time.perf_counter()
-            out = fn()
-            times.append(time.perf_counter() - a)
-        rows.append([label, times[0], min(times)])
-        return out
-
-    run = open_run(path)
-    files = sorted(glob.glob(f"{path}/framework/*/*/seg-*.parquet"))
-    ev = best("Run.framework(): 1152 files, to_events, a sort and a copy per file", run.framework)
-    best("alt: the same files read by one pyarrow.dataset scan",
-         lambda: pads.dataset(files, format="parquet").to_table())
-    cols = best("FrameworkColumns(events) (built by 4 rules, once each)", lambda: FrameworkColumns(ev))
-    combined = best("alt: events.unify_dictionaries().combine_chunks()",
-                    lambda: ev.unify_dictionaries().combine_chunks())
-    best("alt: FrameworkColumns(combined events)", lambda: FrameworkColumns(combined))
-    best("kind_is('step'): np.isin over int64 codes", lambda: cols.kind_is("step"))
-    lut = np.array([k == "step" for k in cols.kinds])
-    best("alt: the same by a lookup table (lut[codes])", lambda: lut[cols.kind])
-    other = ~cols.kind_is("step")
-    best("groups(non-step events): two np.unique + a stable argsort", lambda: cols.groups(other))
-
-    def runs() -> list[np.ndarray]:  # events come ordered by node and rank already: cut where the key changes
-        idx = np.flatnonzero(other)
-        key = cols.node[idx] * (1 << 32) + cols.rank[idx]
-        b = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-        return [idx[b[i]:b[i + 1]] for i in range(len(b) - 1)]
-
-    best("alt: the same groups cut where (node, rank) changes (no sort)", runs)
-    rng = np.random.default_rng(0)
-    x = np.round(np.clip(rng.normal(55, 15, DAY_S * 10), 0, 100), 2).astype(np.float32)
-    best("box_stats percentiles of one day-long series (864k float32)",
-         lambda: np.percentile(x.astype(np.float64), [25, 50, 75, 95]), n=5)
-    counts = np.bincount(np.rint(x.astype(np.float64) * 100).astype(np.int64), minlength=10_001)
-
-    def from_counts() -> np.ndarray:  # numpy's linear percentiles, exactly, from counts at the stored 0.01
-        cum = np.cumsum(counts)
-        pos = np.array([25, 50, 75, 95]) / 100 * (cum[-1] - 1)
-        k = np.floor(pos).astype(np.int64)
-        a, b = np.searchsorted(cum, k, side="right"), np.searchsorted(cum, k + 1, side="right")
-        return (a + (b - a) * (pos - k)) / 100
-
-    got = best("alt: the same from a 10,001-bin count histogram (values are stored at 0.01 %)", from_counts, n=5)
-    ref = np.percentile(x.astype(np.float64), [25, 50, 75, 95])
-    diff = float(np.abs(got - ref).max())
-    rows.append([f"alt: largest difference from np.percentile: {diff:.1e} (rules round to 4 digits)", None, None])
-    return rows
-
-
 def child(args: argparse.Namespace) -> None:
     path = str(Path(args.data) / "run")
-    if args.child == "batch":
-        out = child_batch(path, lean=False)
-    elif args.child == "lean":
-        out = child_batch(path, lean=True)
-    elif args.child == "whatif":
-        out = child_batch(path, lean=True, whatif=True)
-    elif args.child == "whatif-stream":
-        out = child_stream(path, args.hours, RULE_METRICS, whatif=True)
-    elif args.child == "stream":
-        out = child_stream(path, args.hours, None)
-    elif args.child == "stream-lean":
-        out = child_stream(path, args.hours, RULE_METRICS)
-    elif args.child == "experiments":
-        out = child_experiments(path)
+    if args.child in ("batch", "serial", "one-chunk"):
+        out: Any = child_batch(path, args.child)
     elif args.child == "live":
         out = child_live(path, args.history_chunks)
     elif args.child == "live-read":
@@ -829,9 +510,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="fresh processes per batch measurement (median time)")
     p.add_argument("--history-chunks", type=int, default=8640,
                    help="live: the day is also fed as this many chunks (8640: every 10 s, as a follower would)")
-    p.add_argument("--hours", type=float, default=1.0, help="streamed variant: hours of data per chunk")
     p.add_argument("--profile", action="store_true", help="also cProfile the batch evaluation")
-    p.add_argument("--experiments", action="store_true", help="also time the alternatives behind the suggestions")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -843,13 +522,11 @@ def main() -> None:
           f"framework events ({summary['steps']:,} steps, {RANKS} ranks), {summary['bytes'] / MB:.0f} MB on disk "
           f"[{run}]", flush=True)
 
-    # (mode, label): the shipped path first, then the experiments (benchmark-side code, same results)
-    variants = [("batch", "batch: read_run + evaluate (as shipped)"),
-                ("lean", "exp A: read only the rules' columns, no sorted copy"),
-                ("stream-lean", f"exp B: A, read and fed {args.hours:g} h at a time"),
-                ("whatif", "exp C: A + framework read per rank + shared FrameworkColumns"),
-                ("whatif-stream", f"exp D: C, read and fed {args.hours:g} h at a time")]
-    runs = {mode: [spawn(data, mode, "--hours", str(args.hours)) for _ in range(args.repeat)] for mode, _ in variants}
+    # (mode, label): the shipped path first, then the same without reading ahead, then the baseline
+    variants = [("batch", "batch: evaluate(rules, iter_run(run)) as shipped (hourly slices, read ahead)"),
+                ("serial", "batch: the same, reading and evaluating in turn"),
+                ("one-chunk", "baseline: the whole run read into one chunk, then evaluated")]
+    runs = {mode: [spawn(data, mode) for _ in range(args.repeat)] for mode, _ in variants}
     live1 = spawn(data, "live", "--history-chunks", "1")
     liven = spawn(data, "live", "--history-chunks", str(args.history_chunks)) if args.history_chunks > 1 else None
     live_read = spawn(data, "live-read")
@@ -861,12 +538,11 @@ def main() -> None:
     def peak(xs: list[dict[str, Any]], key: str = "rss_peak") -> int:
         return max(x[key] for x in xs)
 
-    batch = runs["batch"]
-    rows = [["batch: read_run (store -> chunk)", _s(med(batch, "read_s")), _mem(peak(batch, "rss_read")), "", ""],
-            ["batch: evaluate 11 rules", _s(med(batch, "eval_s")), "", "", ""]]
+    rows = []
     for mode, label in variants:
         total, top = med(runs[mode], "total_s"), peak(runs[mode])
-        rows.append([label, _s(total), _mem(top), "<= 5 s, <= 1 GB", _ok(total <= 5 and top <= GB)])
+        target = "<= 5 s, <= 1 GB" if mode == "batch" else ""
+        rows.append([label, _s(total), _mem(top), target, _ok(total <= 5 and top <= GB) if target else ""])
     for label, live in (("history as 1 chunk", live1),
                         (f"history as {args.history_chunks} chunks", liven)):
         if live is None:
@@ -877,26 +553,19 @@ def main() -> None:
         rows.append([f"live 10 s, {label}: update + result", f"{_s(float(np.median(tot)))} (max {_s(max(tot))})",
                      _mem(live["rss_peak"]), "<= 50 ms", _ok(max(tot) <= 0.05)])
     rows.append(["baseline: evaluate the whole history again", _s(live1["scratch_s"]), "", "(per 10 s)", ""])
-    rows.append(["baseline: read + evaluate the whole history", _s(med(batch, "total_s")), _mem(peak(batch)),
-                 "(per 10 s)", ""])
-    rows.append(["info: read the latest 10 s from the store", _s(live_read["10s"]["s"]), "", "", ""])
-    rows.append(["info: ... with 600 s of events re-read", _s(live_read["10s+600s"]["s"]), "", "", ""])
+    rows.append(["info: read the latest 10 s back from the store", _s(live_read["10s"]["s"]), "", "", ""])
     print(f"\nRules over one node-day at {INTERVAL_MS} ms ({machine()}; times: median of {args.repeat} fresh "
           f"processes, memory: peak RSS of the process; live: median (max) of {LIVE_STEPS} successive 10 s)")
     print(table(["what", "time", "peak memory", "target", "met?"], rows))
 
-    x, lean = batch[0], runs["lean"][0]
-    print(f"\nchunk in memory: system {x['system_bytes'] / MB:.0f} MB ({x['columns']} float32 columns), framework "
-          f"events {x['events_bytes'] / MB:.0f} MB ({x['events']:,} rows); process RSS before reading "
-          f"{x['rss_start'] / MB:.0f} MB. Exp A: {lean['columns']} columns, system {lean['system_bytes'] / MB:.0f} MB")
-    print("each run: read / evaluate / peak RSS; CPU time of the process; 1-min load average at its end")
+    print("each run: wall / CPU of the process / peak RSS; 1-min load average at its end")
     for mode, label in variants:
         print(f"  {label.strip()}: " + "; ".join(
-            f"{_s(b['read_s'])} / {_s(b['eval_s'])} / {_mem(b['rss_peak'])}, CPU {_s(b['cpu_s'])}, load {b['load']:.1f}"
+            f"{_s(b['total_s'])} / CPU {_s(b['cpu_s'])} / {_mem(b['rss_peak'])}, load {b['load']:.1f}"
             for b in runs[mode]))
     same = len({b["digest"] for xs in runs.values() for b in xs}) == 1
     print(f"results: identical (JSON digest) in every variant: {same}; statuses: "
-          + ", ".join(f"{k}={v[0]}({v[1]})" for k, v in batch[0]["results"].items()))
+          + ", ".join(f"{k}={v[0]}({v[1]})" for k, v in runs["batch"][0]["results"].items()))
     for label, live in (("1 chunk", live1), (f"{args.history_chunks} chunks", liven)):
         if live is None:
             continue
@@ -911,17 +580,9 @@ def main() -> None:
                   f"p50 / p99 / max:")
             print(table(["rules", "p50", "p99", "max"], [[k, _s(a), _s(b), _s(c)] for k, (a, b, c) in spread.items()]))
 
-    print("\nWhere batch reading goes (time, Arrow allocated, RSS, peak RSS after each step):")
-    print(table(["step", "time", "Arrow", "RSS", "peak RSS"],
-                [[w, _s(t), _mem(a), _mem(c), _mem(m)] for w, t, a, c, m in breakdown["read"]]))
-    print("\nWhere batch evaluation goes (per rule; memory: tracemalloc, numpy included, Arrow not):")
-    print(table(["rule", "update", "result", "peak extra", "kept"],
-                [[n, _s(u), _s(rs), _mem(pk), _mem(kept)] for n, u, rs, pk, kept in breakdown["rules"]]))
-    if args.experiments:
-        exp = spawn(data, "experiments")
-        print("\nAlternatives behind the suggestions (time of the first run, best of 2):")
-        print(table(["what", "first", "best"], [[w, "" if a is None else _s(a), "" if b is None else _s(b)]
-                                                for w, a, b in exp]))
+    print(f"\nWhere the batch CPU time goes (serial, CPU seconds): reading {breakdown['slices']} hourly slices with "
+          f"the rules' shared framework view {_s(breakdown['read_s'])}, then per rule:")
+    print(table(["rule", "update (all slices)", "result"], [[n, _s(u), _s(r)] for n, u, r in breakdown["rules"]]))
     if args.profile:
         prof = spawn(data, "profile")
         print("\ncProfile of batch read + evaluate, by own time (top 25):")

@@ -178,6 +178,20 @@ def _contents(sections: Sequence[Section]) -> str:
     return "".join(out)
 
 
+def _one_document(models: list[Any]) -> None:
+    """Every chart a root of one Bokeh document, added while the document is frozen: Bokeh re-walks all of a
+    document's models after each root added outside a freeze, which is quadratic (minutes for a report with
+    dozens of charts)."""
+    from bokeh.document import Document
+
+    if any(m.document is not None for m in models):
+        return  # already placed (components() handles documents of its own)
+    doc = Document()
+    with doc.models.freeze():
+        for m in models:
+            doc.add_root(m)
+
+
 def _charts(sections: Sequence[Section]) -> tuple[str, str, dict[int, str]]:
     """Bokeh's JS/CSS (only the bundles the charts need, inline) and one <div> per chart, with the one
     <script> that fills them. Bokeh stores every string HTML-escaped in its JSON, and draws titles, labels
@@ -191,6 +205,7 @@ def _charts(sections: Sequence[Section]) -> tuple[str, str, dict[int, str]]:
 
     models = [c.model for c in charts]
     try:
+        _one_document(models)
         script, divs = components(models)
         placed = {id(c): d for c, d in zip(charts, divs)}
     except Exception:  # one chart Bokeh refuses must not cost the others: embedded one by one, it is left out

@@ -47,12 +47,27 @@ class Span:
 
 def step_span(events: pa.Table) -> tuple[int, int, int] | None:
     """First step start, last step end and the number of steps, over every node and rank (None: no step)."""
+    spans = step_spans(events)
+    if not spans:
+        return None
+    return (min(v[0] for v in spans.values()), max(v[1] for v in spans.values()), sum(v[2] for v in spans.values()))
+
+
+def step_spans(events: pa.Table) -> dict[str, tuple[int, int, int]]:
+    """Per node: first step start, last step end and the number of steps (one grouped pass, no copy)."""
     if events.num_rows == 0:
-        return None
-    steps = events.filter(pc.equal(events["kind"], STEP))
-    if steps.num_rows == 0:
-        return None
-    return int(pc.min(steps["start_us"]).as_py()), int(pc.max(steps["end_us"]).as_py()), steps.num_rows
+        return {}
+    kinds = {v for c in events["kind"].chunks
+             for v in (c.dictionary if pa.types.is_dictionary(c.type) else pc.unique(c)).to_pylist()}
+    if kinds != {STEP}:  # (ctx.steps holds steps only: no filter, no copy)
+        events = events.filter(pc.equal(events["kind"], STEP))
+    if events.num_rows == 0:
+        return {}
+    grouped = events.select(["node", "start_us", "end_us"]).unify_dictionaries().group_by("node").aggregate(
+        [("start_us", "min"), ("end_us", "max"), ("start_us", "count")])
+    return {str(n): (int(a), int(b), int(c)) for n, a, b, c in zip(
+        grouped["node"].to_pylist(), grouped["start_us_min"].to_pylist(), grouped["end_us_max"].to_pylist(),
+        grouped["start_us_count"].to_pylist())}
 
 
 def _seconds(s: float) -> str:
@@ -124,13 +139,12 @@ def verdict(parts: dict[str, float], total: float) -> Verdict:
 
 def _per_node(ctx: ReportContext) -> Table:
     """Multi-node runs: each node's span and its training loop (a node that starts late holds the others)."""
-    events = ctx.steps
+    spans = step_spans(ctx.steps)
     rows = []
     for node in ctx.nodes:
         rec = ctx.node_info(node)
         start, end = rec.get("start_us"), rec.get("end_us") or rec.get("end_us_from_data")
-        mine = events.filter(pc.equal(events["node"], node)) if events.num_rows else events
-        steps = step_span(mine)
+        steps = spans.get(node)
         first, last = (steps[0], steps[1]) if steps else (None, None)
         init = _seconds(max(first - start, 0) / 1e6) if first is not None and start is not None else "–"
         rows.append([node, format_us(start), format_us(end),
