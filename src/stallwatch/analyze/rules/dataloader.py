@@ -59,8 +59,8 @@ class Dataloader(Rule):
         self._ranks: dict[str, set[int]] = {}
         self._loaders: dict[tuple[str, int, str], dict[str, Any]] = {}
         self._rank_workers: dict[tuple[str, int], list[float]] = {}
-        self._waits_train = Distribution(None, np.float64)  # µs
-        self._waits_all = Distribution(None, np.float64)
+        self._waits_train = Distribution(None, np.float64)  # µs; TRAIN steps' waits
+        self._waits_other = Distribution(None, np.float64)  # the others': judged only when there are no TRAIN
 
     def update(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
@@ -89,8 +89,9 @@ class Dataloader(Rule):
         waits = cols.kind_is(DATA_WAIT)
         if waits.any():
             dur = np.maximum(cols.end[waits] - cols.start[waits], 0)
-            self._waits_all.add(dur)
-            self._waits_train.add(dur[cols.mode_is([TRAIN])[waits]])
+            train = cols.mode_is([TRAIN])[waits]
+            self._waits_train.add(dur[train])
+            self._waits_other.add(dur[~train])
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
             args = table["args"].take(loaders).to_pylist()
@@ -196,8 +197,8 @@ class Dataloader(Rule):
 
     def _dataloading_time(self) -> dict[str, Any]:
         waits, mode = self._waits_train, TRAIN
-        if waits.n == 0:
-            waits, mode = self._waits_all, "all"
+        if waits.n == 0:  # then every wait is another phase's
+            waits, mode = self._waits_other, "all"
         if waits.n == 0:
             return {}
         p25, p50, p95 = (x / US for x in waits.percentiles((25, 50, 95)))

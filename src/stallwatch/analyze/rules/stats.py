@@ -83,7 +83,9 @@ class Distribution:
         self._pending.append(v.astype(np.float64))
         self._pending_n += int(v.size)
         self._tail = None
-        if self._pending_n > _MAX_PENDING:
+        # Small additions (live) are merged every _MAX_PENDING values, so a query sorts little; large ones
+        # (a batch slice) wait until they are an eighth of the sorted values: few O(n) merges in all.
+        if self._pending_n > _MAX_PENDING and (v.size < _MAX_PENDING or self._pending_n > len(self._sorted) >> 3):
             self._merge()
 
     def _codes(self, v: np.ndarray) -> np.ndarray | None:
@@ -137,6 +139,9 @@ class Distribution:
             return float(self._grid_values(np.array([code]))[0])
         if not self._pending:
             return float(self._sorted[r])
+        if self._pending_n > _MAX_PENDING:  # large additions wait for a query: merged once, then looked up
+            self._merge()
+            return float(self._sorted[r])
         if self._tail is None:
             self._tail = np.sort(np.concatenate(self._pending))
         m = len(self._tail)
@@ -159,6 +164,8 @@ class Distribution:
             values = self._grid_values(np.arange(self._counts.size) + self._lo)
             at = np.searchsorted(values, edges, side=side)
             return np.where(at > 0, self._cum[np.maximum(at - 1, 0)], 0)
+        if self._pending_n > _MAX_PENDING:
+            self._merge()
         out = np.searchsorted(self._sorted, edges, side=side)
         if self._pending:
             if self._tail is None:
