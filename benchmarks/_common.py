@@ -58,3 +58,33 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def machine() -> str:
     return f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
+
+
+def system_keys(cores: int, gpus: int) -> list:
+    """The series of a generated node, in the sampler's order: total and per-core CPU and I/O wait, memory,
+    disk, network, 7 series per GPU, the job's processes."""
+    from stallwatch import records as r
+    from stallwatch.records import MetricKey
+
+    keys = [MetricKey("cpu", r.CPU_UTIL), MetricKey("cpu", r.CPU_IOWAIT)]
+    for i in range(cores):
+        keys += [MetricKey(f"cpu{i}", r.CPU_UTIL), MetricKey(f"cpu{i}", r.CPU_IOWAIT)]
+    keys += [MetricKey("memory", r.MEM_UTIL), MetricKey("memory", r.MEM_USED_BYTES),
+             MetricKey("disk", r.DISK_READ_BPS), MetricKey("disk", r.DISK_WRITE_BPS),
+             MetricKey("net", r.NET_RX_BPS), MetricKey("net", r.NET_TX_BPS)]
+    for g in range(gpus):
+        keys += [MetricKey(f"gpu{g}", m) for m in (r.GPU_UTIL, r.GPU_MEM_UTIL, r.GPU_MEM_USED_BYTES, r.GPU_MEM_BW_UTIL,
+                                                   r.GPU_POWER_W, r.GPU_TEMP_C, r.GPU_SM_CLOCK_MHZ)]
+    keys += [MetricKey("proc", m) for m in (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE,
+                                            r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)]
+    return keys
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process so far, bytes: VmHWM, the high-water mark of this process's own
+    memory (ru_maxrss would also count the parent's image it was forked from, which exec keeps there)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0

@@ -33,20 +33,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, table  # noqa: E402
+from _common import machine, peak_rss, table  # noqa: E402
 from report_gen import Shape, dataset  # noqa: E402
 
 TARGET_S = 60.0
 TARGET_BYTES = 10_000_000
 MB = 1e6
-
-
-def peak_rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def with_stored_rules(run_dir: Path) -> float:

@@ -25,9 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import sys
+
 import numpy as np
 
-from stallwatch import records as r
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+from stallwatch import records as r  # noqa: E402
 from stallwatch.records import MetricKey
 
 T0 = 1_763_790_000_000_000  # 2025-11-22T05:40:00Z
@@ -50,18 +54,7 @@ class Shape:
 
 
 def system_keys(shape: Shape) -> list[MetricKey]:
-    keys = [MetricKey("cpu", r.CPU_UTIL), MetricKey("cpu", r.CPU_IOWAIT)]
-    for i in range(shape.cores):
-        keys += [MetricKey(f"cpu{i}", r.CPU_UTIL), MetricKey(f"cpu{i}", r.CPU_IOWAIT)]
-    keys += [MetricKey("memory", r.MEM_UTIL), MetricKey("memory", r.MEM_USED_BYTES),
-             MetricKey("disk", r.DISK_READ_BPS), MetricKey("disk", r.DISK_WRITE_BPS),
-             MetricKey("net", r.NET_RX_BPS), MetricKey("net", r.NET_TX_BPS)]
-    for g in range(shape.gpus):
-        keys += [MetricKey(f"gpu{g}", m) for m in (r.GPU_UTIL, r.GPU_MEM_UTIL, r.GPU_MEM_USED_BYTES, r.GPU_MEM_BW_UTIL,
-                                                   r.GPU_POWER_W, r.GPU_TEMP_C, r.GPU_SM_CLOCK_MHZ)]
-    keys += [MetricKey("proc", m) for m in (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE,
-                                            r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)]
-    return keys
+    return _common.system_keys(shape.cores, shape.gpus)
 
 
 class NodeSignal:

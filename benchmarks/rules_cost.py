@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -35,10 +34,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, table  # noqa: E402
+from _common import machine, peak_rss, system_keys, table  # noqa: E402
 
 from stallwatch import records as r  # noqa: E402
-from stallwatch.records import FrameworkEvent, MetricKey  # noqa: E402
+from stallwatch.records import FrameworkEvent  # noqa: E402
 
 T0 = 1_763_790_000_000_000  # 2025-11-22T05:40:00Z
 S = 1_000_000
@@ -56,21 +55,6 @@ MB = 1e6
 
 # --------------------------------------------------------------------------------------------------
 # The generated node-day
-
-
-def system_keys() -> list[MetricKey]:
-    keys = [MetricKey("cpu", r.CPU_UTIL), MetricKey("cpu", r.CPU_IOWAIT)]
-    for i in range(CORES):
-        keys += [MetricKey(f"cpu{i}", r.CPU_UTIL), MetricKey(f"cpu{i}", r.CPU_IOWAIT)]
-    keys += [MetricKey("memory", r.MEM_UTIL), MetricKey("memory", r.MEM_USED_BYTES),
-             MetricKey("disk", r.DISK_READ_BPS), MetricKey("disk", r.DISK_WRITE_BPS),
-             MetricKey("net", r.NET_RX_BPS), MetricKey("net", r.NET_TX_BPS)]
-    for g in range(GPUS):
-        keys += [MetricKey(f"gpu{g}", m) for m in (r.GPU_UTIL, r.GPU_MEM_UTIL, r.GPU_MEM_USED_BYTES, r.GPU_MEM_BW_UTIL,
-                                                   r.GPU_POWER_W, r.GPU_TEMP_C, r.GPU_SM_CLOCK_MHZ)]
-    keys += [MetricKey("proc", m) for m in (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE,
-                                            r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)]
-    return keys
 
 
 class _NodeSignal:
@@ -190,7 +174,7 @@ def generate(root: Path) -> dict[str, Any]:
     t_start = time.perf_counter()
     loc = RunLocation(str(root))
     end_us = T0 + DAY_S * S
-    keys = system_keys()
+    keys = system_keys(CORES, GPUS)
     loc.write_atomic(layout.RUN_JSON, json.dumps({
         "format_version": 1, "run_id": root.name, "created_us": T0, "created_by_node": NODE,
         "command": ["torchrun", "--nproc-per-node", "8", "train.py"], "versions": {"python": "3.11"},
@@ -254,16 +238,6 @@ def dataset(data: Path) -> tuple[Path, dict[str, Any]]:
 
 # --------------------------------------------------------------------------------------------------
 # Measured parts (each in a fresh process: `--child MODE`)
-
-
-def peak_rss() -> int:
-    """Peak resident memory of this process so far, bytes: VmHWM, the high-water mark of this process's own
-    memory (ru_maxrss would also count the parent's image it was forked from, which exec keeps there)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def child_batch(path: str, mode: str) -> dict[str, Any]:
