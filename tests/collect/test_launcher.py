@@ -47,6 +47,8 @@ def test_one_snapshot_per_interval_with_every_metric(tmp_path):
     assert node["gpus"] == [] and "NVML" in node["gpu_absent_reason"]
     assert node["status"] == "finished" and node["exit_code"] == 0
     assert node["sample_interval_ms"] == INTERVAL_MS
+    # the sampler's own cost, for the report: some CPU, and a resident size of tens of MB (an interpreter)
+    assert 0 < node["sampler_cpu_s"] < 60 and 10e6 < node["sampler_max_rss_bytes"] < 2e9
     # the job was followed: `sleep` is one process, with memory, for most of the snapshots
     counts = [v for d, m, v in zip(table.column("device").to_pylist(), table.column("metric").to_pylist(),
                                     table.column("value").to_pylist()) if (d, m) == (r.PROC, r.PROC_COUNT)]

@@ -170,7 +170,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     sampler.close()
     node_record.update(status="finished" if "exit_code" in node_record else "sampler_stopped",
                        samples_written=writer.samples_written, samples_dropped=writer.samples_dropped,
-                       ticks_missed=ticks.missed, sampler_end_us=now_us())
+                       ticks_missed=ticks.missed, sampler_end_us=now_us(), **_own_cost())
     node_record.setdefault("end_us", now_us())
     _write_node(sink, start.node, node_record)
     if location.remote:
@@ -325,5 +325,18 @@ def main() -> int:
         return 1
 
 
+def _own_cost() -> dict[str, float | int]:
+    """What this sampler process cost, for the report's cost of profiling: CPU seconds (user + system) and
+    peak resident memory. Read once, at the end."""
+    try:
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return {"sampler_cpu_s": round(ru.ru_utime + ru.ru_stime, 3), "sampler_max_rss_bytes": int(ru.ru_maxrss) * 1024}
+    except Exception:  # not on this platform: the report says it is not recorded
+        return {}
+
+
 if __name__ == "__main__":
     sys.exit(main())
+
