@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -19,6 +20,10 @@ from stallwatch.store.system_codec import count_rows, read_columns, read_schema,
 
 
 _LIST_ATTEMPTS = 3  # a live run's parts can be compacted between listing and reading: list again
+
+
+_READERS = min(4, (os.cpu_count() or 1) + 1)  # threads reading a run's files
+_PARALLEL_FROM = 8  # files: fewer are read on the caller's thread
 
 
 class RunNotFoundError(FileNotFoundError):
@@ -151,25 +156,21 @@ class Run:
         """One node's snapshots as stored: a row per snapshot, `timestamp_us` and a float32 column per
         `device/metric` (NaN where no value). A tenth of the tidy table's memory, for long runs."""
         wanted = None if metrics is None else ({metrics} if isinstance(metrics, str) else set(metrics))
-        tables = []
-        for chunk in self._system_chunks(nodes=[node]):
-            if not chunk.overlaps(start_us, end_us):
-                continue
-            try:
-                t = self._read_file(chunk, None if wanted is None else tuple(sorted(wanted)),
-                                    lambda c=chunk: read_columns(self.location.open_input_file(c.path), c.kind, wanted))
-            except FileNotFoundError:
-                continue  # compacted since listed; its rows are in the segment listed next time
-            except Exception as exc:
-                warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
-                          self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
-                continue
+        key = None if wanted is None else tuple(sorted(wanted))
+
+        def one(chunk: layout.Chunk) -> pa.Table | None:
+            t = self._read_file(chunk, key, lambda: read_columns(self.location.open_input_file(chunk.path),
+                                                                 chunk.kind, wanted))
+            if t is None:
+                return None
             if start_us is not None and chunk.start_us < start_us:  # a filter copies: only where it cuts
                 t = t.filter(pc.greater_equal(t[TIMESTAMP], start_us))
             if end_us is not None and chunk.end_us >= end_us:
                 t = t.filter(pc.less(t[TIMESTAMP], end_us))
-            if t.num_rows:
-                tables.append(t)
+            return t if t.num_rows else None
+
+        chunks = [c for c in self._system_chunks(nodes=[node]) if c.overlaps(start_us, end_us)]
+        tables = [t for t in self._map_files(chunks, one) if t is not None]
         if not tables:
             return pa.table({TIMESTAMP: pa.array([], pa.int64())})
         return pa.concat_tables(tables, promote_options="default")
@@ -202,28 +203,24 @@ class Run:
         schema = framework_schema() if fields is None else pa.schema(
             [f for f in framework_schema() if f.name in {"node", "rank", *fields}])
         node_set = None if nodes is None else ({nodes} if isinstance(nodes, str) else set(nodes))
-        tables = []
         chunks = sorted(self._chunks(layout.FRAMEWORK_DIR), key=lambda c: (c.node, _rank_key(c.rank or ""), c.start_us))
-        for chunk in chunks:
-            if chunk.rank is None or (node_set is not None and chunk.node not in node_set) or chunk.path in skip_files:
-                continue
-            if not chunk.overlaps(start_us, end_us):
-                continue
-            try:
-                stored = self._read_file(chunk, None if columns is None else tuple(columns), lambda c=chunk: framework_codec.read(
-                    self.location.open_input_file(c.path), c.kind, columns))
-            except FileNotFoundError:
-                continue
-            except Exception as exc:
-                warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
-                          self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
-                continue
+        chunks = [c for c in chunks if c.rank is not None and (node_set is None or c.node in node_set)
+                  and c.path not in skip_files and c.overlaps(start_us, end_us)]
+        key = None if columns is None else tuple(columns)
+
+        def one(chunk: layout.Chunk) -> pa.Table | None:
+            stored = self._read_file(chunk, key, lambda: framework_codec.read(
+                self.location.open_input_file(chunk.path), chunk.kind, columns))
+            if stored is None:
+                return None
+            assert chunk.rank is not None
             t = framework_codec.to_events(stored, chunk.node, chunk.rank, wanted, start_us, end_us, starting=starting,
                                           fields=fields)
-            if t.num_rows:
-                if not _in_order(t["start_us"]):  # files are usually in time order already
-                    t = t.take(pc.sort_indices(t["start_us"]))
-                tables.append(t)
+            if not t.num_rows:
+                return None
+            return t if _in_order(t["start_us"]) else t.take(pc.sort_indices(t["start_us"]))  # usually in order
+
+        tables = [t for t in self._map_files(chunks, one) if t is not None]
         if not tables:
             return schema.empty_table()
         return pa.concat_tables(tables)
@@ -329,18 +326,33 @@ class Run:
         run._recent = {}  # stream -> ((path, columns), table): see _read_file
         return run
 
-    def _read_file(self, chunk: layout.Chunk, key: Any, read: Any) -> pa.Table:
-        """One stored file's table. A pinned run keeps the last file read of each stream: read in consecutive
-        time slices, the file that straddles two slices is then decoded once, not twice."""
+    def _read_file(self, chunk: layout.Chunk, key: Any, read: Any) -> pa.Table | None:
+        """One stored file's table; None when it vanished (compacted since it was listed: its rows are in the
+        segment listed next time) or cannot be read (said once). A pinned run keeps the last file read of each
+        stream: read in consecutive time slices, the file that straddles two slices is decoded once."""
         recent = self.__dict__.get("_recent")
-        if recent is None:
-            return read()
-        hit = recent.get(chunk.stream)
+        hit = None if recent is None else recent.get(chunk.stream)
         if hit is not None and hit[0] == (chunk.path, key):
             return hit[1]
-        table = read()
-        recent[chunk.stream] = ((chunk.path, key), table)
+        try:
+            table = read()
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
+                      self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return None
+        if recent is not None:
+            recent[chunk.stream] = ((chunk.path, key), table)
         return table
+
+    def _map_files(self, chunks: list[layout.Chunk], one: Any) -> list[Any]:
+        """`one(chunk)` for each chunk, in order. Many files are read on a few threads (Parquet decoding
+        releases the GIL); a pinned run reads in order on the caller's thread (it already reads ahead)."""
+        if len(chunks) < _PARALLEL_FROM or "_recent" in self.__dict__:
+            return [one(c) for c in chunks]
+        with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="stallwatch-read") as pool:
+            return list(pool.map(one, chunks))
 
     def _chunks(self, top: str) -> list[layout.Chunk]:
         listing = self.__dict__.get("_listing")
