@@ -492,12 +492,14 @@ class MaxInitializationTime(Rule):
 
     name = "MaxInitializationTime"
     metrics = ()  # of snapshots, only their timestamps
-    description = ("Checks if the time spent on initialization exceeds a threshold percent of the total training "
-                   "time. The rule waits until the first step of training loop starts. The initialization can take "
-                   "longer if downloading the entire dataset from Amazon S3 in File mode. The default threshold is "
+    description = ("Checks how long the job took to reach its first training step. The rule waits until the first "
+                   "step of the training loop starts and triggers when that took longer than the threshold. "
+                   "Initialization can take long when the whole data set is downloaded or preprocessed before "
+                   "training, or when distributed workers wait for each other to join. The default threshold is "
                    "20 minutes.")
-    recommendation = ("Initialization takes too long. "
-                      "If using File mode, consider switching to Pipe mode in case you are using TensorFlow framework.")
+    recommendation = ("Initialization takes too long. Stream or shard the data set instead of copying it whole before "
+                      "training (an IterableDataset reading from object storage, for example), cache preprocessed "
+                      "data between runs, and check how long distributed workers take to join.")
     defaults = {"threshold": 20}
 
     def __init__(self, **params: Any) -> None:
@@ -587,9 +589,7 @@ class MaxInitializationTime(Rule):
             waited = (first if first is not None else now) - job_start
             what = "started" if first is not None else "has not started after"
             recommendation = (f"The first training step {what} {waited / 60 / US:.1f} minutes after the job started "
-                              f"(threshold {self.params['threshold']} minutes). " + self.recommendation +
-                              " Download or preprocess the dataset ahead of the job, stream it instead of copying "
-                              "it whole, or cache it between runs.")
+                              f"(threshold {self.params['threshold']} minutes). " + self.recommendation)
         return self.make_result(triggered=int(fires), violations=int(fires), datapoints=self._steps,
                                 details=details, message=message, recommendation=recommendation)
 
