@@ -18,7 +18,8 @@ TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 NO_DATA = 255  # heatmap cells without a value (the rest are whole percent, 0-100)
 NO_DATA_COLOR = "#e0e0e0"
 SPAN_COLORS = {"Initialization": "#9e9e9e", "Finalization": "#616161", "Training": "#4c9be8", "Evaluation": "#5cb85c",
-               "Other steps": "#b39ddb", "CPU bottleneck": "#d62728", "I/O bottleneck": "#9467bd"}
+               "Other steps": "#b39ddb", "CPU bottleneck": "#d62728", "I/O bottleneck": "#9467bd",
+               "Low GPU utilization": "#8c564b", "GPU memory increase": "#e377c2", "Small batch": "#17becf"}
 MARKER_COLORS = {"Outlier step": "#ff7f0e", "Low GPU utilization (last)": "#8c564b",
                  "GPU memory increase (last)": "#e377c2", "Small batch (last)": "#17becf"}
 _EXTRA = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")

@@ -135,6 +135,34 @@ def test_low_gpu_triggered_counts_windows_violations_count_gpus():
     assert out["RuleTriggered"] == 2 and out["Violations"] == 3
 
 
+def test_low_gpu_lists_its_flagged_windows_with_their_gpus():
+    """Pattern as above: both GPUs low in window 1, gpu0 in window 2 — two windows listed, with their GPUs and
+    the times of their first and last snapshots (what the report's timeline draws)."""
+    frame = g.make_node(n=N)
+    g.plant_gpu_util(frame, 0, _window(1)[0], _window(2)[1], 30.0)
+    g.plant_gpu_util(frame, 1, *_window(1), 30.0)
+    flagged = _low(frame)["Details"]["flagged_windows"]
+    ts = frame.timestamps
+    assert flagged["total"] == 2
+    assert flagged["windows"] == [
+        {"node": "algo-1", "start_us": int(ts[_window(1)[0]]), "end_us": int(ts[_window(1)[1] - 1]),
+         "devices": ["gpu0", "gpu1"]},
+        {"node": "algo-1", "start_us": int(ts[_window(2)[0]]), "end_us": int(ts[_window(2)[1] - 1]),
+         "devices": ["gpu0"]}]
+
+
+def test_flagged_windows_are_capped_but_counted():
+    from stallwatch.analyze.rules.gpu import MAX_WINDOWS, GPUMemoryIncrease
+
+    frame = g.make_node(n=PATIENCE + 10 * (MAX_WINDOWS + 20))
+    memory = frame.columns["gpu0/gpu_mem_util"]
+    memory[PATIENCE:] = 10.0 + 0.6 * (np.arange(len(memory) - PATIENCE) // 10)  # +0.6 points every window of 10
+    out = g.run(GPUMemoryIncrease(patience=PATIENCE, increase=0.5), g.chunk(frame))
+    flagged = out["Details"]["flagged_windows"]
+    assert flagged["total"] == out["RuleTriggered"] == MAX_WINDOWS + 19  # every window but the first
+    assert len(flagged["windows"]) == MAX_WINDOWS and flagged["windows"][0]["devices"] == ["gpu0"]
+
+
 def test_low_gpu_details_are_whole_run_statistics():
     frame = g.make_node(n=N)
     g.plant_gpu_util(frame, 0, *_window(0), 0.0)

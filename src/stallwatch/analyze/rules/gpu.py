@@ -100,6 +100,10 @@ class Block:
     def size(self) -> int:
         return len(self.timestamps)
 
+    def starts(self) -> np.ndarray:
+        """Timestamp of the first snapshot of each window."""
+        return self.timestamps[0: self.n_windows * self.window: self.window]
+
     def ends(self) -> np.ndarray:
         """Timestamp of the last snapshot of each window."""
         ends = self.timestamps[self.window - 1: self.n_full * self.window: self.window]
@@ -208,6 +212,39 @@ def all_not_applicable(rule: Rule, nodes: dict[str, Any], what: str = "GPU data"
                                         if nodes else {}})
 
 
+MAX_WINDOWS = 100  # flagged windows listed per node in Details (all are counted)
+
+
+@dataclass
+class Flagged:
+    """A node's flagged windows in time order: the first MAX_WINDOWS as [start_us, end_us, [devices]] (the
+    timestamps of their first and last snapshots), and how many there were."""
+    windows: list[list[Any]] = field(default_factory=list)
+    total: int = 0
+
+    def add(self, block: Block, flags: dict[str, np.ndarray]) -> None:
+        """`flags`: per device, which of the block's windows it flagged."""
+        if not flags:
+            return
+        any_flag = np.logical_or.reduce(list(flags.values()))
+        hits = np.flatnonzero(any_flag)
+        self.total += int(hits.size)
+        room = MAX_WINDOWS - len(self.windows)
+        if room <= 0 or hits.size == 0:
+            return
+        starts, ends = block.starts(), block.ends()
+        for k in hits[:room].tolist():
+            self.windows.append([int(starts[k]), int(ends[k]), [d for d, f in flags.items() if f[k] and d]])
+
+
+def flagged_details(nodes: dict[str, Any]) -> dict[str, Any]:
+    """Details["flagged_windows"]: every node's listed windows in time order, and the total."""
+    windows = [{"node": node, "start_us": a, "end_us": b, "devices": devices}
+               for node in sorted(nodes) for a, b, devices in nodes[node].flagged.windows]
+    windows.sort(key=lambda w: (w["start_us"], w["node"]))
+    return {"windows": windows, "total": sum(nodes[n].flagged.total for n in nodes)}
+
+
 def listing(items: list[str]) -> str:
     shown = items[:_MAX_LISTED]
     more = f"; and {len(items) - len(shown)} more" if len(items) > len(shown) else ""
@@ -244,6 +281,7 @@ class _LowNode:
     n_windows: int = 0
     triggered: int = 0
     gpus: dict[str, _GpuWindows] = field(default_factory=dict)
+    flagged: Flagged = field(default_factory=Flagged)
 
 
 class LowGPUUtilization(Rule):
@@ -287,6 +325,7 @@ class LowGPUUtilization(Rule):
             st.n_windows += block.n_windows
             ends = block.ends()
             flagged = np.zeros(block.n_windows, bool)
+            by_gpu: dict[str, np.ndarray] = {}
             for col, x in block.cols.items():
                 acc = st.gpus.setdefault(device_of(col), _GpuWindows())
                 acc.values.add(x)
@@ -304,7 +343,9 @@ class LowGPUUtilization(Rule):
                 if bad.any():
                     acc.last_timestamp = int(ends[np.flatnonzero(bad)[-1]])
                 flagged |= bad
+                by_gpu[device_of(col)] = bad
             st.triggered += int(flagged.sum())
+            st.flagged.add(block, by_gpu)
 
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
@@ -347,6 +388,7 @@ class LowGPUUtilization(Rule):
                                     f"windows (p95 above {t95} % but p5 below {t5} %, down to {acc.lowest_p5:.0f} %)")
             details[node] = per_gpu
         details["last_timestamp"] = last
+        details["flagged_windows"] = flagged_details(nodes)
         message = ""
         skipped = not_applicable_nodes(self._nodes, "GPU data")
         if skipped:
@@ -372,6 +414,7 @@ class _BatchNode:
     violations: int = 0
     last_timestamp: int | None = None
     values: dict[str, Distribution] = field(default_factory=dict)  # column -> values
+    flagged: Flagged = field(default_factory=Flagged)
 
 
 class BatchSize(Rule):
@@ -436,6 +479,7 @@ class BatchSize(Rule):
             st.violations += int(bad.sum())
             if bad.any():
                 st.last_timestamp = int(block.ends()[np.flatnonzero(bad)[-1]])
+            st.flagged.add(block, {"": bad})  # the node as a whole: no device named
 
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
@@ -471,6 +515,7 @@ class BatchSize(Rule):
                                 f"GPU memory usage (over the run p95 of CPU {_pct(cpu95)}, of the busiest GPU "
                                 f"{_pct(gpu95)}, of GPU memory at most {_pct(mem95)})")
         details["last_timestamp"] = last
+        details["flagged_windows"] = flagged_details(nodes)
         message = ""
         skipped = not_applicable_nodes(self._nodes, "GPU data")
         if skipped:
@@ -514,6 +559,7 @@ class _MemNode:
     n_windows: int = 0
     triggered: int = 0
     gpus: dict[str, _MemGpu] = field(default_factory=dict)
+    flagged: Flagged = field(default_factory=Flagged)
 
 
 class GPUMemoryIncrease(Rule):
@@ -555,6 +601,7 @@ class GPUMemoryIncrease(Rule):
             st.n_windows += block.n_windows
             ends = block.ends()
             flagged = np.zeros(block.n_windows, bool)
+            by_gpu: dict[str, np.ndarray] = {}
             for col, x in block.cols.items():
                 acc = st.gpus.setdefault(device_of(col), _MemGpu())
                 acc.values.add(x)
@@ -571,8 +618,10 @@ class GPUMemoryIncrease(Rule):
                 if bad.any():
                     acc.last_timestamp = int(ends[np.flatnonzero(bad)[-1]])
                 flagged |= bad
+                by_gpu[device_of(col)] = bad
             # a node's first window, or a GPU's first window with data, has no previous mean: nothing compared
             st.triggered += int(flagged.sum())
+            st.flagged.add(block, by_gpu)
 
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
@@ -611,6 +660,7 @@ class GPUMemoryIncrease(Rule):
                         + (", close to the maximum" if near else ""))
             details[node] = per_gpu
         details["last_timestamp"] = last
+        details["flagged_windows"] = flagged_details(nodes)
         message = ""
         skipped = not_applicable_nodes(self._nodes, "GPU memory data")
         if skipped:

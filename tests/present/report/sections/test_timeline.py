@@ -109,9 +109,13 @@ def test_markers_drawn_and_listed(section):
     marks = [r for r in track.renderers if isinstance(r.glyph, Scatter)]
     assert marks and any("step 2000" in t for r in marks for t in r.data_source.data["text"])
     bars = [r for r in track.renderers if isinstance(r.glyph, HBar)]
-    assert [r.data_source.data["y"][0] for r in bars] == ["CPU bottleneck"]
+    labels = [r.data_source.data["y"][0] for r in bars]
+    windows = {label for _, label in timeline.WINDOW_RULES}
+    assert labels[0] == "CPU bottleneck" and set(labels[1:]) <= windows
     table = next(b for b in section.blocks if isinstance(b, Table))
     rows = {row[0]: row for row in table.rows}
+    # the GPU window rules' flagged windows (the planted idle GPU): drawn as listed, counted as the rule counts
+    assert "Low GPU utilization" in labels and 1 <= rows["Low GPU utilization"][1] <= rows["Low GPU utilization"][2]
     assert rows["Training"][1] == 2 and rows["Evaluation"][1] == 1
     # 2 slow steps on 4 ranks: 8 outliers reported by the rule, drawn as 2 marks
     assert rows["Outlier step"][1:3] == [2, 8]

@@ -85,7 +85,8 @@ def skipped_nodes(view: RuleView) -> str:
 
 def node_details(view: RuleView) -> dict[str, dict[str, Any]]:
     """Details keyed by node (GPU rules), without the run-wide keys."""
-    return {k: v for k, v in view.details.items() if isinstance(v, dict) and k not in ("not_applicable",)}
+    return {k: v for k, v in view.details.items()
+            if isinstance(v, dict) and k not in ("not_applicable", "flagged_windows")}
 
 
 def rule_verdict(view: RuleView, fired: str, fine: str, *, fires: bool | None = None) -> Verdict:

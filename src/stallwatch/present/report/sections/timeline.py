@@ -33,11 +33,11 @@ INTRO = ("The system metrics of every node over the whole job, one line per node
          "Scroll to zoom into a stretch of time, drag to pan; click a legend entry to hide it. Each line keeps the "
          "minimum and the maximum of every time bucket, so short spikes and drops stay visible however long the "
          "job ran.")
-NO_TIMES = ("The flagged track shows the CPU and I/O bottleneck ranges (the first 100 of each), the slowest "
-            f"outlier steps (at most {MAX_MARKERS}, one mark per step number however many ranks it was slow on) and, "
-            "for LowGPUUtilization, GPUMemoryIncrease and BatchSize, only the end of each GPU's or node's last "
-            "flagged window: those rules report no other time. Dataloader, LoadBalancing, OverallSystemUsage and "
-            "OverallFrameworkMetrics describe the whole run; MaxInitializationTime is the initialization phase.")
+NO_TIMES = ("The flagged track shows the CPU and I/O bottleneck ranges (the first 100 of each), the windows "
+            "LowGPUUtilization, GPUMemoryIncrease and BatchSize flagged (the first 100 per node of each) and the "
+            f"slowest outlier steps (at most {MAX_MARKERS}, one mark per step number however many ranks it was slow "
+            "on). Dataloader, LoadBalancing, OverallSystemUsage and OverallFrameworkMetrics describe the whole run; "
+            "MaxInitializationTime is the initialization phase.")
 
 
 @dataclass(frozen=True)
@@ -282,12 +282,32 @@ def outlier_markers(rules: dict[str, dict[str, Any]], limit: int = MAX_MARKERS) 
     return out
 
 
+WINDOW_RULES = (("LowGPUUtilization", "Low GPU utilization"), ("GPUMemoryIncrease", "GPU memory increase"),
+                ("BatchSize", "Small batch"))
+
+
+def window_spans(rules: dict[str, dict[str, Any]]) -> list[Span]:
+    """The windows LowGPUUtilization, GPUMemoryIncrease and BatchSize flagged (each lists its first 100 per
+    node, with the GPUs concerned)."""
+    out = []
+    for name, label in WINDOW_RULES:
+        flagged = ((rules.get(name) or {}).get("Details") or {}).get("flagged_windows") or {}
+        for w in flagged.get("windows") or []:
+            devices = ", ".join(w.get("devices") or [])
+            out.append(Span(int(w["start_us"]), int(w["end_us"]), label,
+                            f"{label} on {w.get('node')}{' ' + devices if devices else ''} from {format_us(w['start_us'])}"))
+    return out
+
+
 def last_window_markers(rules: dict[str, dict[str, Any]]) -> list[Marker]:
-    """The GPU rules report only the end of each GPU's (or node's) last flagged window: one marker each."""
+    """For results stored before the window rules listed their windows: the end of each GPU's (or node's)
+    last flagged window, one marker each."""
     out = []
     for name, label in (("LowGPUUtilization", "Low GPU utilization (last)"),
                         ("GPUMemoryIncrease", "GPU memory increase (last)"), ("BatchSize", "Small batch (last)")):
         details = (rules.get(name) or {}).get("Details") or {}
+        if "flagged_windows" in details:
+            continue  # drawn as windows
         for node, entry in details.items():
             if not isinstance(entry, dict):
                 continue
@@ -317,7 +337,7 @@ def build(ctx: Any) -> list[Section]:
     info = ctx.info
     spans = phase_spans(cached_steps(ctx), info.get("start_us"), info.get("end_us"))
     rules = ctx.rules
-    flags = bottleneck_spans(rules, sample_interval_us(ctx))
+    flags = bottleneck_spans(rules, sample_interval_us(ctx)) + window_spans(rules)
     markers = outlier_markers(rules) + last_window_markers(rules)
     missing = [m.title for m in TIMELINE_METRICS if m.title not in {p.title for p in shown}]
     text = "" if not missing else f" Not recorded on any node: {', '.join(missing)}."
@@ -342,6 +362,10 @@ def flag_totals(rules: dict[str, dict[str, Any]]) -> dict[str, int]:
         b = ((rules.get(name) or {}).get("Details") or {}).get("bottlenecks") or {}
         if b.get("ranges_total") is not None:
             out[label] = int(b["ranges_total"])
+    for name, label in WINDOW_RULES:
+        flagged = ((rules.get(name) or {}).get("Details") or {}).get("flagged_windows") or {}
+        if flagged.get("total") is not None:
+            out[label] = int(flagged["total"])
     details = ((rules.get("StepOutlier") or {}).get("Details") or {}).get("step_details") or {}
     if details:
         out["Outlier step"] = sum(int(e.get("number_of_outliers") or 0) for e in details.values())
