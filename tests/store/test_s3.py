@@ -125,6 +125,31 @@ def test_run_to_s3_end_to_end(run_stallwatch, s3_server: S3Server, s3_env, bucke
     assert not spool_dir(cache, uri, "e2e").parent.exists()  # the run's spool folder is gone, not just emptied
 
 
+def test_rules_are_evaluated_while_an_s3_run_goes_on(s3_server: S3Server, s3_env, bucket, tmp_path):
+    """`stallwatch run --out s3://…` follows its own run: rule results reach the bucket while the job still
+    runs (every --rules-interval), and the report after it."""
+    from tests.collect._support import Background, wait_until
+
+    uri = f"s3://{bucket}/runs/live"
+    job = Background(tmp_path, "run", "--interval", "200ms", "--flush-interval", "1", "--rules-interval", "1",
+                     "--node", "n", "--out", uri, "--", sys.executable, "-c",
+                     "import pathlib, time; time.sleep(12); pathlib.Path('job-ended').touch()", env=s3_env)
+    ended = tmp_path / "job-ended"  # the job's cwd is tmp_path
+    try:
+        result = "runs/live/rules/OverallSystemUsage.json"
+        wait_until(lambda: result in s3_server.keys(bucket, "runs/live/rules/") or ended.exists(), 60, period=0.2,
+                   what="a rule result on S3, or the job's end")
+        assert not ended.exists(), "no rule result reached the bucket while the job ran"
+        assert job.wait(SUBPROCESS_TIMEOUT_S) == 0, job.stderr
+    finally:
+        job.proc.kill()
+    keys = set(s3_server.keys(bucket, "runs/live/"))
+    assert {f"runs/live/rules/{name}.json" for name in ("CPUBottleneck", "StepOutlier", "OverallSystemUsage")} <= keys
+    assert "runs/live/report.html" in keys
+    record = json.loads(RunLocation(uri).read("rules/OverallSystemUsage.json"))
+    assert record["Status"] == "ok" and record["Datapoints"] >= 30  # the final evaluation: the whole 12 s
+
+
 def test_two_nodes_make_one_run_on_s3_and_a_taken_name_is_refused(run_stallwatch, s3_env, bucket, tmp_path):
     uri = f"s3://{bucket}/runs/r2"
     for node in ("algo-1", "algo-2"):
