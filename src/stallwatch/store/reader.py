@@ -322,9 +322,14 @@ class Run:
         without listing the store again for each. Files written after this call are not seen."""
         run = Run.__new__(Run)
         run.__dict__.update(self.__dict__)
-        run._listing = {top: self._chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
+        run._listing = {top: self._list_chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
         run._recent = {}  # stream -> ((path, columns), table): see _read_file
         return run
+
+    def vanished_files(self) -> int:
+        """How many listed files had gone when they were read (parts compacted into a segment meanwhile). A
+        pinned run does not see the new segment: its reader re-pins and reads again when this grows."""
+        return int(self.__dict__.get("_vanished", 0))
 
     def _read_file(self, chunk: layout.Chunk, key: Any, read: Any) -> pa.Table | None:
         """One stored file's table; None when it vanished (compacted since it was listed: its rows are in the
@@ -336,7 +341,8 @@ class Run:
             return hit[1]
         try:
             table = read()
-        except FileNotFoundError:
+        except FileNotFoundError:  # compacted since it was listed: its rows are in a segment listed later
+            self.__dict__["_vanished"] = self.__dict__.get("_vanished", 0) + 1
             return None
         except Exception as exc:
             warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
@@ -358,6 +364,9 @@ class Run:
         listing = self.__dict__.get("_listing")
         if listing is not None and top in listing:
             return listing[top]
+        return self._list_chunks(top)
+
+    def _list_chunks(self, top: str) -> list[layout.Chunk]:
         chunks = [c for e in self.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
         return layout.live_chunks(chunks)
 

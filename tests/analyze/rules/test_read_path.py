@@ -3,6 +3,8 @@ groups() by counting equal to groups() by sorting, and read_run reading only the
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -152,3 +154,29 @@ def test_a_run_without_data_reads_as_one_empty_final_chunk(tmp_path):
     RunLocation(str(tmp_path / "run")).write_atomic(layout.RUN_JSON, b'{"format_version": 1, "run_id": "r"}')
     chunks = list(iter_run(open_run(str(tmp_path / "run"))))
     assert len(chunks) == 1 and chunks[0].final and chunks[0].framework.num_rows == 0
+
+
+def test_a_batch_read_of_a_running_run_sees_parts_compacted_under_it(tmp_path):
+    """Pattern: a running node has written 40 snapshots as parts; the batch read lists them, reads its first
+    slice, then the sampler compacts every part into a segment (and deletes the parts): the read lists again
+    and every snapshot stored when it began is still evaluated, once."""
+    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.store import layout
+    from stallwatch.store.location import RunLocation
+
+    from ...run_builder import S, T0, NodeData, feed, node_record, run_record, write_node_json, writer_for
+
+    location = RunLocation(str(tmp_path / "run"))
+    location.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "n1", T0)).encode())
+    write_node_json(location, node_record("n1", T0, None, samples=40))
+    writer = writer_for(location, "n1", flush_s=2, segment_s=10_000)  # parts only, until close()
+    feed(writer, NodeData("n1"), 0, 0, 40)
+    assert not [e for e in location.list("system") if "seg-" in e.path]
+    stored = open_run(str(tmp_path / "run")).system_wide("n1").num_rows  # the last snapshot is still in memory
+    assert stored >= 35
+    chunks = iter_run(open_run(str(tmp_path / "run")), slice_us=10 * S, read_ahead=0)
+    seen = len(next(chunks).system["n1"])
+    writer.close()  # compaction: one segment, the parts deleted
+    assert not [e for e in location.list("system") if "part-" in e.path]
+    seen += sum(len(c.system["n1"]) for c in chunks)
+    assert seen == stored  # what was stored when the read began, each snapshot once

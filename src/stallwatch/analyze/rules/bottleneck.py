@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import all_not_applicable, check_counts, listing, not_applicable_nodes, skip_patience
+from stallwatch.analyze.rules.gpu import all_not_applicable, check_counts, listing, note_skipped, skip_patience
 from stallwatch.analyze.rules.steps import Appendable, framework_columns
 from stallwatch.records import COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, GPU_UTIL, STEP
 
@@ -292,11 +292,7 @@ class _Bottleneck(Rule):
             "framework_context": {node: nodes[node].context.summary(self._names) for node in sorted(nodes)
                                   if nodes[node].context.events},
         }
-        message = ""
-        skipped = not_applicable_nodes(self._nodes, "GPU data")
-        if skipped:
-            details["not_applicable"] = skipped
-            message = f"skipped nodes without GPU data: {', '.join(skipped)}"
+        message = note_skipped(details, self._nodes)
         recommendation = f"{listing(findings)}. {self.recommendation}" if findings else None
         return self.make_result(triggered=triggered, violations=bad, datapoints=total, details=details,
                                 message=message, recommendation=recommendation)

@@ -59,6 +59,7 @@ def read_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None) -> Chun
 
 
 SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run an hour at a time
+_ATTEMPTS = 3  # reads of a slice whose files were compacted while it was read
 
 
 def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int = SLICE_US,
@@ -90,9 +91,14 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
         return
     edges = list(range(lo, hi + 1, slice_us)) + [hi + 1]
     for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-        system = {node: node_frame(node, run.system_wide(node, start_us=a, end_us=b, metrics=metrics), nodes.get(node))
-                  for node in run.nodes}
-        events = run.framework(start_us=a, end_us=b, starting=True)
+        for _ in range(_ATTEMPTS):
+            vanished = run.vanished_files()
+            system = {node: node_frame(node, run.system_wide(node, start_us=a, end_us=b, metrics=metrics),
+                                       nodes.get(node)) for node in run.nodes}
+            events = run.framework(start_us=a, end_us=b, starting=True)
+            if run.vanished_files() == vanished:
+                break
+            run = run.pinned()  # a running job's parts were compacted meanwhile: list again, read the slice again
         chunk = Chunk(system, events, info, final=i == len(edges) - 2)
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk

@@ -202,6 +202,15 @@ def not_applicable_nodes(nodes: dict[str, Any], what: str) -> dict[str, str]:
     return {node: f"no {what} recorded on node {node}" for node in sorted(nodes) if not nodes[node].has_gpu}
 
 
+def note_skipped(details: dict[str, Any], nodes: dict[str, Any], what: str = "GPU data") -> str:
+    """Nodes without `what` into Details["not_applicable"]; the result's Message saying so ("" when none)."""
+    skipped = not_applicable_nodes(nodes, what)
+    if not skipped:
+        return ""
+    details["not_applicable"] = skipped
+    return f"skipped nodes without {what}: {', '.join(skipped)}"
+
+
 def all_not_applicable(rule: Rule, nodes: dict[str, Any], what: str = "GPU data") -> RuleResult:
     if not nodes:
         reason = "no system data: no node reported any snapshot"
@@ -389,11 +398,7 @@ class LowGPUUtilization(Rule):
             details[node] = per_gpu
         details["last_timestamp"] = last
         details["flagged_windows"] = flagged_details(nodes)
-        message = ""
-        skipped = not_applicable_nodes(self._nodes, "GPU data")
-        if skipped:
-            details["not_applicable"] = skipped
-            message = f"skipped nodes without GPU data: {', '.join(skipped)}"
+        message = note_skipped(details, self._nodes)
         recommendation = None
         if findings:
             recommendation = f"{listing(findings)}. {self.recommendation}"
@@ -516,11 +521,7 @@ class BatchSize(Rule):
                                 f"{_pct(gpu95)}, of GPU memory at most {_pct(mem95)})")
         details["last_timestamp"] = last
         details["flagged_windows"] = flagged_details(nodes)
-        message = ""
-        skipped = not_applicable_nodes(self._nodes, "GPU data")
-        if skipped:
-            details["not_applicable"] = skipped
-            message = f"skipped nodes without GPU data: {', '.join(skipped)}"
+        message = note_skipped(details, self._nodes)
         recommendation = f"{listing(findings)}. {self.recommendation}" if findings else None
         return self.make_result(triggered=violations, violations=violations, datapoints=datapoints,
                                 details=details, message=message, recommendation=recommendation)
@@ -661,11 +662,7 @@ class GPUMemoryIncrease(Rule):
             details[node] = per_gpu
         details["last_timestamp"] = last
         details["flagged_windows"] = flagged_details(nodes)
-        message = ""
-        skipped = not_applicable_nodes(self._nodes, "GPU memory data")
-        if skipped:
-            details["not_applicable"] = skipped
-            message = f"skipped nodes without GPU memory data: {', '.join(skipped)}"
+        message = note_skipped(details, self._nodes, "GPU memory data")
         recommendation = None
         if findings:
             recommendation = (f"{listing(findings)}. Check for tensors kept alive across steps (a growing "
@@ -786,11 +783,7 @@ class LoadBalancing(Rule):
             for a, b, d in imbalanced:
                 findings.append(f"on node {node} {a} and {b} had different workloads (distance {d:.2f} > {thr}; "
                                 f"mean utilization {means[a]:.0f} % vs {means[b]:.0f} %)")
-        message = ""
-        skipped = not_applicable_nodes(self._nodes, "GPU data")
-        if skipped:
-            details["not_applicable"] = skipped
-            message = f"skipped nodes without GPU data: {', '.join(skipped)}"
+        message = note_skipped(details, self._nodes)
         if single:
             message = "; ".join(filter(None, [message, f"one GPU only, nothing to balance: {', '.join(single)}"]))
         recommendation = f"{listing(findings)}. {self.recommendation}" if findings else None

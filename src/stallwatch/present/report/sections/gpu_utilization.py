@@ -1,19 +1,16 @@
-"""5. GPU utilization: LowGPUUtilization's verdict per GPU, and box plots of each GPU's utilization per node,
-their quantiles computed here from the node's snapshots (after the rule's patience)."""
+"""5. GPU utilization: LowGPUUtilization's verdict per GPU, and box plots of each GPU's utilization per node
+from the rule's whole-run statistics (the snapshots after its patience)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
-from stallwatch.analyze.rules.stats import box_stats
 from stallwatch.present.report.context import ReportContext
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import (RuleView, node_details, num, rule_verdict, rule_view,
                                                       skipped_nodes, when)
-from stallwatch.records import GPU_UTIL
 
 RULE = "LowGPUUtilization"
 TITLE = "GPU utilization"
@@ -32,10 +29,9 @@ def build(ctx: ReportContext) -> list[Section]:
     patience = int(view.params.get("patience") or 0)
     for node, gpus in node_details(view).items():
         sec.blocks.append(_table(node, gpus, view))
-        boxes, skipped = gpu_boxes(ctx, node, patience)
+        boxes = gpu_boxes(gpus)
         if boxes:
-            after = (f"after its first {patience} snapshots" if skipped else
-                     "all snapshots: the node has no more than the rule's patience")
+            after = f"after its first {patience} snapshots"
             sec.blocks.append(Chart(charts.box_plot(f"GPU utilization on node {node}", boxes),
                                     caption=f"Utilization per GPU on node {node} ({after}; whiskers at most 1.5 "
                                             "IQR beyond the box, without outliers)"))
@@ -46,19 +42,15 @@ def build(ctx: ReportContext) -> list[Section]:
     return [sec]
 
 
-def gpu_boxes(ctx: ReportContext, node: str, patience: int) -> tuple[list[tuple[str, dict[str, float]]], bool]:
-    """Box-plot statistics of each GPU's utilization on `node`, over its snapshots after `patience` (all of them
-    when none is left); whether the patience was skipped."""
-    frame = ctx.system(node, (GPU_UTIL,))
-    skip = patience if len(frame) > patience else 0
+def gpu_boxes(gpus: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """Box-plot statistics of each GPU's utilization, as LowGPUUtilization computed them over every snapshot it
+    evaluated (after its patience); GPUs it evaluated no snapshot of are left out."""
     boxes = []
-    for gpu in frame.devices("gpu", GPU_UTIL):
-        values = np.asarray(frame.get(gpu, GPU_UTIL), dtype=np.float64)[skip:]
-        stats = box_stats(values)
-        if stats:
-            stats["max"] = float(np.nanmax(values))
-            boxes.append((gpu, stats))
-    return boxes, skip > 0
+    for gpu, g in gpus.items():
+        if isinstance(g, dict) and g.get("gpu_max") is not None and g.get("p50") is not None:
+            boxes.append((gpu, {k: float(g[k]) for k in ("p25", "p50", "p75", "p95", "upper", "lower")}
+                          | {"max": float(g["gpu_max"])}))
+    return boxes
 
 
 def _intro(view: RuleView) -> str:
