@@ -117,8 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
+    from stallwatch.analyze.rules.during_run import LiveRules
     from stallwatch.collect.launcher import resolve_run_uri
-    from stallwatch.live_rules import LiveRules
 
     config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on
     live = LiveRules(config)
@@ -128,21 +128,50 @@ def cmd_run(args: argparse.Namespace) -> int:
         live.cancel()
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
+    uri = result.local_copy or result.run_uri
     _print_run_summary(result, config)
-    summary = live.finish(result.local_copy or result.run_uri)
-    if summary:
-        print(summary, file=sys.stderr)
-    _write_run_report(result.local_copy or result.run_uri)
+    results = _finish_rules(live, uri)
+    _print_findings(uri, results)
+    _write_run_report(uri, results)
     return result.exit_code
 
 
-def _write_run_report(uri: str) -> None:
-    """The end of `stallwatch run`: report.html into the run (the rules' results just written there are read
-    back, not evaluated again), its path the last line. Best effort: a failure is one line, never the exit code."""
+def _finish_rules(live: Any, uri: str) -> list | None:
+    """The rules' last evaluation after the job, and their summary printed; None when they could not be
+    evaluated (said in one line)."""
+    from stallwatch.present.rules_table import rules_table
+
+    try:
+        results = live.finish(uri)
+    except Exception as exc:
+        print(f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+    print("\n" + rules_table(results), file=sys.stderr)
+    return results
+
+
+def _print_findings(uri: str, results: list | None) -> None:
+    """What to fix first, after the rules' summary, and findings.json into the run. Best effort."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present.console import findings_text
+
+    try:
+        analysis = RunAnalysis(uri, rule_results=results)
+        text = findings_text(analysis.findings)
+        analysis.write_findings()
+    except Exception as exc:
+        print(f"stallwatch: the findings could not be made ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return
+    print("\n" + text, file=sys.stderr)
+
+
+def _write_run_report(uri: str, results: list | None) -> None:
+    """The end of `stallwatch run`: report.html into the run (the rules' results just evaluated are used, not
+    evaluated again), its path the last line. Best effort: a failure is one line, never the exit code."""
     try:
         from stallwatch.present.report import build_report
 
-        where = build_report(uri)
+        where = build_report(uri, rule_results=results)
     except ImportError as exc:
         print(f"stallwatch: no report: {exc.name or exc} is not installed (pip install 'stallwatch[dashboard]'); "
               f"`stallwatch report {uri}` writes it once it is", file=sys.stderr)
@@ -158,25 +187,24 @@ def _write_run_report(uri: str) -> None:
 
 
 def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
-    """Best effort: a summary that cannot be read (e.g. S3 down) is one line, never a failure. Reads
-    only the summary's columns, wide, so a day-long run costs seconds and megabytes, not gigabytes."""
-    from stallwatch.analyze.steps import PHASES, step_stats
-    from stallwatch.analyze.usage import node_span_wide, usage_metrics, usage_stats_wide
+    """Best effort: a summary that cannot be read (e.g. S3 down) is one line, never a failure. Reads only
+    this node's summary columns, so a day-long run costs seconds and megabytes, not gigabytes."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.analyze.usage import NodeSpan
     from stallwatch.present.console import run_summary
-    from stallwatch.records import STEP
-    from stallwatch.store.reader import open_run
 
     try:
         # Data that could not be uploaded is still complete in the local spool, itself a readable run.
-        run = open_run(result.local_copy or result.run_uri)
-        wide = run.system_wide(result.node, metrics=usage_metrics())
-        span = node_span_wide(result.node, wide)
-        steps = step_stats(run.framework(kinds=[STEP, *PHASES], nodes=[result.node]))
-        windows = [w for w in run.profiles() if w.get("node") == result.node]
+        analysis = RunAnalysis(result.local_copy or result.run_uri)
+        frame = analysis.system(result.node, ())
+        spans = [NodeSpan(result.node, len(frame), int(frame.timestamps.min()), int(frame.timestamps.max()))] \
+            if len(frame) else []
+        windows = [w for w in analysis.profiles() if w.get("node") == result.node]
         text = run_summary(run_uri=result.run_uri, exit_code=result.exit_code, start_us=result.start_us,
-                           end_us=result.end_us, spans=[span] if span else [],
-                           stats=usage_stats_wide(result.node, wide), interval_ms=config.sample_interval_ms,
-                           steps=steps, windows=windows)
+                           end_us=result.end_us, spans=spans, stats=analysis.usage(result.node),
+                           sample_interval_ms=config.sample_interval_ms, steps=analysis.step_stats(result.node),
+                           windows=windows, exit_signal=result.exit_signal, interrupted=result.interrupted,
+                           notes=analysis.notes)
     except Exception as exc:
         text = f"stallwatch: run {result.run_uri} (exit code {result.exit_code}); summary unavailable: {exc}"
     if result.local_copy:
@@ -196,12 +224,13 @@ def _open(command: str, uri: str) -> Any:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.present.info import render_info
 
     run = _open("info", args.run)
     if run is None:
         return 2
-    print(render_info(run))
+    print(render_info(RunAnalysis(run)))
     return 0
 
 
@@ -211,9 +240,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     if run is None:
         return 2
     try:
+        custom = _custom_rules("report", args)
+    except ValueError:
+        return 2
+    try:
+        from stallwatch.analyze.analysis import RunAnalysis
         from stallwatch.present.report import build_report
 
-        where = build_report(run, args.output)
+        where = build_report(RunAnalysis(run, rules=custom), args.output)
     except ImportError as exc:
         print(f"stallwatch report: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
               file=sys.stderr)
@@ -247,17 +281,17 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Show a run's config, or change its live fields: validated first, written atomically, or refused."""
-    from stallwatch.store import layout
+    from stallwatch.store import run_files
 
     run = _open("config", args.run)
     if run is None:
         return 2
     try:
-        current = ProfilerConfig.from_dict(json.loads(run.location.read(layout.CONFIG_JSON)))
+        current = run_files.read_config(run.location)
     except FileNotFoundError:
         current = ProfilerConfig()
-    except (ConfigError, ValueError) as exc:
-        print(f"stallwatch config: the run's {layout.CONFIG_JSON} is invalid ({exc}); fix or replace it", file=sys.stderr)
+    except ConfigError as exc:
+        print(f"stallwatch config: the run's configuration is invalid ({exc}); fix or replace it", file=sys.stderr)
         return 2
     changes = {k: getattr(args, k) for k in LIVE_FIELDS if getattr(args, k, None) is not None}
     clears = {name: None for name in (args.clear or [])}
@@ -269,7 +303,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"stallwatch config: {exc}. Nothing was changed.", file=sys.stderr)
         return 2
-    run.location.write_atomic(layout.CONFIG_JSON, (updated.to_json() + "\n").encode())
+    run_files.write_config(run.location, updated)
     for name in sorted({**changes, **clears}):
         print(f"{name}: {_show(getattr(current, name))} -> {_show(getattr(updated, name))}")
     return 0
@@ -280,11 +314,12 @@ def _show(value: Any) -> str:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary."""
+    """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary.
+    Custom rules run only when named here (`--custom-rule`): never because the run's config names them."""
     from stallwatch.analyze.rules.base import ParameterError
     from stallwatch.analyze.rules.feed import iter_run
-    from stallwatch.analyze.rules.registry import all_rules, get_rule, load_custom
     from stallwatch.analyze.rules.live import follow
+    from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.present.rules_table import rules_table
 
@@ -292,15 +327,20 @@ def cmd_rules(args: argparse.Namespace) -> int:
     if run is None:
         return 2
     try:
-        load_custom(_run_config(run).custom_rules)
-        classes = [get_rule(n) for n in args.rule] if args.rule else all_rules()
+        custom = _custom_rules("rules", args)
+    except ValueError:
+        return 2
+    _say_recorded_custom_rules(run, custom)
+    try:
+        known = builtin_rules() + [c for c in custom if c not in builtin_rules()]
+        classes = [_rule_named(n, known) for n in args.rule] if args.rule else known
         params: dict[str, dict[str, str]] = {}
         for text in args.param or []:
             name, sep, value = text.partition("=")
             rule, dot, key = name.partition(".")
             if not sep or not dot or not rule or not key:
                 raise ParameterError(f"--param {text!r}: write RULE.parameter=value, e.g. CPUBottleneck.threshold=30")
-            params.setdefault(get_rule(rule).name, {})[key] = value
+            params.setdefault(_rule_named(rule, known).name, {})[key] = value
         for cls in classes:
             cls(**params.get(cls.name, {}))  # a bad parameter is refused before anything is read
         if args.follow:
@@ -318,14 +358,38 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_config(run: Any) -> ProfilerConfig:
-    """The run's configuration (defaults when its config.json is missing or unreadable)."""
-    from stallwatch.store import layout
+def _rule_named(name: str, known: list) -> Any:
+    from stallwatch.analyze.rules.base import ParameterError
+
+    for cls in known:
+        if cls.name.lower() == name.lower():
+            return cls
+    raise ParameterError(f"no rule named {name!r}; rules: {', '.join(c.name for c in known)}")
+
+
+def _custom_rules(command: str, args: argparse.Namespace) -> list:
+    """The custom rules the person named with --custom-rule, loaded; a bad one is said, and raises ValueError."""
+    from stallwatch.analyze.rules.base import ParameterError
+    from stallwatch.analyze.rules.registry import load_custom
 
     try:
-        return ProfilerConfig.from_dict(json.loads(run.location.read(layout.CONFIG_JSON)))
-    except Exception:
-        return ProfilerConfig()
+        return load_custom(tuple(getattr(args, "custom_rules", None) or ()))
+    except ParameterError as exc:
+        print(f"stallwatch {command}: {exc}", file=sys.stderr)
+        raise ValueError(str(exc)) from None
+
+
+def _say_recorded_custom_rules(run: Any, loaded: list) -> None:
+    """A run recorded with custom rules says so, and how to run them: they are never loaded from the run."""
+    from stallwatch.store import run_files
+
+    named = {c.name for c in loaded}
+    recorded = [s for s in run_files.config_or_default(run.location).custom_rules
+                if s.rpartition(":")[2] not in named]
+    if recorded:
+        print(f"stallwatch: this run was recorded with custom rule(s) {', '.join(recorded)}; they are not run "
+              "from the run's configuration. To run one you trust: stallwatch rules RUN --custom-rule "
+              f"{recorded[0]}", file=sys.stderr)
 
 
 def _write_rules(run: Any, results: list) -> None:
@@ -390,6 +454,12 @@ def _at_least(minimum: int):
     return parse
 
 
+def _add_custom_rule_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--custom-rule", dest="custom_rules", action="append", metavar="MODULE:CLASS",
+                   help="also evaluate this rule of yours (module.path:Class or file.py:Class; repeatable). A run's "
+                        "own configuration never makes stallwatch load code")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -406,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true",
                    help="evaluate a running job's new data as it arrives, until the job ends")
     p.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="with --follow (default 10)")
+    _add_custom_rule_flag(p)
     p.set_defaults(func=cmd_rules)
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")
@@ -413,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write the run's interactive HTML report (one file that opens offline)")
     p.add_argument("run", help="run directory or s3:// URI")
     p.add_argument("-o", "--output", metavar="FILE", help="write it here instead of report.html in the run")
+    _add_custom_rule_flag(p)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("config", help="show a run's profiling config, or change it while the job runs")
     p.add_argument("run", help="run directory or s3:// URI")

@@ -11,7 +11,7 @@ import pytest
 from stallwatch.analyze.usage import NodeSpan, UsageStat, node_spans, usage_stats
 from stallwatch.records import system_schema
 from stallwatch.store.reader import open_run
-from tests.run_builder import S, T0, make_run
+from tests.run_builder import T0, S, make_run
 
 
 def _table(rows: list[tuple[int, str, str, str, float | None]]) -> pa.Table:

@@ -3,14 +3,13 @@ hiding a series in one timeline panel hides it in all of them."""
 
 from __future__ import annotations
 
-
 import numpy as np
 from bokeh.embed import file_html
 from bokeh.models import GlyphRenderer, GridPlot, HBar, HoverTool, Image, Legend, Quad, Scatter, VBar, VStrip
 from bokeh.resources import INLINE
 
+from stallwatch.analyze.series import HeatRows, Hist, Marker, Panel, Series, Span
 from stallwatch.present import charts
-from stallwatch.present.charts import HeatRows, Hist, Marker, Panel, Series, Span
 
 T0 = 1_700_000_000_000_000
 S = 1_000_000

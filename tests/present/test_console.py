@@ -66,7 +66,7 @@ def test_run_summary_with_data():
     """The summary names the run, exit code, duration and span, snapshots per node, then the table."""
     text = run_summary(run_uri="runs/r1", exit_code=3, start_us=T0, end_us=T0 + 125_000_000,
                        spans=[NodeSpan("algo-1", 250, T0, T0 + 124_500_000)],
-                       stats=[UsageStat("algo-1", "GPU", "%", 12.0, 10.0, 40.0, 55.0, 250)], interval_ms=500)
+                       stats=[UsageStat("algo-1", "GPU", "%", 12.0, 10.0, 40.0, 55.0, 250)], sample_interval_ms=500)
     lines = text.splitlines()
     assert lines[0] == "stallwatch: run runs/r1"
     assert lines[1] == ("  command exit code 3, duration 2m 05s "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.info import _compact, render_info
 from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
@@ -29,7 +30,7 @@ def test_render_info_of_a_small_run(tmp_path):
         p = root / "framework" / "algo-1" / rank / "steps.parquet"
         p.parent.mkdir(parents=True)
         p.write_bytes(b"")
-    text = render_info(open_run(str(root)))
+    text = render_info(RunAnalysis(open_run(str(root))))
     lines = text.splitlines()
     assert lines[0] == f"run        {root}"
     assert lines[1] == "run id     20261122-060000-abc123"
@@ -67,7 +68,7 @@ def test_render_info_reports_unreadable_files_even_when_none_is_readable(tmp_pat
     make_run(root, nodes=("a",), seconds=12)
     for seg in (root / "system" / "a").iterdir():
         seg.write_bytes(b"garbage")
-    text = render_info(open_run(str(root)))
+    text = render_info(RunAnalysis(open_run(str(root))))
     assert "metrics of a:" in text
     assert "(2 unreadable file(s) skipped)" in text
     assert re.search(r"^a\s+2\s+0\s+0\s+-\s+-\s+0 B\s+finished", text, re.M)  # nothing readable stored
@@ -77,7 +78,7 @@ def test_render_info_of_a_run_without_data(tmp_path):
     """A run that only has its node record shows the node, zero snapshots and dashes, not an error."""
     root = tmp_path / "run"
     write_node_json(RunLocation(str(root)), node_record("solo", T0, None, samples=0, finished=False))
-    text = render_info(open_run(str(root)))
+    text = render_info(RunAnalysis(open_run(str(root))))
     assert "run id     -" in text and "command    -" in text
     assert re.search(r"^solo\s+2\s+0\s+0\s+-\s+-\s+-\s+running\s+-\s+-$", text, re.M)
     assert "metrics of" not in text

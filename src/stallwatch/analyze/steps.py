@@ -1,6 +1,6 @@
-"""Per rank and mode: how many steps, how long they took, which was slowest, and where a training step's
-time went (waiting for data, forward, backward, optimizer). What the run summary prints; the rules and the
-report go further."""
+"""The training loop's steps, per node, rank and phase: how many, how long, the slowest, where a step's time
+went (waiting for data, forward, backward, optimizer), each node's first and last step, and the step-time
+histograms the report draws. All from one decoding of the framework columns (`FrameworkColumns`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from stallwatch.records import BACKWARD, DATA_WAIT, FORWARD, MODES, OPTIMIZER, STEP
+from stallwatch.analyze.rules.steps import FrameworkColumns, mode_order
+from stallwatch.records import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 PHASES = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
+HISTOGRAM_BINS = 60
+US = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -29,33 +31,101 @@ class StepStat:
     phase_pct: dict[str, float] = field(default_factory=dict)
 
 
-def step_stats(events: pa.Table) -> list[StepStat]:
-    """`events`: `Run.framework()` (at least the step and phase kinds)."""
-    if events.num_rows == 0:
+def columns(events: pa.Table | FrameworkColumns) -> FrameworkColumns:
+    return events if isinstance(events, FrameworkColumns) else FrameworkColumns(events)
+
+
+def step_stats(events: pa.Table | FrameworkColumns) -> list[StepStat]:
+    """Per node, rank and mode (in that order): the steps' count, p50/p95/max and the phases' shares.
+    `events`: framework events with at least the step and phase kinds."""
+    cols = columns(events)
+    if cols.n == 0:
         return []
+    duration = cols.end - cols.start
+    phase_us: dict[tuple, dict[str, int]] = {}
+    for phase in PHASES:
+        for key, rows in cols.groups(cols.kind_is(phase)):
+            phase_us.setdefault(key, {})[phase] = int(duration[rows].sum())
     out = []
-    kinds = events["kind"].cast(pa.string())
-    modes = events["mode"].cast(pa.string())
-    nodes = events["node"].cast(pa.string())
-    duration = pc.subtract(events["end_us"], events["start_us"]).to_numpy(zero_copy_only=False)
-    for node in sorted(set(nodes.to_pylist())):
-        at_node = pc.equal(nodes, node)
-        for rank in sorted(set(events.filter(at_node)["rank"].to_pylist())):
-            mine = pc.and_(at_node, pc.equal(events["rank"], rank))
-            for mode in MODES:
-                sel = pc.and_(mine, pc.equal(modes, mode))
-                is_step = pc.and_(sel, pc.equal(kinds, STEP)).to_numpy(zero_copy_only=False)
-                if not is_step.any():
-                    continue
-                d = duration[is_step] / 1000.0
-                numbers = events["step"].to_numpy(zero_copy_only=False)[is_step]
-                total = d.sum()
-                phases = {}
-                for phase in PHASES:
-                    mask = pc.and_(sel, pc.equal(kinds, phase)).to_numpy(zero_copy_only=False)
-                    if mask.any():
-                        phases[phase] = 100.0 * duration[mask].sum() / 1000.0 / total if total > 0 else 0.0
-                out.append(StepStat(node, int(rank), mode, int(is_step.sum()), float(np.percentile(d, 50)),
-                                    float(np.percentile(d, 95)), float(d.max()), int(numbers[int(d.argmax())]),
-                                    phases))
+    for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP)):
+        d = duration[rows] / 1000.0
+        total_ms = float(d.sum())
+        phases = {p: 100.0 * us / 1000.0 / total_ms if total_ms > 0 else 0.0
+                  for p, us in phase_us.get((node, rank, mode), {}).items()}
+        slowest = int(np.argmax(d))
+        out.append(StepStat(node, rank, mode, len(rows), float(np.percentile(d, 50)), float(np.percentile(d, 95)),
+                            float(d[slowest]), int(cols.step[rows[slowest]]), phases))
+    out.sort(key=lambda s: (s.node, s.rank, mode_order(s.mode), s.mode))
     return out
+
+
+def steps_per_mode(steps: FrameworkColumns) -> dict[str, int]:
+    """Step events per mode, all ranks together, in TRAIN/EVAL/GLOBAL order. `steps` holds steps only."""
+    counts = {mode: int(n) for mode, n in zip(steps.modes, np.bincount(steps.mode, minlength=len(steps.modes)))
+              if n}
+    return dict(sorted(counts.items(), key=lambda kv: (mode_order(kv[0]), kv[0])))
+
+
+@dataclass(frozen=True)
+class LoopSpan:
+    """A node's (or the run's) training loop: first step's start, last step's end, how many steps."""
+    first_us: int
+    last_us: int
+    steps: int
+
+
+def loop_spans(steps: FrameworkColumns) -> dict[str, LoopSpan]:
+    """Per node, its training loop's span; `steps` holds step events only."""
+    out = {}
+    for code, node in enumerate(steps.nodes):
+        mine = steps.node == code
+        if mine.any():
+            out[node] = LoopSpan(int(steps.start[mine].min()), int(steps.end[mine].max()), int(mine.sum()))
+    return dict(sorted(out.items()))
+
+
+def loop_span(steps: FrameworkColumns) -> LoopSpan | None:
+    """The run's training loop over every node and rank (None without steps)."""
+    if steps.n == 0:
+        return None
+    return LoopSpan(int(steps.start.min()), int(steps.end.max()), steps.n)
+
+
+@dataclass(frozen=True)
+class NodeSteps:
+    """One node's step durations binned for its histogram: shared `edges` (s) and, per (rank, phase), the
+    share of that series' steps in each bin."""
+    node: str
+    edges: np.ndarray
+    shares: dict[tuple[int, str], np.ndarray]
+
+
+def step_histograms(steps: FrameworkColumns, modes: set[str], bins: int = HISTOGRAM_BINS) -> list[NodeSteps]:
+    """Per node, every step of the phases in `modes` (outliers included) in `bins` log-spaced bins from its
+    shortest to its longest step: a slow first step and the normal ones show on one axis."""
+    if steps.n == 0:
+        return []
+    seconds = (steps.end - steps.start) / US
+    wanted = steps.mode_is(modes) & (seconds > 0)
+    out = []
+    for code in sorted(range(len(steps.nodes)), key=lambda c: steps.nodes[c]):
+        here = wanted & (steps.node == code)
+        if not here.any():
+            continue
+        d = seconds[here]
+        lo, hi = float(d.min()), float(d.max())
+        edges = np.geomspace(lo, hi, bins + 1) if hi > lo * 1.001 else np.array([lo * 0.999, hi * 1.001])
+        shares = {}
+        for (node, rank, mode), rows in steps.groups(here):
+            part = seconds[rows]
+            counts, _ = np.histogram(part, bins=edges)
+            shares[(rank, mode)] = counts / part.size
+        ordered = dict(sorted(shares.items(), key=lambda kv: (kv[0][0], mode_order(kv[0][1]))))
+        out.append(NodeSteps(steps.nodes[code], edges, ordered))
+    return out
+
+
+def node_rank_mode(steps: FrameworkColumns, node: str, rank: int, mode: str) -> np.ndarray:
+    """Rows of one node, rank and mode."""
+    node_code = steps.nodes.index(node) if node in steps.nodes else -1
+    return (steps.node == node_code) & (steps.rank == rank) & steps.mode_is([mode])

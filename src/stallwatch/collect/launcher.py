@@ -54,6 +54,8 @@ class LaunchResult:
     notes: list[str] = field(default_factory=list)
     # Where this node's data can be read when it could not all be uploaded (the local spool).
     local_copy: str | None = None
+    exit_signal: str | None = None  # the signal that ended the command ("SIGTERM"), None when it exited
+    interrupted: bool = False  # SIGINT/SIGTERM/SIGHUP/SIGQUIT were forwarded to it: it was asked to stop
 
 
 def default_node_name() -> str:
@@ -298,12 +300,14 @@ class NodeSession:
                                self.start.events_address if self.sampler is not None else None,
                                self.start.staging_dir)
 
-    def finish(self, exit_code: int, end_us: int) -> str | None:
-        """Tell the sampler the job ended and wait for its last flush; the local spool path when some of
-        the data could not be uploaded."""
+    def finish(self, exit_code: int, end_us: int, *, exit_signal: str | None = None,
+               interrupted: bool = False) -> str | None:
+        """Tell the sampler how the job ended (recorded in the node record) and wait for its last flush; the
+        local spool path when some of the data could not be uploaded."""
         if self.sampler is None:
             return None
-        self.sampler.send(json.dumps({"exit": exit_code, "end_us": end_us}))
+        self.sampler.send(json.dumps({"exit": exit_code, "end_us": end_us, "signal": exit_signal,
+                                      "interrupted": interrupted}))
         self.sampler.stop(timeout_s=self.config.flush_interval_s + self.config.upload_timeout_s + 15)
         if self.sampler.proc.returncode == EXIT_KEPT_IN_SPOOL:
             return default_spool(self.run_uri, self.node)
@@ -337,7 +341,7 @@ def start_node(command: list[str], config: ProfilerConfig, private_dir: str) -> 
                            "once it can be written", run_uri, exc.strerror or exc)
     staging = os.path.join(private_dir, "staging")
     os.makedirs(staging, exist_ok=True)
-    start = StartMessage(run=run_uri, node=node, interval_ms=config.sample_interval_ms,
+    start = StartMessage(run=run_uri, node=node, sample_interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
                          files=files, events_address=os.path.join(private_dir, "events.sock"),
@@ -355,8 +359,10 @@ def _launch(command: list[str], config: ProfilerConfig, private_dir: str) -> Lau
     # delivered to it right after, instead of killing the launcher and orphaning the job.
     child: subprocess.Popen | None = None
     pending: list[int] = []
+    received: set[int] = set()  # signals forwarded to the job: it was asked to stop (recorded as interrupted)
 
     def forward(signum: int, _frame: Any) -> None:
+        received.add(signum)
         if child is None:
             pending.append(signum)
             return
@@ -408,6 +414,8 @@ def _launch(command: list[str], config: ProfilerConfig, private_dir: str) -> Lau
     end_us = now_us()
     code = child.returncode
     exit_code = 128 - code if code < 0 else code
-    local_copy = session.finish(exit_code, end_us)
+    exit_signal = signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else None
+    asked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} & received
+    local_copy = session.finish(exit_code, end_us, exit_signal=exit_signal, interrupted=bool(asked))
     return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts,
-                        local_copy=local_copy)
+                        local_copy=local_copy, exit_signal=exit_signal, interrupted=bool(asked))

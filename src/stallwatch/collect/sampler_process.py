@@ -33,7 +33,7 @@ class StartMessage:
 
     run: str
     node: str
-    interval_ms: int
+    sample_interval_ms: int
     flush_interval_s: float
     max_storage_bytes: int
     gpu: bool = True
@@ -90,9 +90,9 @@ class _Control:
 def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = None) -> int:
     from stallwatch.collect.system import SystemSampler
     from stallwatch.store import layout
+    from stallwatch.store.chunk_writer import StorageBudget
     from stallwatch.store.location import RunLocation
     from stallwatch.store.spool import SpoolingSink
-    from stallwatch.store.chunk_writer import StorageBudget
     from stallwatch.store.system_writer import SystemWriter
 
     stop = {"now": False}
@@ -112,14 +112,14 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                     f"{layout.TRACES_DIR}/{start.node}")
         for e in location.list(top))
     budget = StorageBudget(start.max_storage_bytes, stored)
-    interval_s = start.interval_ms / 1000.0
-    writer = SystemWriter(sink, start.node, sampler.keys, interval_us=start.interval_ms * 1000,
+    interval_s = start.sample_interval_ms / 1000.0
+    writer = SystemWriter(sink, start.node, sampler.keys, interval_us=start.sample_interval_ms * 1000,
                           flush_interval_us=int(start.flush_interval_s * 1e6),
                           max_bytes=start.max_storage_bytes, stored_bytes=stored, budget=budget)
     events = _EventSide(start, sink, budget, sampler)
     watcher = _watch_config(location, start) if start.events_address else None
     node_record = dict(start.node_record)
-    node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.interval_ms,
+    node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.sample_interval_ms,
                        status="running")
     for rel, text in start.files.items():  # remote runs only: a later node leaves the first one's files alone
         try:
@@ -143,6 +143,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             if "exit" in msg:
                 node_record["exit_code"] = msg["exit"]
                 node_record["end_us"] = msg.get("end_us")
+                node_record["exit_signal"] = msg.get("signal")
+                node_record["interrupted"] = bool(msg.get("interrupted"))
         if not ticks.due():
             continue
         try:

@@ -9,10 +9,24 @@ from typing import Any, Sequence
 
 import numpy as np
 from bokeh.layouts import gridplot
-from bokeh.models import (ColorBar, ColumnDataSource, CustomJS, CustomJSHover, DataRange1d, FactorRange, FixedTicker,
-                          HoverTool, Legend, LegendItem, LinearColorMapper, Range1d)
+from bokeh.models import (
+    ColorBar,
+    ColumnDataSource,
+    CustomJS,
+    CustomJSHover,
+    DataRange1d,
+    FactorRange,
+    FixedTicker,
+    HoverTool,
+    Legend,
+    LegendItem,
+    LinearColorMapper,
+    Range1d,
+)
 from bokeh.palettes import Category10_10, Category20_20, Viridis256
 from bokeh.plotting import figure
+
+from stallwatch.analyze.series import HeatRows, Hist, Marker, Panel, Span
 
 TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 NO_DATA = 255  # heatmap cells without a value (the rest are whole percent, 0-100)
@@ -23,58 +37,6 @@ SPAN_COLORS = {"Initialization": "#9e9e9e", "Finalization": "#616161", "Training
 MARKER_COLORS = {"Outlier step": "#ff7f0e", "Low GPU utilization (last)": "#8c564b",
                  "GPU memory increase (last)": "#e377c2", "Small batch (last)": "#17becf"}
 _EXTRA = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-
-
-@dataclass(frozen=True)
-class Series:
-    """One line: `values` at `ts` (µs), already downsampled."""
-    name: str
-    ts: np.ndarray
-    values: np.ndarray
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One figure of a stacked timeline: its lines, title and y axis."""
-    title: str
-    y_label: str
-    series: list[Series]
-    y_format: str = "0.0"  # Bokeh number format of the hover value
-    percent: bool = False  # a 0-100 axis
-
-
-@dataclass(frozen=True)
-class Span:
-    """A shaded time range (a training phase, a bottleneck); `label` groups spans into one legend entry."""
-    start_us: int
-    end_us: int
-    label: str
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A flagged moment drawn as a vertical line (an outlier step…); `label` is its legend entry."""
-    at_us: int
-    label: str
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class HeatRows:
-    """Rows of a heatmap on a regular time grid: `values` is rows × buckets, percent, NaN where empty."""
-    names: list[str]
-    start_us: int
-    width_us: int
-    values: np.ndarray
-
-
-@dataclass(frozen=True)
-class Hist:
-    """One histogram: `counts` per bin between consecutive `edges`."""
-    name: str
-    edges: np.ndarray
-    counts: np.ndarray
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
+from stallwatch.analyze.findings import Finding, Findings
 from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
 from stallwatch.timeutil import format_duration, format_us
@@ -53,15 +55,18 @@ def steps_table(stats: Sequence[StepStat]) -> str:
 
 
 def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
-                spans: Sequence[NodeSpan], stats: Sequence[UsageStat], interval_ms: int | None = None,
-                steps: Sequence[StepStat] = (), windows: Sequence[dict] = ()) -> str:
+                spans: Sequence[NodeSpan], stats: Sequence[UsageStat], sample_interval_ms: float | None = None,
+                steps: Sequence[StepStat] = (), windows: Sequence[dict] = (), exit_signal: str | None = None,
+                interrupted: bool = False, notes: Sequence[str] = ()) -> str:
+    how = ", ".join(filter(None, [exit_signal, "interrupted" if interrupted else None]))
     lines = [
         f"stallwatch: run {run_uri}",
-        f"  command exit code {exit_code}, duration {format_duration((end_us - start_us) / 1e6)} "
-        f"({format_us(start_us)} → {format_us(end_us)})",
+        f"  command exit code {exit_code}{f' ({how})' if how else ''}, duration "
+        f"{format_duration((end_us - start_us) / 1e6)} ({format_us(start_us)} → {format_us(end_us)})",
     ]
+    lines += [f"  note: {n}" for n in notes]
     for s in spans:
-        every = f", one every {interval_ms} ms" if interval_ms else ""
+        every = f", one every {sample_interval_ms:g} ms" if sample_interval_ms else ""
         lines.append(f"  {s.node}: {s.snapshots} system snapshots{every}")
     if stats:
         lines += ["", usage_table(stats)]
@@ -74,3 +79,35 @@ def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
         what = f"steps {first}-{last}" if first is not None else "a time window"
         lines.append(f"  {w.get('layer')} profiling of rank {w.get('rank')}, {what}: {run_uri}/{w.get('path')}")
     return "\n".join(lines)
+
+
+def findings_text(findings: Findings, width: int = 100) -> str:
+    """What to fix first, for the terminal: the verdict, then each finding with its time at stake, where it
+    was seen and the change to try."""
+    lines = ["What to fix first:", "  " + findings.verdict]
+    for i, f in enumerate(findings.findings, 1):
+        stake = f" — {format_duration(f.time_at_stake_s)} at stake" if f.time_at_stake_s is not None else ""
+        share = f" ({100 * f.share_of_loop:.0f} % of the loop)" if f.share_of_loop is not None else ""
+        lines.append(f"  {i}. [{f.severity}] {f.title}{stake}{share}")
+        where = where_text(f)
+        if where:
+            lines.append(f"     where: {where}")
+        lines.append("     try: " + textwrap.shorten(f.recommendation, width=width * 2, placeholder=" …"))
+    for note in findings.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def where_text(f: Finding) -> str:
+    """Where a finding was seen, in a few words: ranks (or nodes), the first steps, the time windows."""
+    w = f.where
+    parts = []
+    if w.ranks:
+        parts.append("ranks " + ", ".join(w.ranks[:8]) + (" …" if len(w.ranks) > 8 else ""))
+    elif w.nodes:
+        parts.append("nodes " + ", ".join(w.nodes[:8]) + (" …" if len(w.nodes) > 8 else ""))
+    if w.steps:
+        parts.append("steps " + ", ".join(str(n) for n in w.steps[:10]) + (" …" if len(w.steps) > 10 else ""))
+    if w.windows:
+        parts.append(f"{len(w.windows)} time window(s), the first at {format_us(w.windows[0][0])}")
+    return "; ".join(parts)

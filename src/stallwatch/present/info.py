@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from stallwatch.analyze.steps import PHASES, step_stats
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.console import human, steps_table, table
-from stallwatch.records import STEP
-from stallwatch.store.reader import Run
 from stallwatch.timeutil import format_duration, format_us
 
 
-def render_info(run: Run) -> str:
-    info = run.info
+def render_info(analysis: RunAnalysis) -> str:
+    """What a run holds, from its records and file footers (nothing is evaluated): nodes, ranks, time span,
+    metrics, steps, profiling windows, and how the job ended."""
+    run = analysis.run
+    info = analysis.info
+    fate = analysis.summary.fate
     overview = run.system_overview()
     ranks = run.ranks()
     files = run.files()
@@ -24,8 +26,13 @@ def render_info(run: Run) -> str:
         + (f" ({format_duration((info['end_us'] - info['start_us']) / 1e6)})"
            if info.get("start_us") and info.get("end_us") else ""),
         f"size       {human(sum(f.size for f in files), 'B')} in {len(files)} files",
-        "",
+        f"job        {fate.phrase()}",
     ]
+    lines += [f"note       {n}" for n in analysis.notes]
+    if analysis.recorded_custom_rules:
+        lines.append(f"custom     recorded with custom rule(s) {', '.join(analysis.recorded_custom_rules)} (not run "
+                     "from here: `stallwatch rules RUN --custom-rule SPEC` runs one you trust)")
+    lines.append("")
     rows = []
     for name in run.nodes:
         node = info["nodes"].get(name, {})
@@ -56,7 +63,7 @@ def render_info(run: Run) -> str:
         if bad and bad.unreadable:
             lines.append(f"  ({bad.unreadable} unreadable file(s) skipped)")
     if ranks:
-        steps = step_stats(run.framework(kinds=[STEP, *PHASES]))
+        steps = analysis.step_stats()
         if steps:
             lines += ["", "steps:", steps_table(steps)]
     windows = run.profiles()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from stallwatch.analyze.rules.base import NOT_APPLICABLE, RuleResult
+from stallwatch.analyze.results import NOT_APPLICABLE, RuleResult, by_times_fired, not_applicable_groups
 from stallwatch.present.console import table
 
 
@@ -16,20 +16,6 @@ def headline(results: Sequence[RuleResult]) -> str:
     names = ", ".join(r.name for r in sorted(fired, key=lambda r: -r.triggered)[:3])
     return (f"{len(fired)} of {len(results)} rules were triggered; the most frequent: {names}. "
             "Their recommendations are below.")
-
-
-def by_times_fired(results: Sequence[RuleResult]) -> list[RuleResult]:
-    """The order every rules summary uses (console and report): most often fired first, then by name."""
-    return sorted(results, key=lambda r: (-r.triggered, r.name))
-
-
-def not_applicable_groups(results: Sequence[RuleResult]) -> dict[str, list[str]]:
-    """Reason -> the rules that do not apply for it, so the same reason (e.g. a CPU-only run) is said once."""
-    groups: dict[str, list[str]] = {}
-    for r in results:
-        if r.status == NOT_APPLICABLE:
-            groups.setdefault(r.message.replace(r.name, "the rule"), []).append(r.name)
-    return groups
 
 
 def rules_table(results: Sequence[RuleResult], width: int = 100) -> str:

@@ -20,13 +20,37 @@ from typing import IO, Any
 import numpy as np
 import pyarrow as pa
 
+from stallwatch.analyze.downsample import minmax
 from stallwatch.log import logger
-from stallwatch.present.downsample import minmax
-from stallwatch.records import (BACKWARD, CPU_IOWAIT, CPU_UTIL, DATA_WAIT, DISK_READ_BPS, DISK_WRITE_BPS, FORWARD,
-                                GPU_MEM_BW_UTIL, GPU_MEM_USED_BYTES, GPU_MEM_UTIL, GPU_POWER_W, GPU_SM_CLOCK_MHZ,
-                                GPU_TEMP_C, GPU_UTIL, MEM_UTIL, MEM_USED_BYTES, NET_RX_BPS, NET_TX_BPS, OPTIMIZER,
-                                PROC_COUNT, PROC_RSS_BYTES, STEP, TIMESTAMP, WORKERS_ALIVE, WORKERS_BUSY,
-                                WORKERS_CPU_UTIL, MetricKey)
+from stallwatch.records import (
+    BACKWARD,
+    CPU_IOWAIT,
+    CPU_UTIL,
+    DATA_WAIT,
+    DISK_READ_BPS,
+    DISK_WRITE_BPS,
+    FORWARD,
+    GPU_MEM_BW_UTIL,
+    GPU_MEM_USED_BYTES,
+    GPU_MEM_UTIL,
+    GPU_POWER_W,
+    GPU_SM_CLOCK_MHZ,
+    GPU_TEMP_C,
+    GPU_UTIL,
+    MEM_USED_BYTES,
+    MEM_UTIL,
+    NET_RX_BPS,
+    NET_TX_BPS,
+    OPTIMIZER,
+    PROC_COUNT,
+    PROC_RSS_BYTES,
+    STEP,
+    TIMESTAMP,
+    WORKERS_ALIVE,
+    WORKERS_BUSY,
+    WORKERS_CPU_UTIL,
+    MetricKey,
+)
 from stallwatch.store import layout
 from stallwatch.store.reader import Run
 from stallwatch.timeutil import format_duration

@@ -16,8 +16,8 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule
 from stallwatch.analyze.rules.feed import split_by_time
-from stallwatch.analyze.rules.runner import _plain
 from stallwatch.records import framework_schema
+from stallwatch.store.run_files import jsonable as _plain
 
 START_US = 1_700_000_000_000_000
 INTERVAL_US = 500_000  # the sampler's default: 500 ms

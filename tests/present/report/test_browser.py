@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report import build_report, build_sections
-from stallwatch.present.report.context import ReportContext
 from stallwatch.store.reader import open_run
 
 from ._full_runs import IMG, SCRIPT, Planted, full_run
@@ -20,7 +20,7 @@ MY_SECTIONS = ("summary", "system-usage", "framework", "cpu-operators", "gpu-ope
 
 def _titles(root: Path) -> list[tuple[str, str]]:
     """(id, title) of every section the report holds, as the sections build them."""
-    return [(s.id, s.title) for s in build_sections(ReportContext(open_run(str(root))))]
+    return [(s.id, s.title) for s in build_sections(RunAnalysis(open_run(str(root))))]
 
 
 def _check(opened: OpenedReport, root: Path) -> None:

@@ -9,46 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
 import pyarrow as pa
 
-from stallwatch.records import COLUMN_SEP
+from stallwatch.analyze.frames import NodeFrame
+from stallwatch.analyze.results import ERROR, NOT_APPLICABLE, OK, RuleResult
 
-OK, NOT_APPLICABLE, ERROR = "ok", "not_applicable", "error"
-
-
-@dataclass
-class NodeFrame:
-    """New system snapshots of one node, in time order: timestamps (µs) and one float array per
-    `device/metric` column (float32 as stored; NaN where a value is missing); `info` is the node's record
-    (cores, GPUs…)."""
-
-    node: str
-    timestamps: np.ndarray
-    columns: dict[str, np.ndarray]
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.timestamps)
-
-    def devices(self, prefix: str, metric: str) -> list[str]:
-        """Numbered devices with this metric, in number order: devices("gpu", "gpu_util") -> ["gpu0", …]."""
-        found = []
-        for col in self.columns:
-            device, _, m = col.partition(COLUMN_SEP)
-            if m == metric and device.startswith(prefix) and device[len(prefix):].isdigit():
-                found.append(device)
-        return sorted(found, key=lambda d: int(d[len(prefix):]))
-
-    def get(self, device: str, metric: str) -> np.ndarray | None:
-        return self.columns.get(f"{device}{COLUMN_SEP}{metric}")
-
-    def matrix(self, devices: list[str], metric: str) -> np.ndarray:
-        """snapshots × devices (NaN where missing)."""
-        if not devices:
-            return np.empty((len(self), 0))
-        return np.column_stack([self.columns.get(f"{d}{COLUMN_SEP}{metric}", np.full(len(self), np.nan))
-                                for d in devices])
+__all__ = ["ERROR", "NOT_APPLICABLE", "OK", "Chunk", "NodeFrame", "ParameterError", "Rule", "RuleResult", "coerce"]
 
 
 @dataclass
@@ -60,39 +26,6 @@ class Chunk:
     framework: pa.Table  # framework events (stallwatch.records.framework_schema), new since the last chunk
     run: dict[str, Any] = field(default_factory=dict)  # Run.info: run.json merged with every node's record
     final: bool = False  # the run has ended: nothing more will come
-
-
-@dataclass
-class RuleResult:
-    name: str
-    triggered: int
-    violations: int
-    datapoints: int
-    parameters: dict[str, Any]
-    description: str
-    recommendation: str
-    details: dict[str, Any] = field(default_factory=dict)
-    status: str = OK
-    message: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "RuleName": self.name,
-            "RuleTriggered": self.triggered,
-            "Violations": self.violations,
-            "Datapoints": self.datapoints,
-            "RuleParameters": "\n".join(f"{k}:{_text(v)}" for k, v in self.parameters.items()),
-            "Parameters": dict(self.parameters),
-            "Description": self.description,
-            "Recommendation": self.recommendation,
-            "Details": self.details,
-            "Status": self.status,
-            "Message": self.message,
-        }
-
-
-def _text(value: Any) -> str:
-    return "None" if value is None else str(value)
 
 
 class ParameterError(ValueError):

@@ -61,7 +61,7 @@ class _Context:
 
     def __init__(self) -> None:
         self.starts, self.ends = Appendable(), Appendable()
-        self.interval_us = 0
+        self.sample_interval_ms = 0.0
         self.last_ts: int | None = None  # the node's latest snapshot so far
         self.waiting: list[tuple[np.ndarray, ...]] = []  # (kind codes, mode codes, starts, ends, ranks)
         self.kinds: dict[int, int] = {}  # kind code -> µs of overlap
@@ -75,7 +75,7 @@ class _Context:
             self.last_ts = int(ts[-1])
         if not bad.any():
             return
-        lo, hi = ts[bad], ts[bad] + self.interval_us
+        lo, hi = ts[bad], ts[bad] + int(self.sample_interval_ms * 1000)
         if self.ends.n and lo[0] <= self.ends.view()[-1]:  # continues (or touches) the last period
             self.ends.view()[-1] = max(int(self.ends.view()[-1]), int(hi[0]))
             lo, hi = lo[1:], hi[1:]
@@ -195,8 +195,8 @@ class _Bottleneck(Rule):
             m = n - skip
             if m == 0:
                 continue
-            if not st.context.interval_us:
-                st.context.interval_us = _interval_us(frame)
+            if not st.context.sample_interval_ms:
+                st.context.sample_interval_ms = frame.sample_interval_ms
             with np.errstate(invalid="ignore"):
                 low, bad = self._flags(frame, skip, st)
             # cumulative condition at every evaluated snapshot: bottlenecks so far > threshold % of so far
@@ -308,16 +308,6 @@ class _Bottleneck(Rule):
 
     def _advice(self, node: str, st: _Node, above: bool) -> str:
         return ""
-
-
-def _interval_us(frame: NodeFrame) -> int:
-    """The node's sampling interval (its record's, else the median spacing of these snapshots), µs."""
-    ms = (frame.info or {}).get("sample_interval_ms")
-    if isinstance(ms, (int, float)) and ms > 0:
-        return int(ms * 1000)
-    if len(frame) > 1:
-        return max(int(np.median(np.diff(frame.timestamps))), 1)
-    return 0
 
 
 class CPUBottleneck(_Bottleneck):

@@ -11,26 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule
+from stallwatch.analyze.frames import NodeFrame, node_frame
+from stallwatch.analyze.rules.base import Chunk, Rule
 from stallwatch.analyze.rules.steps import framework_columns
 from stallwatch.records import TIMESTAMP, framework_schema
-
-
-def node_frame(node: str, table: pa.Table, info: dict[str, Any] | None = None) -> NodeFrame:
-    """A `Run.system_wide()` table as a NodeFrame (float32 arrays as stored, NaN where missing),
-    time-ordered. float32 keeps a node-day at 100 ms with 16 cores and 8 GPUs well under 1 GB. Columns
-    already in time order are not copied again; each goes from Arrow to numpy once, and its Arrow data is let
-    go as soon as it is converted (when the caller keeps no reference to `table`)."""
-    if table.num_rows == 0 or TIMESTAMP not in table.column_names:
-        return NodeFrame(node, np.empty(0, np.int64), {}, dict(info or {}))
-    ts = table[TIMESTAMP].to_numpy(zero_copy_only=False).astype(np.int64)
-    order = None if bool((ts[1:] >= ts[:-1]).all()) else np.argsort(ts, kind="stable")
-    cols = {}
-    for name in [n for n in table.column_names if n != TIMESTAMP]:
-        values = table[name].to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        cols[name] = values if order is None else values[order]
-        table = table.drop_columns([name])
-    return NodeFrame(node, ts if order is None else ts[order], cols, dict(info or {}))
 
 
 def rule_metrics(rules: Iterable[type[Rule] | Rule] | None = None) -> set[str] | None:

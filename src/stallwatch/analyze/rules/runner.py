@@ -3,14 +3,12 @@ result with Status "error", never a failed evaluation of the others."""
 
 from __future__ import annotations
 
-import json
 import traceback
 from typing import Any, Iterable
 
 from stallwatch.analyze.rules.base import ERROR, Chunk, Rule, RuleResult
 from stallwatch.log import logger
-
-RULES_DIR = "rules"
+from stallwatch.store import run_files
 
 
 def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
@@ -48,19 +46,5 @@ def failed_result(rule: Rule, exc: Exception) -> RuleResult:
 
 
 def write_results(location: Any, results: list[RuleResult]) -> list[str]:
-    """`rules/<RuleName>.json` for each result, each written atomically; the paths written."""
-    written = []
-    for r in results:
-        rel = f"{RULES_DIR}/{r.name}.json"
-        location.write_atomic(rel, (json.dumps(r.to_json(), indent=2, sort_keys=False, default=_plain) + "\n").encode())
-        written.append(rel)
-    return written
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars and arrays in details become plain JSON."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+    """`rules/<RuleName>.json` for each result, each written atomically (through the store); the paths written."""
+    return [run_files.write_rule_result(location, r.name, r.to_json()) for r in results]

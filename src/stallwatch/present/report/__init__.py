@@ -1,26 +1,23 @@
-"""The HTML report: every section of `sections.ORDER` built from one ReportContext, rendered into one
+"""The HTML report: every section of `sections.ORDER` built from one RunAnalysis, rendered into one
 self-contained file and written atomically into the run (`report.html`) or wherever the caller says."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.log import logger
-from stallwatch.present.report.context import ReportContext
 from stallwatch.present.report.model import NotApplicable, Section
-from stallwatch.store import layout
-from stallwatch.store.location import RunLocation
-from stallwatch.store.reader import Run, open_run
+from stallwatch.store import run_files
+from stallwatch.store.reader import Run
 from stallwatch.timeutil import format_us
 
 TITLE = "stallwatch profiling report"
-RuleResults = Mapping[str, Mapping[str, Any]] | Sequence[Any]
 
 
-def build_sections(ctx: ReportContext) -> list[Section]:
+def build_sections(analysis: RunAnalysis) -> list[Section]:
     """Every section module's sections, in ORDER. A module that raises becomes one section saying so (and
     one log line): a broken section never costs the rest of the report."""
     from stallwatch.present.report.sections import section_modules
@@ -29,7 +26,7 @@ def build_sections(ctx: ReportContext) -> list[Section]:
     for module in section_modules():
         name = module.__name__.rsplit(".", 1)[-1]
         try:
-            out.extend(module.build(ctx))
+            out.extend(module.build(analysis))
         except Exception as exc:
             logger.warning("report: the %s section failed (%s: %s); the report goes on without it",
                            name, type(exc).__name__, exc)
@@ -40,45 +37,27 @@ def build_sections(ctx: ReportContext) -> list[Section]:
     return out
 
 
-def _rule_json(rule_results: RuleResults | None) -> dict[str, dict[str, Any]] | None:
-    """Rule name -> result JSON, from either that mapping or a list of RuleResult (as `stallwatch run` has)."""
-    if rule_results is None:
-        return None
-    if isinstance(rule_results, Mapping):
-        return {str(k): dict(v) for k, v in rule_results.items()}
-    return {r.name: r.to_json() for r in rule_results}
+def subtitle(analysis: RunAnalysis) -> str:
+    s = analysis.summary
+    where = f"{len(s.nodes)} node{'s' if len(s.nodes) != 1 else ''}"
+    return f"Run {s.run_id} · {where} · {format_us(s.start_us)} → {format_us(s.last_us)}"
 
 
-def subtitle(ctx: ReportContext) -> str:
-    info = ctx.info
-    nodes = ctx.nodes
-    where = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
-    return (f"Run {info.get('run_id') or ctx.run.uri} · {where} · {format_us(info.get('start_us'))} → "
-            f"{format_us(info.get('end_us'))}")
-
-
-def render_report(run: Run | str, *, rule_results: RuleResults | None = None) -> str:
-    """The report's HTML for `run` (a Run or its URI)."""
+def render_report(run: Run | str | RunAnalysis, *, rule_results: Sequence[RuleResult] | None = None) -> str:
+    """The report's HTML for `run` (an analysis, a Run or its URI)."""
     from stallwatch.present.report.html import render
 
-    run = open_run(run) if isinstance(run, str) else run
-    ctx = ReportContext(run, rule_results=_rule_json(rule_results))
-    return render(build_sections(ctx), title=TITLE, subtitle=subtitle(ctx))
+    analysis = run if isinstance(run, RunAnalysis) else RunAnalysis(run, rule_results=rule_results)
+    return render(build_sections(analysis), title=TITLE, subtitle=subtitle(analysis))
 
 
-def build_report(run: Run | str, out: str | os.PathLike[str] | None = None, *,
-                 rule_results: RuleResults | None = None) -> str:
+def build_report(run: Run | str | RunAnalysis, out: str | os.PathLike[str] | None = None, *,
+                 rule_results: Sequence[RuleResult] | None = None) -> str:
     """Build and write the report; returns where it went. Default: `report.html` at the run's root, through
     the run's location (local or S3); `out`: that local file. Written atomically either way: a reader sees
     the old report or the new one, never half of one."""
-    run = open_run(run) if isinstance(run, str) else run
-    data = render_report(run, rule_results=rule_results).encode("utf-8")
+    analysis = run if isinstance(run, RunAnalysis) else RunAnalysis(run, rule_results=rule_results)
+    data = render_report(analysis).encode("utf-8")
     if out is None:
-        run.location.write_atomic(layout.REPORT_HTML, data)
-        if run.location.remote:  # s3://bucket/prefix/run[?endpoint_override=…] -> …/run/report.html[?…]
-            base, sep, query = run.location.uri.partition("?")
-            return f"{base.rstrip('/')}/{layout.REPORT_HTML}{sep}{query}"
-        return str(run.location.local_path(layout.REPORT_HTML))
-    target = Path(out).expanduser().absolute()
-    RunLocation(str(target.parent)).write_atomic(target.name, data)
-    return str(target)
+        return run_files.write_report(analysis.run.location, data)
+    return run_files.write_file_atomic(out, data)

@@ -1,5 +1,5 @@
 """Generated runs for the section tests, written with the store's own writers (SystemWriter, FrameworkWriter)
-into real run directories, each with its planted patterns named; and their ReportContext, with the rules'
+into real run directories, each with its planted patterns named; and their RunAnalysis, with the rules'
 results evaluated on the run as `stallwatch rules` would (small patience and windows, so runs stay short)."""
 
 from __future__ import annotations
@@ -11,20 +11,22 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import NodeFrame
 from stallwatch.analyze.rules.feed import read_run
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import _plain, evaluate
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.rules.runner import evaluate
 from stallwatch.records import FrameworkEvent, MetricKey
 from stallwatch.store import layout
 from stallwatch.store.framework_writer import FrameworkWriter
 from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
+from stallwatch.store.run_files import jsonable as _plain
 from stallwatch.store.system_writer import SystemWriter
 
 from ....analyze.rules import _gen
-from ....analyze.rules._fw_gen import MINUTE, S, T0, FwGen
+from ....analyze.rules._fw_gen import MINUTE, T0, FwGen, S
 
 HOUR = 3600 * S
 INTERVAL_US = _gen.INTERVAL_US  # 500 ms
@@ -81,12 +83,16 @@ def _write_events(loc: RunLocation, events: pa.Table) -> None:
         w.close()
 
 
-def context(root: Path, params: dict[str, dict[str, Any]] | None = None) -> ReportContext:
-    """The run's ReportContext with the rules evaluated on it (results as stored JSON would read back)."""
+def context(root: Path, params: dict[str, dict[str, Any]] | None = None) -> RunAnalysis:
+    """The run's RunAnalysis with the rules evaluated on it (results as stored JSON would read back)."""
     run = open_run(str(root))
     results = evaluate(builtin_rules(), [read_run(run, builtin_rules())], PARAMS if params is None else params)
-    plain = {r.name: json.loads(json.dumps(r.to_json(), default=_plain)) for r in results}
-    return ReportContext(run, rule_results=plain)
+    return RunAnalysis(run, rule_results=as_stored(results))
+
+
+def as_stored(results: list[RuleResult]) -> list[RuleResult]:
+    """The results as a stored rules/<Name>.json reads back: through JSON and `RuleResult.from_json`."""
+    return [RuleResult.from_json(json.loads(json.dumps(r.to_json(), default=_plain))) for r in results]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,10 +153,10 @@ def slow_start_run(root: Path) -> Path:
 
 
 BUILDERS = {"gpu": gpu_run, "cpu_only": cpu_only_run, "slow_start": slow_start_run}
-_BUILT: dict[str, ReportContext] = {}
+_BUILT: dict[str, RunAnalysis] = {}
 
 
-def built(name: str, tmp_path_factory: Any) -> ReportContext:
+def built(name: str, tmp_path_factory: Any) -> RunAnalysis:
     """The named run's context, generated once per test session."""
     if name not in _BUILT:
         root = BUILDERS[name](tmp_path_factory.mktemp("report-sections") / name)

@@ -13,8 +13,17 @@ import pytest
 from bokeh.embed import json_item
 
 from stallwatch.present.report.model import WARN, Chart, NotApplicable, Paragraph, Table, Verdict
-from stallwatch.present.report.sections import (analysis, batch_size, cpu_bottlenecks, dataloading, gpu_memory,
-                                                gpu_utilization, io_bottlenecks, load_balancing, steps)
+from stallwatch.present.report.sections import (
+    analysis,
+    batch_size,
+    cpu_bottlenecks,
+    dataloading,
+    gpu_memory,
+    gpu_utilization,
+    io_bottlenecks,
+    load_balancing,
+    steps,
+)
 from stallwatch.present.report.sections._loop import HOW_TO_RECORD, duration
 
 from . import _runs
@@ -30,7 +39,7 @@ def any_run(request, tmp_path_factory):
 
 
 def _loop_bounds(ctx) -> tuple[int, int]:
-    fw = ctx.framework
+    fw = ctx.run.framework()
     steps_ = fw.filter(pc.equal(fw["kind"].cast("string"), "step"))
     return pc.min(steps_["start_us"]).as_py(), pc.max(steps_["end_us"]).as_py()
 

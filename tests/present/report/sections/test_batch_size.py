@@ -34,19 +34,19 @@ def test_box_plots_hold_cpu_gpu_and_memory_with_numpys_statistics(gpu):
             got = [src.data[k][i] for k in ("p25", "p50", "p75", "p95")]
             assert got == pytest.approx(expected, abs=1e-3), (node, label)  # the rule keeps 4 decimals
         rows = rows_by(table(sections, f"Node {node}:"), "Series")
-        assert rows[("gpu1 memory",)]["p95 %"] == gpu.rules["BatchSize"]["Details"][node]["gpu1_memory"]["p95"]
+        assert rows[("gpu1 memory",)]["p95 %"] == gpu.rule("BatchSize").details[node]["gpu1_memory"]["p95"]
 
 
 def test_the_flagged_windows_are_counted_per_node_and_in_the_verdict(gpu):
     sections = batch_size.build(gpu)
-    details = gpu.rules["BatchSize"]["Details"]
+    details = gpu.rule("BatchSize").details
     for node in ("algo-1", "algo-2"):
         flagged, windows = details[node]["violations"], details[node]["windows"]
         assert flagged > 0  # algo-1's gpu1 at 30 %, algo-2's gpu0 at 5 %, with CPU at 30 % and memory at 40 %
         table(sections, f"Node {node}: {flagged} of {windows} windows flagged")
     verdict = sections[0].blocks[-1]
     assert isinstance(verdict, Verdict) and verdict.level == WARN
-    assert f"low in {gpu.rules['BatchSize']['Violations']} windows" in verdict.text
+    assert f"low in {gpu.rule('BatchSize').violations} windows" in verdict.text
 
 
 def test_a_cpu_only_run_says_batch_size_does_not_apply(tmp_path_factory):

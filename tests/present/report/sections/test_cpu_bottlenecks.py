@@ -21,9 +21,9 @@ def gpu(tmp_path_factory):
 
 def test_the_pie_counts_each_snapshot_once(gpu):
     sections = cpu_bottlenecks.build(gpu)
-    result = gpu.rules["CPUBottleneck"]
-    datapoints, low = result["Datapoints"], result["Details"]["low_gpu_utilization"]
-    assert result["Details"]["bottlenecks"]["count"] == PLANTED
+    result = gpu.rule("CPUBottleneck")
+    datapoints, low = result.datapoints, result.details["low_gpu_utilization"]
+    assert result.details["bottlenecks"]["count"] == PLANTED
     assert low == PLANTED + (IO_BOTTLENECK[1] - IO_BOTTLENECK[0])  # algo-1's gpu0 idles during its I/O bottleneck
     (pie,) = [c for c in blocks_of(sections, Chart) if c.caption.startswith("Snapshots analyzed")]
     slices = {w.data["label"][0]: w.data["value"][0] for w in glyph_sources(pie.model, "Wedge")}
@@ -50,7 +50,7 @@ def _overlaps_by_hand(ctx, lo: int, hi: int) -> dict[str, float]:
     out = {label: 0.0 for label in kinds.values()}
     in_steps = 0.0
     ranks = set()
-    for e in ctx.framework.to_pylist():
+    for e in ctx.run.framework().to_pylist():
         if e["node"] != "algo-2":
             continue
         ranks.add(e["rank"])
@@ -65,7 +65,7 @@ def _overlaps_by_hand(ctx, lo: int, hi: int) -> dict[str, float]:
 
 
 def test_the_loop_during_the_bottleneck_is_the_overlap_of_its_events(gpu):
-    (r,) = gpu.rules["CPUBottleneck"]["Details"]["bottlenecks"]["ranges"]
+    (r,) = gpu.rule("CPUBottleneck").details["bottlenecks"]["ranges"]
     expected = _overlaps_by_hand(gpu, r["start_us"], r["end_us"] + INTERVAL_US)
     rows = rows_by(table(cpu_bottlenecks.build(gpu), "The training loop during CPU bottlenecks"),
                    "Where the time went")

@@ -22,7 +22,7 @@ def gpu(tmp_path_factory):
 
 
 def _events(ctx, kind: str):
-    fw = ctx.framework
+    fw = ctx.run.framework()
     return fw.filter(pc.equal(fw["kind"].cast("string"), kind))
 
 

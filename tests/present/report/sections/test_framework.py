@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.present.report.model import WARN, Chart, NotApplicable, Paragraph, Table, Verdict
 from stallwatch.present.report.sections import framework
 from stallwatch.store import layout
@@ -19,7 +20,7 @@ from .._full_runs import OPERATORS, STEPS, full_run
 
 
 def _build(root: Path, **kwargs):
-    sections = framework.build(ReportContext(open_run(str(root)), **kwargs))
+    sections = framework.build(RunAnalysis(open_run(str(root)), **kwargs))
     assert [(s.id, s.title, s.level) for s in sections] == [
         ("framework", "Framework metrics summary", 2), ("cpu-operators", "CPU operators", 3),
         ("gpu-operators", "GPU operators", 3)]
@@ -106,7 +107,7 @@ def test_time_between_steps_and_uneven_passes_are_called_out(tmp_path: Path):
                "operators": {"CPU": [{"operator": "aten::mm", "calls": 3, "self_us": 6_000.0, "total_us": 6_000.0,
                                       "percent": 60.0}], "CPU_count": 9}}
     result = {"RuleName": "OverallFrameworkMetrics", "Status": "ok", "Details": details}
-    main, cpu, _ = _build(root, rule_results={"OverallFrameworkMetrics": result})
+    main, cpu, _ = _build(root, rule_results=[RuleResult.from_json(result)])
     (warn,) = [b for b in main.blocks if isinstance(b, Verdict)]
     assert warn.level == WARN and "(45.0 %) in phase \"others\"" in warn.text
     (para,) = [b for b in main.blocks if isinstance(b, Paragraph)][:1]

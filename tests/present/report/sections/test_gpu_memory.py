@@ -21,7 +21,7 @@ def gpu(tmp_path_factory):
 
 def test_the_planted_rise_is_shown_with_the_rules_numbers(gpu):
     sections = gpu_memory.build(gpu)
-    detail = gpu.rules["GPUMemoryIncrease"]["Details"]["algo-2"]["gpu1"]
+    detail = gpu.rule("GPUMemoryIncrease").details["algo-2"]["gpu1"]
     rows = rows_by(table(sections, "GPU memory utilization on node algo-2"), "GPU")
     rise = rows[("gpu1",)]
     assert rise["Rises"] == 1 and rise["Largest rise [points]"] == detail["increase"] > 5

@@ -4,19 +4,17 @@ rule that failed stated as such."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.rules.feed import read_run
 from stallwatch.analyze.rules.gpu import LowGPUUtilization
-from stallwatch.analyze.rules.runner import _plain, evaluate
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.rules.runner import evaluate
 from stallwatch.present.report.model import WARN, Chart, NotApplicable, Verdict
 from stallwatch.present.report.sections import gpu_utilization
 
-from ._runs import PATIENCE, blocks_of, built, glyph_sources, rows_by, table
+from ._runs import PATIENCE, as_stored, blocks_of, built, glyph_sources, rows_by, table
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +48,7 @@ def test_the_planted_idle_gpu_is_named_underutilized(gpu):
     assert algo1[("gpu1",)]["Median %"] == 30.0
     algo2 = rows_by(table(sections, "GPU utilization on node algo-2"), "GPU")
     assert algo2[("gpu1",)]["Verdict"] == "well used" and algo2[("gpu1",)]["Underutilized"] == 0
-    detail = gpu.rules["LowGPUUtilization"]["Details"]["algo-1"]["gpu1"]
+    detail = gpu.rule("LowGPUUtilization").details["algo-1"]["gpu1"]
     assert algo1[("gpu1",)]["p95 %"] == detail["gpu_95"] and algo1[("gpu1",)]["p5 %"] == detail["gpu_5"]
     verdict = sections[0].blocks[-1]
     assert isinstance(verdict, Verdict) and verdict.level == WARN
@@ -72,8 +70,8 @@ class _Broken(LowGPUUtilization):
 
 def test_a_failed_rule_is_stated_not_hidden(gpu):
     (result,) = evaluate([_Broken], [read_run(gpu.run)])
-    results = dict(gpu.rules, LowGPUUtilization=json.loads(json.dumps(result.to_json(), default=_plain)))
-    (sec,) = gpu_utilization.build(ReportContext(gpu.run, rule_results=results))
+    results = [r for r in gpu.rule_results if r.name != "LowGPUUtilization"] + as_stored([result])
+    (sec,) = gpu_utilization.build(RunAnalysis(gpu.run, rule_results=results))
     (na,) = sec.blocks
     assert isinstance(na, NotApplicable)
     assert "could not be analyzed" in na.reason and "NVML returned garbage" in na.reason

@@ -4,11 +4,10 @@ GPU row next to a saturated core row, gaps as no-data cells, and the size kept w
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from bokeh.models import GlyphRenderer, GridPlot, Image
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present import charts
-from stallwatch.present.report.context import ReportContext
 from stallwatch.present.report.model import Chart, NotApplicable, Paragraph
 from stallwatch.present.report.sections import heatmap
 from stallwatch.store.reader import open_run
@@ -26,7 +25,7 @@ def test_rows_and_planted_bottleneck(tmp_path):
     a = plant_cpu_bottleneck(make_node("algo-1", 3000, 6, 3, seed=1), 1000, 1600, gpu=2, core=4)
     a.columns["gpu0/gpu_util"][2000:2300] = np.nan  # the GPU fell off the bus for a while
     write_run(tmp_path / "run", [a, make_node("algo-2", 3000, 6, 3, seed=2)])
-    (sec,) = heatmap.build(ReportContext(open_run(str(tmp_path / "run"))))
+    (sec,) = heatmap.build(RunAnalysis(open_run(str(tmp_path / "run"))))
     assert sec.id == "heatmap" and sec.title == "Utilization heatmap"
     chart = next(b for b in sec.blocks if isinstance(b, Chart))
     shown = _images(chart)
@@ -48,7 +47,7 @@ def test_rows_and_planted_bottleneck(tmp_path):
 
 def test_cpu_only_node_and_note(tmp_path):
     write_run(tmp_path / "run", [make_node("algo-1", 500, 4, 0), make_node("algo-2", 500, 4, 2)])
-    (sec,) = heatmap.build(ReportContext(open_run(str(tmp_path / "run"))))
+    (sec,) = heatmap.build(RunAnalysis(open_run(str(tmp_path / "run"))))
     notes = " ".join(b.text for b in sec.blocks if isinstance(b, Paragraph))
     assert "No GPU recorded on algo-1" in notes
     (fig, image), _ = _images(next(b for b in sec.blocks if isinstance(b, Chart)))
@@ -58,22 +57,5 @@ def test_cpu_only_node_and_note(tmp_path):
 def test_no_rows_is_not_applicable(tmp_path):
     frame = make_node("algo-1", 100, 0, 0)
     write_run(tmp_path / "run", [frame])
-    (sec,) = heatmap.build(ReportContext(open_run(str(tmp_path / "run"))))
+    (sec,) = heatmap.build(RunAnalysis(open_run(str(tmp_path / "run"))))
     assert any(isinstance(b, NotApplicable) for b in sec.blocks)
-
-
-def test_cell_budget():
-    frames = {f"n{k}": make_node(f"n{k}", 20_000, 24, 8, seed=k, dtype=np.float32) for k in range(3)}
-    figs = heatmap.figures(frames)
-    cells = sum(next(r for r in f.renderers if isinstance(r.glyph, Image)).data_source.data["image"][0].size
-                for f in figs)
-    assert len(figs) == 3 and cells <= heatmap.CELL_BUDGET
-    assert heatmap.buckets_for(8 * 200) == heatmap.MIN_BUCKETS and heatmap.buckets_for(10) == heatmap.MAX_BUCKETS
-
-
-def test_total_rows_and_unknown_dimension():
-    frame = make_node("n", 100, 2, 1)
-    names = [n for n, _ in heatmap.row_columns(frame, ("CPU", "I/O"), total=True)]
-    assert names == ["cpu total", "cpu0", "cpu1", "cpu total I/O wait", "cpu0 I/O wait", "cpu1 I/O wait"]
-    with pytest.raises(ValueError, match="unknown heatmap dimension 'Disk'; choose from GPU, CPU"):
-        heatmap.row_columns(frame, ("Disk",))

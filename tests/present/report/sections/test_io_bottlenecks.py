@@ -21,10 +21,10 @@ def gpu(tmp_path_factory):
 
 def test_the_planted_period_is_counted_and_judged_rare(gpu):
     sections = io_bottlenecks.build(gpu)
-    result = gpu.rules["IOBottleneck"]
-    assert result["Violations"] == PLANTED
+    result = gpu.rule("IOBottleneck")
+    assert result.violations == PLANTED
     intro = blocks_of(sections, Paragraph)[0].text
-    share = 100 * PLANTED / result["Datapoints"]
+    share = 100 * PLANTED / result.datapoints
     assert f"found {PLANTED} I/O bottlenecks, which is {share:.1f} % of the time analyzed" in intro
     assert "On every node the share was below the threshold of 50 %" in intro
     (period,) = table(sections, "The longest I/O bottleneck periods").rows

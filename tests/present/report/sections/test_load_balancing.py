@@ -35,7 +35,7 @@ def test_each_histogram_is_the_share_of_snapshots_per_bin(gpu):
 
 def test_the_distances_are_the_rules_and_the_planted_imbalance_is_named(gpu):
     sections = load_balancing.build(gpu)
-    detail = gpu.rules["LoadBalancing"]["Details"]["algo-1"]
+    detail = gpu.rule("LoadBalancing").details["algo-1"]
     rows = rows_by(table(sections, "Distances between the GPUs' workloads on node algo-1"), "GPU")
     assert rows[("gpu0",)]["gpu1"] == rows[("gpu1",)]["gpu0"] == detail["distances"]["gpu0"]["gpu1"] > 0.2
     assert rows[("gpu0",)]["gpu0"] == 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import GOOD, WARN, Chart, Table, Verdict
 from stallwatch.present.report.sections import nodes
 from stallwatch.store.reader import open_run
@@ -13,7 +13,7 @@ from tests.present.generated_run import training_run, write_run
 
 
 def _build(path) -> list:
-    return nodes.build(ReportContext(open_run(str(path))))
+    return nodes.build(RunAnalysis(open_run(str(path))))
 
 
 def _rows(sec) -> dict[str, dict[str, object]]:
@@ -73,10 +73,3 @@ def test_two_nodes_that_differ_are_both_named(tmp_path):
     rows = _rows(sec)
     assert "on the other node" in rows["algo-1"]["Stands out"] and "on the other node" in rows["algo-2"]["Stands out"]
     assert "Training step median (ms)" not in next(b for b in sec.blocks if isinstance(b, Table)).columns
-
-
-def test_odd_ones_rules():
-    pct = nodes.USAGE["GPU"]
-    assert nodes.odd_ones({"a": 80, "b": 81, "c": 79, "d": 60}, pct) == {"d": 79.5}
-    assert nodes.odd_ones({"a": 80}, pct) == {}
-    assert nodes.odd_ones({"a": 100.0, "b": 110.0, "c": 130.0}, nodes.STEP) == {"c": 110.0}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import GOOD, INFO, WARN, Paragraph, Table, Verdict
 from stallwatch.present.report.sections import overhead
 from stallwatch.store import layout
@@ -18,7 +18,7 @@ from tests.present.generated_run import S, write_run
 
 
 def _section(path):
-    (sec,) = overhead.build(ReportContext(open_run(str(path))))
+    (sec,) = overhead.build(RunAnalysis(open_run(str(path))))
     return sec
 
 

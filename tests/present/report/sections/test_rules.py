@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.analyze.rules.base import RuleResult
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult, by_times_fired
 from stallwatch.present.report.model import GOOD, ISSUE, WARN, NotApplicable, Paragraph, Table, Verdict
 from stallwatch.present.report.sections import rules
-from stallwatch.present.rules_table import by_times_fired
 from stallwatch.store.reader import open_run
 
 from .._full_runs import full_run
@@ -23,7 +22,8 @@ def _result(name: str, triggered: int, datapoints: int, status: str = "ok", mess
 
 
 def _build(root: Path, results: dict | None = None):
-    (section,) = rules.build(ReportContext(open_run(str(root)), rule_results=results))
+    typed = None if results is None else [RuleResult.from_json(r) for r in results.values()]
+    (section,) = rules.build(RunAnalysis(open_run(str(root)), rule_results=typed))
     assert (section.id, section.title) == ("rules", "Rules summary")
     return section
 
@@ -43,7 +43,7 @@ def test_sorted_by_times_triggered_with_the_headline(root: Path):
     table = next(b for b in section.blocks if isinstance(b, Table))
     assert table.columns == ["rule", "description", "recommendation", "times triggered", "datapoints", "parameters"]
     assert [r[0] for r in table.rows] == ["Beta", "Alpha", "Delta", "Gamma"]
-    ordered = by_times_fired([rules.as_result(r) for r in results.values()])  # the console's order
+    ordered = by_times_fired([RuleResult.from_json(r) for r in results.values()])  # the console's order
     assert [r.name for r in ordered] == [r[0] for r in table.rows]
     assert table.rows[0][1:] == ["Beta checks.", "Fix Beta.", 15, 2111, "threshold:\u00a03\nmode:\u00a0None"]
     verdicts = [b for b in section.blocks if isinstance(b, Verdict)]
@@ -72,13 +72,13 @@ def test_every_builtin_rule_of_a_real_evaluation(root: Path):
     not_applicable = [b.reason.split(" — ")[0].removeprefix("Not applicable: ")
                       for b in section.blocks if isinstance(b, NotApplicable)]
     listed = {r[0] for r in table.rows} | {n for names in not_applicable for n in names.split(", ")}
-    ctx_rules = ReportContext(open_run(str(root))).rules
+    ctx_rules = RunAnalysis(open_run(str(root))).rules_by_name
     assert listed == set(ctx_rules)
-    assert all(r[4] == ctx_rules[r[0]]["Datapoints"] for r in table.rows)
+    assert all(r[4] == ctx_rules[r[0]].datapoints for r in table.rows)
 
 
 def test_sagemaker_files_without_structured_parameters():
-    r = rules.as_result({"RuleName": "StepOutlier", "RuleTriggered": 3, "Datapoints": 10,
+    r = RuleResult.from_json({"RuleName": "StepOutlier", "RuleTriggered": 3, "Datapoints": 10,
                          "RuleParameters": "threshold:3\nmode:None\nn_outliers:10\nstddev:3"})
     assert r.parameters == {"threshold": "3", "mode": "None", "n_outliers": "10", "stddev": "3"}
     assert (r.name, r.triggered, r.datapoints, r.status) == ("StepOutlier", 3, 10, "ok")

@@ -11,8 +11,7 @@ import pytest
 from stallwatch.present.report.model import GOOD, WARN, Chart, NotApplicable, Table, Verdict
 from stallwatch.present.report.sections import steps
 
-from ._runs import (N_STEPS, SLOW_STEPS, SLOW_US, SLOW_WAIT_US, blocks_of, built, glyph_sources, rows_by,
-                    table)
+from ._runs import N_STEPS, SLOW_STEPS, SLOW_US, SLOW_WAIT_US, blocks_of, built, glyph_sources, rows_by, table
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,7 @@ def gpu(tmp_path_factory):
 
 
 def _durations(ctx, node: str, rank: int, mode: str) -> np.ndarray:
-    fw = ctx.framework
+    fw = ctx.run.framework()
     keep = pc.and_(pc.and_(pc.equal(fw["node"].cast("string"), node), pc.equal(fw["rank"], rank)),
                    pc.and_(pc.equal(fw["kind"].cast("string"), "step"), pc.equal(fw["mode"].cast("string"), mode)))
     rows = fw.filter(keep)

@@ -7,18 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import GOOD, INFO, WARN, Chart, NotApplicable, Table, Verdict
 from stallwatch.present.report.sections import summary
 from stallwatch.store.reader import open_run
 from stallwatch.timeutil import format_us
 
-from .._full_runs import LOOP_START_US, SNAPSHOTS, full_run
 from ....analyze.rules._gen import INTERVAL_US, START_US
+from .._full_runs import LOOP_START_US, SNAPSHOTS, full_run
 
 
 def _build(root: Path):
-    (section,) = summary.build(ReportContext(open_run(str(root))))
+    (section,) = summary.build(RunAnalysis(open_run(str(root))))
     assert (section.id, section.title) == ("summary", "Training job summary")
     return section
 
@@ -38,7 +38,8 @@ def test_the_loop_is_first_step_start_to_last_step_end(tmp_path: Path):
     assert rows["Start time"] == format_us(START_US) and rows["End time"] == format_us(job_end)
     assert rows["Training loop start"] == format_us(LOOP_START_US) and rows["Training loop end"] == format_us(last_end)
     assert rows["Initialization time"] == "1m 00s"  # planted: the first minute
-    assert rows["Steps (all ranks)"] == f"{len(steps):,}"
+    per_mode = {m: sum(1 for e in steps if e["mode"] == m) for m in ("TRAIN", "EVAL", "GLOBAL")}
+    assert rows["Steps (all ranks)"] == ", ".join(f"{n:,} {m}" for m, n in per_mode.items() if n)
     total = (job_end - START_US) / 1e6
     assert rows["Initialization"] == f"{100 * 60 / total:.1f} %"
     assert rows["Training loop"] == f"{100 * (last_end - LOOP_START_US) / 1e6 / total:.1f} %"
@@ -70,7 +71,7 @@ def test_several_nodes_get_a_row_each(tmp_path: Path):
 
 @pytest.mark.parametrize("parts, level, words", [
     ({"Initialization": 300.0, "Training loop": 100.0, "Finalization": 10.0}, WARN, "longer than the training loop"),
-    ({"Initialization": 10.0, "Training loop": 100.0, "Finalization": 10.0}, GOOD, "took 83 %"),
+    ({"Initialization": 10.0, "Training loop": 100.0, "Finalization": 10.0}, INFO, "took 83 %"),
     ({"Initialization": 40.0, "Training loop": 50.0, "Finalization": 60.0}, INFO, "took only 33 %"),
 ])
 def test_verdict(parts, level, words):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Chart, NotApplicable, Table, Verdict
 from stallwatch.present.report.sections import system_usage
 from stallwatch.present.report.sections.system_usage import node_verdict
@@ -24,7 +25,7 @@ def _stats(p95: float, p50: float | None = None) -> dict[str, float]:
 
 
 def _build(root: Path):
-    ctx = ReportContext(open_run(str(root)))
+    ctx = RunAnalysis(open_run(str(root)))
     (section,) = system_usage.build(ctx)
     assert (section.id, section.title) == ("system-usage", "System usage statistics")
     return ctx, section
@@ -32,7 +33,7 @@ def _build(root: Path):
 
 def test_the_table_holds_the_rules_numbers(tmp_path: Path):
     ctx, section = _build(full_run(tmp_path / "run", nodes=("algo-1", "algo-2"), gpus=2).root)
-    details = ctx.rules["OverallSystemUsage"]["Details"]
+    details = ctx.rule("OverallSystemUsage").details
     table = next(b for b in section.blocks if isinstance(b, Table) and b.columns[:3] == ["node", "metric", "unit"])
     assert len(table.rows) == 2 * 6  # six metrics a node
     for node, metric, unit, *values in table.rows:
@@ -53,7 +54,7 @@ def test_a_cpu_only_run_is_judged_on_its_cpus(tmp_path: Path):
     ctx, section = _build(full_run(tmp_path / "run", gpus=0).root)
     table = next(b for b in section.blocks if isinstance(b, Table))
     assert {r[1] for r in table.rows} == {"CPU", "CPU memory", "I/O", "Network"}
-    p95 = ctx.rules["OverallSystemUsage"]["Details"]["CPU"]["algo-1"]["p95"]
+    p95 = ctx.rule("OverallSystemUsage").details["CPU"]["algo-1"]["p95"]
     assert 30 < p95 < 35  # generated: 30 ± 5 %
     (verdict,) = [b for b in section.blocks if isinstance(b, Verdict)]
     assert verdict.level == WARN and f"total CPU utilization on node algo-1 is only {p95:.0f} %" in verdict.text
@@ -64,7 +65,7 @@ def test_without_the_rules_result_it_says_why(tmp_path: Path):
     root = full_run(tmp_path / "run", gpus=0, framework=False).root
     result = {"RuleName": "OverallSystemUsage", "Status": "not_applicable", "Details": {},
               "Message": "no system data: no node reported any snapshot"}
-    (section,) = system_usage.build(ReportContext(open_run(str(root)), rule_results={"OverallSystemUsage": result}))
+    (section,) = system_usage.build(RunAnalysis(open_run(str(root)), rule_results=[RuleResult.from_json(result)]))
     assert section.blocks == [NotApplicable("No system usage statistics: no system data: no node reported any "
                                             "snapshot.")]
 

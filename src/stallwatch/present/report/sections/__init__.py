@@ -1,4 +1,4 @@
-"""The report's sections, in the order they appear: each module has `build(ctx: ReportContext) ->
+"""The report's sections, in the order they appear: each module has `build(analysis: RunAnalysis) ->
 list[Section]` (an empty list when it has nothing to show at all; a section that does not apply shows a
 NotApplicable block instead of disappearing)."""
 
@@ -8,6 +8,7 @@ import importlib
 from typing import Any
 
 ORDER = (
+    "findings",         # What to fix first: the verdict and the findings ranked by time at stake
     "summary",          # 1. Training job summary
     "system_usage",     # 2. System usage statistics
     "framework",        # 3. Framework metrics summary (+ CPU / GPU operators)

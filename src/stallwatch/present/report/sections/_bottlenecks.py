@@ -9,11 +9,18 @@ from typing import Any
 
 from bokeh.layouts import row
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import (duration, num, percent, rule_verdict, rule_view, skipped_nodes,
-                                                      when)
+from stallwatch.present.report.sections._loop import (
+    duration,
+    num,
+    percent,
+    rule_verdict,
+    rule_view,
+    skipped_nodes,
+    when,
+)
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 PERIODS_LISTED = 10
@@ -33,14 +40,14 @@ class Kind:
     busy: str  # "the utilization of a CPU core", …
 
 
-def build(ctx: ReportContext, kind: Kind) -> list[Section]:
+def build(analysis: RunAnalysis, kind: Kind) -> list[Section]:
     sec = Section(kind.id, kind.title, level=3)
-    view, missing = rule_view(ctx, kind.rule, f"the {kind.what} bottleneck analysis")
+    view, missing = rule_view(analysis, kind.rule, f"the {kind.what} bottleneck analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    p, d = view.params, view.details
+    p, d = view.parameters, view.details
     b = d.get("bottlenecks") or {}
     nodes: dict[str, dict[str, Any]] = d.get("nodes") or {}
     count, share = int(b.get("count") or 0), float(b.get("percent") or 0.0)
@@ -68,7 +75,7 @@ def build(ctx: ReportContext, kind: Kind) -> list[Section]:
         sec.blocks += _low_gpu(view.datapoints, low, count, kind, p.get("gpu_threshold"))
     ranges = b.get("ranges") or []
     if ranges:
-        sec.blocks.append(_periods_table(ctx, ranges, int(b.get("ranges_total") or len(ranges)), kind))
+        sec.blocks.append(_periods_table(analysis, ranges, int(b.get("ranges_total") or len(ranges)), kind))
         context = framework_during(d, int(b.get("ranges_total") or len(ranges)))
         if context is not None:
             sec.blocks += _context_blocks(context, kind, int(b.get("ranges_total") or len(ranges)))
@@ -109,15 +116,12 @@ def _low_gpu(datapoints: int, low: int, count: int, kind: Kind, gpu_threshold: A
                                    caption="Snapshots analyzed, by GPU usage and bottleneck")]
 
 
-def _interval_us(ctx: ReportContext, node: str) -> int:
-    ms = ctx.node_info(node).get("sample_interval_ms")
-    return int(ms * 1000) if isinstance(ms, (int, float)) and ms > 0 else 0
-
-
-def _periods_table(ctx: ReportContext, ranges: list[dict[str, Any]], total: int, kind: Kind) -> Table:
+def _periods_table(analysis: RunAnalysis, ranges: list[dict[str, Any]], total: int, kind: Kind) -> Table:
     longest = sorted(ranges, key=lambda r: (-int(r["snapshots"]), r["start_us"]))[:PERIODS_LISTED]
-    rows = [[r["node"], when(r["start_us"]), when(r["end_us"] + _interval_us(ctx, r["node"])), r["snapshots"],
-             duration((r["end_us"] + _interval_us(ctx, r["node"]) - r["start_us"]) / 1e6)] for r in longest]
+    rows = []
+    for r in longest:
+        end = r["end_us"] + int(1000 * analysis.sample_interval_ms.get(r["node"], 0.0))  # the last snapshot's period
+        rows.append([r["node"], when(r["start_us"]), when(end), r["snapshots"], duration((end - r["start_us"]) / 1e6)])
     among = f" (among the first {len(ranges)} of {total} periods)" if total > len(ranges) else ""
     return Table(["Node", "From", "To", "Snapshots", "Duration"], rows,
                  caption=f"The longest {kind.what} bottleneck periods{among}")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from dataclasses import dataclass
 from typing import Any
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.present.report.model import GOOD, WARN, NotApplicable, Verdict
 
 US = 1_000_000
@@ -16,41 +16,17 @@ HOW_TO_RECORD = ("Run the training under `stallwatch run -- python train.py` (Py
                  "phases and its data loading.")
 
 
-@dataclass(frozen=True)
-class RuleView:
-    """One rule's result (RULES.md's schema) with its fields typed; `params` are the structured Parameters."""
-
-    name: str
-    triggered: int
-    violations: int
-    datapoints: int
-    params: dict[str, Any]
-    details: dict[str, Any]
-    recommendation: str
-    status: str
-    message: str
-
-    @classmethod
-    def of(cls, result: dict[str, Any]) -> RuleView:
-        return cls(str(result.get("RuleName", "")), int(result.get("RuleTriggered") or 0),
-                   int(result.get("Violations") or 0), int(result.get("Datapoints") or 0),
-                   dict(result.get("Parameters") or {}), dict(result.get("Details") or {}),
-                   str(result.get("Recommendation") or ""), str(result.get("Status") or "ok"),
-                   str(result.get("Message") or ""))
-
-
-def rule_view(ctx: ReportContext, name: str, what: str) -> tuple[RuleView | None, NotApplicable | None]:
+def rule_view(analysis: RunAnalysis, name: str, what: str) -> tuple[RuleResult | None, NotApplicable | None]:
     """The rule's result when it applies, else the statement why `what` (the subsection's analysis, as a phrase:
     "the batch size analysis") does not apply."""
-    result = ctx.rules.get(name)
-    if result is None:
+    view = analysis.rule(name)
+    if view is None:
         return None, NotApplicable(f"{_cap(what)} was not analyzed: the {name} rule was not evaluated for this run.")
-    view = RuleView.of(result)
     if view.status == "error":
         return view, NotApplicable(f"{_cap(what)} could not be analyzed: the {name} rule failed ({view.message}).")
     if view.status == "not_applicable":
         return view, NotApplicable(not_applicable_reason(view, what))
-    patience = view.params.get("patience")
+    patience = view.parameters.get("patience")
     if view.datapoints == 0 and patience is not None:
         return view, NotApplicable(f"The run is too short for {what}: the {name} rule skips the first {patience} "
                                    "snapshots of each node (initialization), and no node had enough snapshots after "
@@ -58,7 +34,7 @@ def rule_view(ctx: ReportContext, name: str, what: str) -> tuple[RuleView | None
     return view, None
 
 
-def not_applicable_reason(view: RuleView, what: str) -> str:
+def not_applicable_reason(view: RuleResult, what: str) -> str:
     """A rule's "not applicable" as a plain sentence: no GPU, no framework data (and how to get it), or the
     rule's own message."""
     skipped = view.details.get("not_applicable")
@@ -75,7 +51,7 @@ def _cap(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def skipped_nodes(view: RuleView) -> str:
+def skipped_nodes(view: RuleResult) -> str:
     """The nodes a GPU rule skipped for lack of GPU data, as a sentence ("" when none)."""
     skipped = view.details.get("not_applicable")
     if not isinstance(skipped, dict) or not skipped:
@@ -83,13 +59,13 @@ def skipped_nodes(view: RuleView) -> str:
     return f"Nodes without GPU data, left out here: {', '.join(sorted(skipped))}."
 
 
-def node_details(view: RuleView) -> dict[str, dict[str, Any]]:
+def node_details(view: RuleResult) -> dict[str, dict[str, Any]]:
     """Details keyed by node (GPU rules), without the run-wide keys."""
     return {k: v for k, v in view.details.items()
             if isinstance(v, dict) and k not in ("not_applicable", "flagged_windows")}
 
 
-def rule_verdict(view: RuleView, fired: str, fine: str, *, fires: bool | None = None) -> Verdict:
+def rule_verdict(view: RuleResult, fired: str, fine: str, *, fires: bool | None = None) -> Verdict:
     """The rule's verdict: `fired` followed by its recommendation when it fired, else `fine`."""
     if (view.triggered > 0) if fires is None else fires:
         return Verdict(f"{fired} {_cap(view.recommendation)}".strip(), WARN)

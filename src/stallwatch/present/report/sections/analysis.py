@@ -3,15 +3,16 @@ took longer to reach its first step than its training loop lasted (MaxInitializa
 
 from __future__ import annotations
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.present.report.model import INFO, WARN, Paragraph, Section, Table, Verdict
-from stallwatch.present.report.sections._loop import HOW_TO_RECORD, RuleView, duration, num, percent, rule_view, when
+from stallwatch.present.report.sections._loop import HOW_TO_RECORD, duration, num, percent, rule_view, when
 
 RULE = "MaxInitializationTime"
 
 
-def build(ctx: ReportContext) -> list[Section]:
-    view, _ = rule_view(ctx, RULE, "the initialization analysis")
+def build(analysis: RunAnalysis) -> list[Section]:
+    view, _ = rule_view(analysis, RULE, "the initialization analysis")
     details = view.details if view is not None else {}
     init_s, loop_s = details.get("initialization_s"), details.get("training_loop_s")
     job_s = _job_seconds(details)
@@ -41,7 +42,7 @@ def _job_seconds(details: dict) -> float:
     return (end - start) / 1e6 if start is not None and end is not None and end > start else 0.0
 
 
-def _no_steps(view: RuleView | None) -> str:
+def _no_steps(view: RuleResult | None) -> str:
     if view is not None and view.status == "not_applicable" and view.message.startswith("no framework data"):
         return ("No training step was recorded (the run has no framework data), so the training loop's bounds are "
                 "unknown. The analyses of system metrics below cover the whole job; those that need framework data "
@@ -51,8 +52,8 @@ def _no_steps(view: RuleView | None) -> str:
             "cover the whole job.")
 
 
-def _initialization(view: RuleView, init_s: float, loop_s: float, job_s: float) -> Section:
-    threshold = view.params.get("threshold")
+def _initialization(view: RuleResult, init_s: float, loop_s: float, job_s: float) -> Section:
+    threshold = view.parameters.get("threshold")
     sec = Section("initialization", "Analyzing initialization", level=2)
     sec.blocks.append(Paragraph(
         f"The initialization phase (from the job's start to its first step) took {duration(init_s)}, which is "
@@ -74,8 +75,8 @@ def _initialization(view: RuleView, init_s: float, loop_s: float, job_s: float) 
     return sec
 
 
-def _init_verdict(view: RuleView, init_s: float) -> Verdict:
-    threshold = view.params.get("threshold")
+def _init_verdict(view: RuleResult, init_s: float) -> Verdict:
+    threshold = view.parameters.get("threshold")
     if view.triggered:
         return Verdict(f"The first step started {duration(init_s)} after the job started, more than the threshold of "
                        f"{threshold} minutes. Download or preprocess the data set ahead of the job, stream it instead "

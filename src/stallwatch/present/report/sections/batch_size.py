@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import node_details, rule_verdict, rule_view, skipped_nodes, when
@@ -15,14 +15,14 @@ TITLE = "Batch size"
 _NOT_SERIES = ("windows", "violations", "last_timestamp")
 
 
-def build(ctx: ReportContext) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     sec = Section("batch-size", TITLE, level=3)
-    view, missing = rule_view(ctx, RULE, "the batch size analysis")
+    view, missing = rule_view(analysis, RULE, "the batch size analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    p = view.params
+    p = view.parameters
     sec.blocks.append(Paragraph(
         "The BatchSize rule helps to detect if the GPUs are underutilized because the batch size is too small. To "
         "detect this, it analyzes the CPU utilization, the GPU utilization and the GPU memory footprint. Over "

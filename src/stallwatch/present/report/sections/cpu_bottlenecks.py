@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import Section
 from stallwatch.present.report.sections import _bottlenecks
 
@@ -10,5 +10,5 @@ KIND = _bottlenecks.Kind(rule="CPUBottleneck", title="CPU bottlenecks", id="cpu-
                          busy_param="cpu_threshold", busy="the utilization of a CPU core")
 
 
-def build(ctx: ReportContext) -> list[Section]:
-    return _bottlenecks.build(ctx, KIND)
+def build(analysis: RunAnalysis) -> list[Section]:
+    return _bottlenecks.build(analysis, KIND)

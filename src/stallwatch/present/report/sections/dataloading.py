@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import INFO, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import num, plural, rule_verdict, rule_view
@@ -14,15 +14,15 @@ RULE = "Dataloader"
 TITLE = "Dataloading analysis"
 
 
-def build(ctx: ReportContext) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     sec = Section("dataloading", TITLE, level=3)
-    view, missing = rule_view(ctx, RULE, "the dataloading analysis")
+    view, missing = rule_view(analysis, RULE, "the dataloading analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
     d = view.details
-    p = view.params
+    p = view.parameters
     sec.blocks.append(Paragraph(
         "The number of data-loader workers can greatly affect the overall performance of your training job. The "
         "Dataloader rule compared the number of data-loader worker processes running in parallel on each node "
@@ -42,7 +42,7 @@ def build(ctx: ReportContext) -> list[Section]:
         sec.blocks += _timing(timing)
     # fired: the rule's recommendation names the nodes, the worker counts to try, pinned memory and prefetching
     sec.blocks.append(rule_verdict(view, "", "The number of data-loader workers fits the CPU cores of every node."))
-    advice = _advice(ctx, nodes, d)
+    advice = _advice(analysis, nodes, d)
     if advice and not view.triggered:
         sec.blocks.append(Verdict(advice, INFO))
     return [sec]
@@ -61,10 +61,10 @@ def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
                  caption="Data-loader workers and CPU cores per node")
 
 
-def _advice(ctx: ReportContext, nodes: dict[str, dict[str, Any]], d: dict[str, Any]) -> str:
+def _advice(analysis: RunAnalysis, nodes: dict[str, dict[str, Any]], d: dict[str, Any]) -> str:
     """The seeds' sentences on pinned memory (for GPU nodes) and prefetching, where they apply."""
     parts = []
-    gpu_nodes = [n for n in nodes if ctx.node_info(n).get("gpus")]
+    gpu_nodes = [n for n in nodes if analysis.node_info(n).get("gpus")]
     if gpu_nodes and d.get("pin_memory") is False:
         parts.append("Pinned memory makes copies to the GPUs faster and lets them overlap with compute; your "
                      "training job did not use it everywhere. With a PyTorch DataLoader, set pin_memory=True.")

@@ -9,11 +9,10 @@ from typing import Any
 
 from bokeh.layouts import row
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.rules.steps import mode_order
 from stallwatch.present.report.breakdowns import pie
-from stallwatch.present.report.context import ReportContext
-from stallwatch.present.report.model import (INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table,
-                                             Verdict)
+from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
 from stallwatch.records import COLLECTIVE, DATA_WAIT, OPTIMIZER
 
 SECTION_ID = "framework"
@@ -32,22 +31,22 @@ HOW_TO_PROFILE = ("To get one, profile a few steps with torch.profiler: `stallwa
                   "5:1`).")
 
 
-def build(ctx: ReportContext) -> list[Section]:
-    result = ctx.rules.get(RULE) or {}
-    if result.get("Status") != "ok":
-        why = result.get("Message") or "the rule's result is missing"
+def build(analysis: RunAnalysis) -> list[Section]:
+    result = analysis.rule(RULE)
+    if result is None or not result.applies:
+        why = (result.message if result is not None else "") or "the rule's result is missing"
         main = Section(SECTION_ID, TITLE, [NotApplicable(
             f"No framework metrics in this run ({why}). They come from inside the training process: run the "
             "PyTorch job under `stallwatch run -- python train.py`, and its steps, phases and data loading are "
             "recorded with no code change.")])
-        return [main, *operator_sections(ctx, {})]
-    details: Mapping[str, Any] = result.get("Details") or {}
+        return [main, *operator_sections(analysis, {})]
+    details: Mapping[str, Any] = result.details
     blocks: list[Block] = []
     blocks += _phases(details)
     blocks += _general(details)
     blocks += _ranks(details)
     blocks += _ratio(details)
-    return [Section(SECTION_ID, TITLE, blocks), *operator_sections(ctx, details)]
+    return [Section(SECTION_ID, TITLE, blocks), *operator_sections(analysis, details)]
 
 
 def _seconds(values: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> dict[str, float]:
@@ -141,7 +140,7 @@ def _ratio(details: Mapping[str, Any]) -> list[Block]:
                   "The ratio between the time spent on CPU/GPU operators")]
 
 
-def operator_sections(ctx: ReportContext, details: Mapping[str, Any]) -> list[Section]:
+def operator_sections(analysis: RunAnalysis, details: Mapping[str, Any]) -> list[Section]:
     """"CPU operators" and "GPU operators": each a table and a pie, or a plain statement why there is none."""
     tables = details.get("operators") or {}
     out = []
@@ -152,16 +151,16 @@ def operator_sections(ctx: ReportContext, details: Mapping[str, Any]) -> list[Se
             out.append(Section(sid, title, _operators(label, where, ops, int(tables.get(f"{label}_count") or len(ops)),
                                                       int(details.get("operator_windows") or 0)), level=3))
         else:
-            out.append(Section(sid, title, [NotApplicable(_no_operators(ctx, label, bool(tables)))], level=3))
+            out.append(Section(sid, title, [NotApplicable(_no_operators(analysis, label, bool(tables)))], level=3))
     return out
 
 
-def _no_operators(ctx: ReportContext, label: str, any_operators: bool) -> str:
+def _no_operators(analysis: RunAnalysis, label: str, any_operators: bool) -> str:
     if any_operators:  # the other device has some
         return (f"The detailed-profiling windows recorded no {label} operators"
                 + (": the job ran on the CPU only (no CUDA device was profiled)." if label == "GPU" else "."))
-    windows = ctx.run.profiles(layer="detailed")
-    if windows and ctx.operators.num_rows == 0:
+    windows = analysis.profiles("detailed")
+    if windows and analysis.operators.num_rows == 0:
         return (f"{len(windows)} detailed-profiling window(s) were recorded, but none holds an operator summary "
                 "(see `summary_error` in their window.json).")
     return f"No detailed-profiling window was recorded in this run, so there are no operator tables. {HOW_TO_PROFILE}"

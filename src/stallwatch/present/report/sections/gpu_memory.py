@@ -5,25 +5,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import (node_details, num, plural, rule_verdict, rule_view, skipped_nodes,
-                                                      when)
+from stallwatch.present.report.sections._loop import (
+    node_details,
+    num,
+    plural,
+    rule_verdict,
+    rule_view,
+    skipped_nodes,
+    when,
+)
 
 RULE = "GPUMemoryIncrease"
 TITLE = "GPU memory"
 NEAR_FULL = 90.0  # % of memory: a footprint this high leaves no room to grow
 
 
-def build(ctx: ReportContext) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     sec = Section("gpu-memory", TITLE, level=3)
-    view, missing = rule_view(ctx, RULE, "the GPU memory analysis")
+    view, missing = rule_view(analysis, RULE, "the GPU memory analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    p = view.params
+    p = view.parameters
     inc = float(p.get("increase") or 0)
     sec.blocks.append(Paragraph(
         "The GPUMemoryIncrease rule helps to detect large increases in memory usage on GPUs. It computed the mean "

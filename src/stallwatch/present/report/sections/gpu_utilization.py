@@ -5,20 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import (RuleView, node_details, num, rule_verdict, rule_view,
-                                                      skipped_nodes, when)
+from stallwatch.present.report.sections._loop import node_details, num, rule_verdict, rule_view, skipped_nodes, when
 
 RULE = "LowGPUUtilization"
 TITLE = "GPU utilization"
 
 
-def build(ctx: ReportContext) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     sec = Section("gpu-utilization", TITLE, level=3)
-    view, missing = rule_view(ctx, RULE, "the GPU utilization analysis")
+    view, missing = rule_view(analysis, RULE, "the GPU utilization analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
@@ -26,7 +25,7 @@ def build(ctx: ReportContext) -> list[Section]:
     sec.blocks.append(Paragraph(_intro(view)))
     if skipped_nodes(view):
         sec.blocks.append(Paragraph(skipped_nodes(view)))
-    patience = int(view.params.get("patience") or 0)
+    patience = int(view.parameters.get("patience") or 0)
     for node, gpus in node_details(view).items():
         sec.blocks.append(_table(node, gpus, view))
         boxes = gpu_boxes(gpus)
@@ -38,7 +37,7 @@ def build(ctx: ReportContext) -> list[Section]:
     last = view.details.get("last_timestamp")
     sec.blocks.append(rule_verdict(
         view, _fired_text(view, last), f"Every GPU stayed busy: no window had a p95 of utilization below "
-        f"{view.params.get('threshold_p95')} % or fluctuated below {view.params.get('threshold_p5')} %."))
+        f"{view.parameters.get('threshold_p95')} % or fluctuated below {view.parameters.get('threshold_p5')} %."))
     return [sec]
 
 
@@ -53,8 +52,8 @@ def gpu_boxes(gpus: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
     return boxes
 
 
-def _intro(view: RuleView) -> str:
-    p = view.params
+def _intro(view: RuleResult) -> str:
+    p = view.parameters
     under = sum(int(g.get("underutilized") or 0) for gpus in node_details(view).values() for g in gpus.values()
                 if isinstance(g, dict))
     fluct = sum(int(g.get("fluctuating") or 0) for gpus in node_details(view).values() for g in gpus.values()
@@ -70,8 +69,8 @@ def _intro(view: RuleView) -> str:
             f"windows.")
 
 
-def _table(node: str, gpus: dict[str, Any], view: RuleView) -> Table:
-    t95, t5 = view.params.get("threshold_p95"), view.params.get("threshold_p5")
+def _table(node: str, gpus: dict[str, Any], view: RuleResult) -> Table:
+    t95, t5 = view.parameters.get("threshold_p95"), view.parameters.get("threshold_p5")
     rows = []
     for gpu, g in gpus.items():
         rows.append([gpu, g.get("gpu_max"), g.get("gpu_95"), g.get("gpu_5"), g.get("p50"), g.get("windows"),
@@ -92,7 +91,7 @@ def _gpu_verdict(g: dict[str, Any], t95: Any, t5: Any) -> str:
     return "well used" if p95 is not None else "no data after patience"
 
 
-def _fired_text(view: RuleView, last: int | None) -> str:
+def _fired_text(view: RuleResult, last: int | None) -> str:
     gpus = node_details(view).values()
     under = any((g.get("underutilized") or 0) for n in gpus for g in n.values() if isinstance(g, dict))
     text = ("Your training job is underutilizing the instance: consider a smaller instance type or a larger batch "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import Section
 from stallwatch.present.report.sections import _bottlenecks
 
@@ -10,5 +10,5 @@ KIND = _bottlenecks.Kind(rule="IOBottleneck", title="I/O bottlenecks", id="io-bo
                          busy_param="io_threshold", busy="the I/O wait of a CPU core")
 
 
-def build(ctx: ReportContext) -> list[Section]:
-    return _bottlenecks.build(ctx, KIND)
+def build(analysis: RunAnalysis) -> list[Section]:
+    return _bottlenecks.build(analysis, KIND)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import node_details, num, rule_verdict, rule_view, skipped_nodes
@@ -16,20 +16,20 @@ RULE = "LoadBalancing"
 TITLE = "Workload balancing"
 
 
-def build(ctx: ReportContext) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     sec = Section("workload-balancing", TITLE, level=3)
-    view, missing = rule_view(ctx, RULE, "the workload balancing analysis")
+    view, missing = rule_view(analysis, RULE, "the workload balancing analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    threshold = view.params.get("threshold")
+    threshold = view.parameters.get("threshold")
     sec.blocks.append(Paragraph(
         "The LoadBalancing rule helps to detect issues in workload balancing between multiple GPUs. It computes a "
         "histogram of the utilization of each GPU and compares the histograms of every two GPUs of a node with "
         "the Jensen-Shannon distance (0 for identical workloads, at most 0.83). The rule checked whether any "
         f"distance was larger than the threshold of {threshold}. During initialization utilization is likely zero, "
-        f"so the rule skipped the first {view.params.get('patience')} snapshots of each node. It analyzed "
+        f"so the rule skipped the first {view.parameters.get('patience')} snapshots of each node. It analyzed "
         f"{view.datapoints} snapshots and found {view.violations} imbalanced pairs of GPUs."))
     if skipped_nodes(view):
         sec.blocks.append(Paragraph(skipped_nodes(view)))

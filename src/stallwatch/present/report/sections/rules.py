@@ -3,31 +3,14 @@ parameters, most often fired first (the console summary's order), with the seeds
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from stallwatch.analyze.rules.base import ERROR, NOT_APPLICABLE, OK, RuleResult
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import ERROR, NOT_APPLICABLE, OK, RuleResult, by_times_fired, not_applicable_groups
 from stallwatch.present.report.model import GOOD, ISSUE, WARN, Block, NotApplicable, Paragraph, Section, Table, Verdict
-from stallwatch.present.rules_table import by_times_fired, not_applicable_groups
 
 SECTION_ID = "rules"
 TITLE = "Rules summary"
 INTRO = ("The following table shows a profiling summary of the stallwatch rules. The table is sorted by the rules "
          "that triggered the most frequently.")
-
-
-def as_result(record: Mapping[str, Any]) -> RuleResult:
-    """A result JSON (RULES.md's schema; SageMaker's files lack the structured `Parameters`) as a RuleResult."""
-    params = record.get("Parameters")
-    if params is None:
-        params = dict(line.split(":", 1) for line in str(record.get("RuleParameters") or "").splitlines()
-                      if ":" in line)
-    return RuleResult(name=str(record.get("RuleName") or "?"), triggered=int(record.get("RuleTriggered") or 0),
-                      violations=int(record.get("Violations") or 0), datapoints=int(record.get("Datapoints") or 0),
-                      parameters=dict(params), description=str(record.get("Description") or ""),
-                      recommendation=str(record.get("Recommendation") or ""), details=dict(record.get("Details") or {}),
-                      status=str(record.get("Status") or OK), message=str(record.get("Message") or ""))
 
 
 def headline(ordered: list[RuleResult]) -> str:
@@ -42,8 +25,8 @@ def _times(n: int) -> str:
     return "once" if n == 1 else f"{n:,} times"
 
 
-def build(ctx: ReportContext) -> list[Section]:
-    ordered = by_times_fired([as_result(r) for r in ctx.rules.values()])
+def build(analysis: RunAnalysis) -> list[Section]:
+    ordered = by_times_fired(analysis.rule_results)
     if not ordered:
         return [Section(SECTION_ID, TITLE, [NotApplicable("No rule results: the rules could not be evaluated.")])]
     blocks: list[Block] = [Paragraph(headline(ordered))]

@@ -3,24 +3,20 @@ duration per node (log-spaced bins, the rule's outliers marked), and where the o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow.compute as pc
 from bokeh.layouts import row
 
-from stallwatch.analyze.rules.steps import int_column, mode_order, text_codes
-from stallwatch.present.report.context import ReportContext
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.steps import NodeSteps
 from stallwatch.present.report.model import GOOD, INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import US, RuleView, duration, num, rule_view, when
-from stallwatch.records import STEP
+from stallwatch.present.report.sections._loop import duration, num, rule_view, when
 
 RULE = "StepOutlier"
 TITLE = "Step duration analysis"
 SLOWEST_LISTED = 10  # outlier steps named in the table of the slowest
-HISTOGRAM_BINS = 60
 SERIES_COMPARED = 10  # ranks and phases whose outlier steps are compared with their normal ones
 # What StepOutlier's framework context calls each part of a step, in the order shown.
 KIND_LABELS = {
@@ -30,9 +26,9 @@ KIND_LABELS = {
 }
 
 
-def build(ctx: ReportContext) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     sec = Section("step-duration", TITLE, level=3)
-    view, missing = rule_view(ctx, RULE, "the step duration analysis")
+    view, missing = rule_view(analysis, RULE, "the step duration analysis")
     if missing is not None:
         sec.blocks.append(missing)
         return [sec]
@@ -40,7 +36,7 @@ def build(ctx: ReportContext) -> list[Section]:
     series: dict[str, dict[str, Any]] = view.details.get("step_details") or {}
     sec.blocks.append(Paragraph(_intro(view)))
     sec.blocks.append(_stats_table(series))
-    histograms = step_histograms(ctx, {str(e.get("phase")) for e in series.values()})
+    histograms = analysis.step_histograms({str(e.get("phase")) for e in series.values()})
     if histograms:
         sec.blocks.append(Paragraph(
             "The following histograms show the step durations measured on each node, one series per rank and "
@@ -55,8 +51,8 @@ def build(ctx: ReportContext) -> list[Section]:
     return [sec]
 
 
-def _intro(view: RuleView) -> str:
-    p = view.params
+def _intro(view: RuleResult) -> str:
+    p = view.parameters
     mode = p.get("mode")
     phases = (f"Only steps of the {mode} phase were checked." if mode else
               "Each phase (TRAIN, EVAL, GLOBAL) of each rank was checked on its own.")
@@ -86,48 +82,6 @@ def _stats_table(series: dict[str, dict[str, Any]]) -> Table:
                  caption="Step durations per node, rank and phase")
 
 
-@dataclass(frozen=True)
-class NodeSteps:
-    """One node's step durations binned for its histogram: shared `edges` (s) and, per (rank, phase), the
-    share of that series' steps in each bin."""
-    node: str
-    edges: np.ndarray
-    shares: dict[tuple[int, str], np.ndarray]
-
-
-def step_histograms(ctx: ReportContext, modes: set[str]) -> list[NodeSteps]:
-    """Per node, every step of the phases in `modes` (outliers included) in HISTOGRAM_BINS log-spaced bins
-    from its shortest to its longest step: a slow first step and the normal ones show on one axis."""
-    fw = ctx.steps
-    if fw.num_rows == 0:
-        return []
-    steps = fw.filter(pc.equal(fw["kind"], STEP))
-    if steps.num_rows == 0:
-        return []
-    node, nodes = text_codes(steps["node"])
-    mode, mode_names = text_codes(steps["mode"])
-    rank = int_column(steps["rank"])
-    seconds = (int_column(steps["end_us"]) - int_column(steps["start_us"])) / US
-    wanted = np.array([m in modes for m in mode_names], bool)[mode] & (seconds > 0)
-    out = []
-    for code in sorted(range(len(nodes)), key=lambda c: nodes[c]):
-        here = wanted & (node == code)
-        if not here.any():
-            continue
-        d = seconds[here]
-        lo, hi = float(d.min()), float(d.max())
-        edges = np.geomspace(lo, hi, HISTOGRAM_BINS + 1) if hi > lo * 1.001 else np.array([lo * 0.999, hi * 1.001])
-        key = rank[here] * len(mode_names) + mode[here]  # one number per (rank, phase)
-        shares = {}
-        for k in sorted(np.unique(key).tolist(), key=lambda k: (k // len(mode_names),
-                                                                 mode_order(mode_names[k % len(mode_names)]))):
-            part = d[key == k]
-            counts, _ = np.histogram(part, bins=edges)
-            shares[(k // len(mode_names), mode_names[k % len(mode_names)])] = counts / part.size
-        out.append(NodeSteps(nodes[code], edges, shares))
-    return out
-
-
 def _histogram(hist: NodeSteps, series: dict[str, dict[str, Any]]) -> Any:
     bars = [(f"rank {r} {m}", share, hist.edges) for (r, m), share in hist.shares.items()]
     markers = [(_label(e), e.get("outliers") or [], [f"step {n}" for n in e.get("step_numbers") or []])
@@ -141,7 +95,7 @@ def _label(e: dict[str, Any]) -> str:
     return f"rank {e.get('rank')} {e.get('phase')}"
 
 
-def _outlier_context(view: RuleView, series: dict[str, dict[str, Any]]) -> list[Any]:
+def _outlier_context(view: RuleResult, series: dict[str, dict[str, Any]]) -> list[Any]:
     blocks: list[Any] = [Paragraph(
         "To get a better understanding of what may have caused the outliers, the steps' own framework events "
         "show where their time went: the table compares the mean time per step in each phase of the outlier steps "
@@ -151,8 +105,8 @@ def _outlier_context(view: RuleView, series: dict[str, dict[str, Any]]) -> list[
     with_outliers = sorted((e for e in series.values() if e.get("number_of_outliers")),
                            key=lambda e: -int(e.get("number_of_outliers") or 0))
     for e in with_outliers[:SERIES_COMPARED]:
-        ctx = e.get("framework_context") or {}
-        slow, normal = ctx.get("outlier_steps") or {}, ctx.get("normal_steps") or {}
+        fc = e.get("framework_context") or {}
+        slow, normal = fc.get("outlier_steps") or {}, fc.get("normal_steps") or {}
         for kind, label in KIND_LABELS.items():
             if kind in slow or kind in normal:
                 a, b = slow.get(kind, 0.0), normal.get(kind, 0.0)
@@ -187,8 +141,8 @@ def _outlier_context(view: RuleView, series: dict[str, dict[str, Any]]) -> list[
     return blocks
 
 
-def _verdict(view: RuleView, series: dict[str, dict[str, Any]]) -> Verdict:
-    n = view.params.get("n_outliers")
+def _verdict(view: RuleResult, series: dict[str, dict[str, Any]]) -> Verdict:
+    n = view.parameters.get("n_outliers")
     if view.triggered:
         return Verdict(view.recommendation, WARN)
     outliers = sum(int(e.get("number_of_outliers") or 0) for e in series.values())

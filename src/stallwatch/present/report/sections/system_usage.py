@@ -6,10 +6,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.breakdowns import device_bars
-from stallwatch.present.report.context import ReportContext
-from stallwatch.present.report.model import (GOOD, INFO, ISSUE, WARN, Block, Chart, NotApplicable, Paragraph, Section,
-                                             Table, Verdict)
+from stallwatch.present.report.model import (
+    GOOD,
+    INFO,
+    ISSUE,
+    WARN,
+    Block,
+    Chart,
+    NotApplicable,
+    Paragraph,
+    Section,
+    Table,
+    Verdict,
+)
 from stallwatch.records import CPU_UTIL, DISK_READ_BPS, DISK_WRITE_BPS, GPU_MEM_UTIL, GPU_UTIL, NET_RX_BPS, NET_TX_BPS
 
 SECTION_ID = "system-usage"
@@ -29,12 +40,12 @@ BUSY = 70.0  # the seeds' threshold for "well utilized" (p95 / p50 above it)
 SATURATED = 90.0  # a core this busy (p95) is the limit, whatever the total says (CPUBottleneck's cpu_threshold)
 
 
-def build(ctx: ReportContext) -> list[Section]:
-    result = ctx.rules.get(RULE)
-    if not result or result.get("Status") != "ok":
-        why = (result or {}).get("Message") or "the rule's result is missing"
+def build(analysis: RunAnalysis) -> list[Section]:
+    result = analysis.rule(RULE)
+    if result is None or not result.applies:
+        why = (result.message if result is not None else "") or "the rule's result is missing"
         return [Section(SECTION_ID, TITLE, [NotApplicable(f"No system usage statistics: {why}.")])]
-    details: Mapping[str, Any] = result.get("Details") or {}
+    details: Mapping[str, Any] = result.details
     nodes = sorted({n for m in METRICS for n in (details.get(m) or {})} | set(details.get("devices") or {}))
     blocks: list[Block] = [v for node in nodes if (v := node_verdict(node, details)) is not None]
     blocks.append(Paragraph(INTRO))

@@ -1,32 +1,17 @@
 """Timeline: the job's system metrics over its whole duration, one line per node, with the training phases
-(initialization, training, evaluation, finalization, merged from the step events) shaded and the moments the
-rules flagged (bottleneck ranges, outlier steps, the last flagged window of the GPU rules) overlaid."""
+shaded and the moments the rules flagged (bottleneck ranges, flagged windows, outlier steps) overlaid. The
+lines, phases and flags come from the analysis (`analyze/timeline.py`); this draws them."""
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from stallwatch.analyze.rules.system_usage import OverallSystemUsage
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.series import Marker, Span
+from stallwatch.analyze.timeline import MAX_MARKERS, TIMELINE_METRICS
 from stallwatch.present import charts
-from stallwatch.present.charts import Marker, Panel, Series, Span
-from stallwatch.present.downsample import minmax
 from stallwatch.present.report.model import Chart, NotApplicable, Paragraph, Section, Table
-from stallwatch.records import EVAL, GLOBAL, STEP, TRAIN
-from stallwatch.timeutil import format_duration, format_us
-
-# One read of the store serves the timeline, the heatmap and the node comparison (ReportContext caches per
-# metric set): the metrics the system-usage rule reads.
-METRICS = tuple(OverallSystemUsage.metrics)
-POINT_BUDGET = 64_000  # points over all lines (≈ 12 bytes each): buckets per line = budget / (2 × lines)
-MIN_BUCKETS, MAX_BUCKETS = 300, 2000
-MAX_MARKERS = 500  # outlier steps drawn (the slowest); the rule lists at most 100 per rank and phase
-PHASE_LABELS = {TRAIN: "Training", EVAL: "Evaluation", GLOBAL: "Other steps"}
+from stallwatch.timeutil import format_us
 
 INTRO = ("The system metrics of every node over the whole job, one line per node (CPU and GPU utilization, "
          "memory, I/O wait, network), with the training phases shaded and the moments the rules flagged overlaid. "
@@ -40,305 +25,14 @@ NO_TIMES = ("The flagged track shows the CPU and I/O bottleneck ranges (the firs
             "MaxInitializationTime is the initialization phase.")
 
 
-@dataclass(frozen=True)
-class Metric:
-    """A node-level series of the timeline: how to get it from a node's snapshots."""
-    title: str
-    y_label: str
-    values: Callable[[Any], np.ndarray | None]
-    percent: bool = True
-    y_format: str = "0.0"
-
-
-def _column(device: str, metric: str) -> Callable[[Any], np.ndarray | None]:
-    return lambda frame: frame.get(device, metric)
-
-
-def _gpu_mean(metric: str) -> Callable[[Any], np.ndarray | None]:
-    def values(frame: Any) -> np.ndarray | None:
-        gpus = frame.devices("gpu", metric)
-        return _nanmean([frame.get(g, metric) for g in gpus]) if gpus else None
-    return values
-
-
-def _network(frame: Any) -> np.ndarray | None:
-    rx, tx = frame.get("net", "net_rx_bps"), frame.get("net", "net_tx_bps")
-    if rx is None and tx is None:
-        return None
-    parts = [x for x in (rx, tx) if x is not None]
-    both = np.nansum(np.vstack(parts), axis=0) / 1e6
-    both[np.all(np.isnan(np.vstack(parts)), axis=0)] = np.nan
-    return both.astype(np.float32)
-
-
-def _nanmean(columns: list[np.ndarray]) -> np.ndarray:
-    """Per snapshot, the mean over the columns that have a value (NaN where none has)."""
-    total = np.zeros(len(columns[0]), np.float64)
-    count = np.zeros(len(columns[0]), np.int32)
-    for x in columns:
-        ok = ~np.isnan(x)
-        total += np.where(ok, x, 0.0)
-        count += ok
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
-
-
-TIMELINE_METRICS = (
-    Metric("CPU utilization (all cores)", "%", _column("cpu", "cpu_util")),
-    Metric("GPU utilization (mean of the node's GPUs)", "%", _gpu_mean("gpu_util")),
-    Metric("CPU memory", "% used", _column("memory", "mem_util")),
-    Metric("GPU memory (mean of the node's GPUs)", "% used", _gpu_mean("gpu_mem_util")),
-    Metric("I/O wait (all cores)", "%", _column("cpu", "cpu_iowait"), percent=False, y_format="0.00"),
-    Metric("Network (received + sent)", "MB/s", _network, percent=False, y_format="0.00"),
-)
-
-
-def buckets_for(lines: int) -> int:
-    """Buckets per line so that every line together stays within POINT_BUDGET points."""
-    return int(np.clip(POINT_BUDGET // max(1, 2 * lines), MIN_BUCKETS, MAX_BUCKETS))
-
-
-def panels(frames: dict[str, Any], metrics: tuple[Metric, ...] = TIMELINE_METRICS) -> list[Panel]:
-    """One panel per metric that some node has, one downsampled line per node."""
-    raw: list[tuple[Metric, list[tuple[str, np.ndarray, np.ndarray]]]] = []
-    for metric in metrics:
-        lines = []
-        for node, frame in frames.items():
-            values = metric.values(frame) if len(frame) else None
-            if values is not None and not np.all(np.isnan(values)):
-                lines.append((node, frame.timestamps, values))
-        if lines:
-            raw.append((metric, lines))
-    buckets = buckets_for(sum(len(lines) for _, lines in raw))
-    out = []
-    for metric, lines in raw:
-        series = [Series(node, *minmax(ts, values, buckets)) for node, ts, values in lines]
-        out.append(Panel(metric.title, metric.y_label, series, metric.y_format, metric.percent))
-    return out
-
-
-# -- training phases -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepColumns:
-    """Every step event of a run as compact numpy columns: start/end (µs), rank, and codes into `modes` and
-    `nodes`."""
-    start: np.ndarray
-    end: np.ndarray
-    rank: np.ndarray
-    mode: np.ndarray
-    node: np.ndarray
-    modes: list[str]
-    nodes: list[str]
-
-    def mode_is(self, mode: str) -> np.ndarray:
-        return self.mode == (self.modes.index(mode) if mode in self.modes else -1)
-
-    def node_is(self, node: str) -> np.ndarray:
-        return self.node == (self.nodes.index(node) if node in self.nodes else -1)
-
-
-_STEPS: "weakref.WeakKeyDictionary[Any, StepColumns]" = weakref.WeakKeyDictionary()
-
-
-def step_columns(events: pa.Table) -> StepColumns:
-    """The step rows of a framework-event table in one pass over its chunks (one per stored file): only the
-    steps are copied, text columns become small codes without decoding a row."""
-    names: dict[str, dict[str, int]] = {"mode": {}, "node": {}}
-    chosen: list[tuple[int, np.ndarray]] = []
-    if events.num_rows:
-        for i, kind in enumerate(events["kind"].chunks):
-            sel = _equal(kind, STEP)
-            if sel is not None and sel.any():
-                chosen.append((i, np.flatnonzero(sel)))
-    n = sum(len(rows) for _, rows in chosen)
-    out = StepColumns(np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int32),
-                      np.empty(n, np.int32), [], [])
-    if n:
-        cols = {c: events[c].chunks for c in ("mode", "node", "rank", "start_us", "end_us")}
-        at = 0
-        for i, rows in chosen:  # filled in place: no list of parts to join
-            part = slice(at, at + len(rows))
-            at += len(rows)
-            np.take(cols["start_us"][i].to_numpy(zero_copy_only=False), rows, out=out.start[part])
-            np.take(cols["end_us"][i].to_numpy(zero_copy_only=False), rows, out=out.end[part])
-            out.rank[part] = cols["rank"][i].to_numpy(zero_copy_only=False)[rows]
-            out.mode[part] = _code(cols["mode"][i], rows, names["mode"])
-            out.node[part] = _code(cols["node"][i], rows, names["node"])
-    out.modes.extend(names["mode"])
-    out.nodes.extend(names["node"])
-    return out
-
-
-def cached_steps(ctx: Any) -> StepColumns:
-    """`step_columns(ctx.steps)`, made once per report context (the timeline, the cost section and the
-    notebook views share it)."""
-    if ctx not in _STEPS:
-        _STEPS[ctx] = step_columns(ctx.steps)
-    return _STEPS[ctx]
-
-
-def _equal(chunk: pa.Array, value: str) -> np.ndarray | None:
-    """Rows of a (dictionary) string chunk equal to `value`; None when the value is absent."""
-    if pa.types.is_dictionary(chunk.type):
-        words = chunk.dictionary.to_pylist()
-        if value not in words:
-            return None
-        return chunk.indices.to_numpy(zero_copy_only=False) == words.index(value)
-    return pc.equal(chunk, value).to_numpy(zero_copy_only=False)
-
-
-def _code(chunk: pa.Array, rows: np.ndarray, codes: dict[str, int]) -> np.ndarray:
-    """`rows` of a (dictionary) string chunk as int32 codes of `codes` (extended with new values)."""
-    if not pa.types.is_dictionary(chunk.type):
-        chunk = pc.dictionary_encode(chunk.cast(pa.string()))
-    lut = np.array([codes.setdefault(str(w), len(codes)) for w in chunk.dictionary.to_pylist()], np.int32)
-    return lut[chunk.indices.to_numpy(zero_copy_only=False)[rows]] if lut.size else np.zeros(len(rows), np.int32)
-
-
-def _merge(starts: np.ndarray, ends: np.ndarray, gap_us: int) -> list[tuple[int, int]]:
-    """Intervals (in the order given: per rank, in time) merged where the next starts within `gap_us` of the
-    previous end; runs are found vectorised, then the few runs are merged into a sorted union."""
-    if len(starts) == 0:
-        return []
-    new = np.r_[True, (starts[1:] - ends[:-1] > gap_us) | (starts[1:] < starts[:-1])]
-    first = np.flatnonzero(new)
-    lo = starts[first]
-    hi = np.maximum.reduceat(ends, first)
-    order = np.argsort(lo, kind="stable")
-    merged: list[list[int]] = []
-    for a, b in zip(lo[order].tolist(), hi[order].tolist()):
-        if merged and a - merged[-1][1] <= gap_us:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
-
-
-def phase_spans(steps: StepColumns, job_start: int | None, job_end: int | None) -> list[Span]:
-    """Initialization (job start to the first step), the TRAIN / EVAL / GLOBAL stretches (steps of one mode
-    with no pause longer than 10 median steps, at least 1 s, across all ranks) and finalization."""
-    if len(steps.start) == 0:
-        return []
-    start, end = steps.start, steps.end
-    spans: list[Span] = []
-    first, last = int(start.min()), int(end.max())
-    if job_start is not None and first > job_start:
-        spans.append(Span(int(job_start), first, "Initialization",
-                          f"Initialization: {format_duration((first - job_start) / 1e6)} before the first step"))
-    for mode in (TRAIN, EVAL, GLOBAL):
-        sel = steps.mode_is(mode)
-        if not sel.any():
-            continue
-        s, e = start[sel], end[sel]
-        sample = (e - s)[:: max(1, int(sel.sum()) // 100_000)]
-        gap = max(1_000_000, int(10 * np.median(sample)))
-        label = PHASE_LABELS[mode]
-        for a, b in _merge(s, e, gap):
-            spans.append(Span(a, b, label, f"{label} ({mode} steps): {format_duration((b - a) / 1e6)}"))
-    if job_end is not None and job_end > last:
-        spans.append(Span(last, int(job_end), "Finalization",
-                          f"Finalization: {format_duration((job_end - last) / 1e6)} after the last step"))
-    return spans
-
-
-# -- flagged moments -------------------------------------------------------------------------------------
-
-
-def bottleneck_spans(rules: dict[str, dict[str, Any]], interval_us: int) -> list[Span]:
-    """CPUBottleneck / IOBottleneck ranges (the rules list up to 100 each), one snapshot wide at least."""
-    out = []
-    for name, label in (("CPUBottleneck", "CPU bottleneck"), ("IOBottleneck", "I/O bottleneck")):
-        details = (rules.get(name) or {}).get("Details") or {}
-        for r in (details.get("bottlenecks") or {}).get("ranges") or []:
-            a, b = int(r["start_us"]), int(r["end_us"]) + interval_us
-            out.append(Span(a, b, label, f"{label} on {r.get('node')}: {r.get('snapshots')} snapshot(s) from "
-                                         f"{format_us(a)}"))
-    return out
-
-
-def outlier_markers(rules: dict[str, dict[str, Any]], limit: int = MAX_MARKERS) -> list[Marker]:
-    """StepOutlier's listed outlier steps, one marker per (phase, step number) however many ranks it was slow
-    on, the slowest `limit` of them."""
-    details = ((rules.get("StepOutlier") or {}).get("Details") or {}).get("step_details") or {}
-    found: dict[tuple[str, int], list[Any]] = {}
-    for entry in details.values():
-        for n, sec, at in zip(entry.get("step_numbers") or [], entry.get("outliers") or [],
-                              entry.get("outlier_start_us") or []):
-            key = (str(entry.get("phase")), int(n))
-            prev = found.get(key)
-            where = f"{entry.get('node')}/{entry.get('rank')}"
-            if prev is None:
-                found[key] = [int(at), float(sec), [where]]
-            else:
-                prev[0], prev[1] = min(prev[0], int(at)), max(prev[1], float(sec))
-                prev[2].append(where)
-    slowest = sorted(found.items(), key=lambda kv: -kv[1][1])[:limit]
-    out = []
-    for (phase, n), (at, sec, where) in sorted(slowest, key=lambda kv: kv[1][0]):
-        ranks = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
-        out.append(Marker(at, "Outlier step", f"{phase} step {n}: {sec:.3g} s on {ranks}"))
-    return out
-
-
-WINDOW_RULES = (("LowGPUUtilization", "Low GPU utilization"), ("GPUMemoryIncrease", "GPU memory increase"),
-                ("BatchSize", "Small batch"))
-
-
-def window_spans(rules: dict[str, dict[str, Any]]) -> list[Span]:
-    """The windows LowGPUUtilization, GPUMemoryIncrease and BatchSize flagged (each lists its first 100 per
-    node, with the GPUs concerned)."""
-    out = []
-    for name, label in WINDOW_RULES:
-        flagged = ((rules.get(name) or {}).get("Details") or {}).get("flagged_windows") or {}
-        for w in flagged.get("windows") or []:
-            devices = ", ".join(w.get("devices") or [])
-            out.append(Span(int(w["start_us"]), int(w["end_us"]), label,
-                            f"{label} on {w.get('node')}{' ' + devices if devices else ''} from {format_us(w['start_us'])}"))
-    return out
-
-
-def last_window_markers(rules: dict[str, dict[str, Any]]) -> list[Marker]:
-    """For results stored before the window rules listed their windows: the end of each GPU's (or node's)
-    last flagged window, one marker each."""
-    out = []
-    for name, label in (("LowGPUUtilization", "Low GPU utilization (last)"),
-                        ("GPUMemoryIncrease", "GPU memory increase (last)"), ("BatchSize", "Small batch (last)")):
-        details = (rules.get(name) or {}).get("Details") or {}
-        if "flagged_windows" in details:
-            continue  # drawn as windows
-        for node, entry in details.items():
-            if not isinstance(entry, dict):
-                continue
-            if entry.get("last_timestamp") is not None:  # per node (BatchSize)
-                out.append(Marker(int(entry["last_timestamp"]), label, f"{name} on {node}: last flagged window"))
-                continue
-            for gpu, sub in entry.items():
-                if isinstance(sub, dict) and sub.get("last_timestamp") is not None:
-                    out.append(Marker(int(sub["last_timestamp"]), label,
-                                      f"{name} on {node} {gpu}: last flagged window"))
-    return out
-
-
-def sample_interval_us(ctx: Any) -> int:
-    values = [ctx.node_info(n).get("sample_interval_ms") for n in ctx.nodes]
-    values = [v for v in values if v]
-    return int(min(values) * 1000) if values else 500_000
-
-
-def build(ctx: Any) -> list[Section]:
+def build(analysis: RunAnalysis) -> list[Section]:
     section = Section("timeline", "Timeline", [Paragraph(INTRO)])
-    frames = {node: ctx.system(node, METRICS) for node in ctx.nodes}
-    shown = panels(frames)
+    shown = analysis.timeline_panels()
     if not shown:
         section.blocks.append(NotApplicable("No node recorded system metrics, so there is no timeline to show."))
         return [section]
-    info = ctx.info
-    spans = phase_spans(cached_steps(ctx), info.get("start_us"), info.get("end_us"))
-    rules = ctx.rules
-    flags = bottleneck_spans(rules, sample_interval_us(ctx)) + window_spans(rules)
-    markers = outlier_markers(rules) + last_window_markers(rules)
+    spans = analysis.phase_spans
+    flags, markers = analysis.flagged_spans, analysis.flagged_markers
     missing = [m.title for m in TIMELINE_METRICS if m.title not in {p.title for p in shown}]
     text = "" if not missing else f" Not recorded on any node: {', '.join(missing)}."
     if not spans:
@@ -347,29 +41,12 @@ def build(ctx: Any) -> list[Section]:
         section.blocks.append(Paragraph(text.strip()))
     model = charts.timeline(shown, spans=spans, flags=flags, markers=markers)
     section.blocks.append(Chart(model, "System metrics per node over time"))
-    rows = _flag_rows(spans + flags, markers, flag_totals(rules))
+    rows = _flag_rows(spans + flags, markers, analysis.flag_totals)
     if rows:
         section.blocks.append(Table(["Overlay", "Shown", "Reported", "First", "Last"], rows,
                                     "What is shaded and flagged"))
     section.blocks.append(Paragraph(NO_TIMES))
     return [section]
-
-
-def flag_totals(rules: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """How many of each flag the rules counted (they list only the first or slowest ones)."""
-    out = {}
-    for name, label in (("CPUBottleneck", "CPU bottleneck"), ("IOBottleneck", "I/O bottleneck")):
-        b = ((rules.get(name) or {}).get("Details") or {}).get("bottlenecks") or {}
-        if b.get("ranges_total") is not None:
-            out[label] = int(b["ranges_total"])
-    for name, label in WINDOW_RULES:
-        flagged = ((rules.get(name) or {}).get("Details") or {}).get("flagged_windows") or {}
-        if flagged.get("total") is not None:
-            out[label] = int(flagged["total"])
-    details = ((rules.get("StepOutlier") or {}).get("Details") or {}).get("step_details") or {}
-    if details:
-        out["Outlier step"] = sum(int(e.get("number_of_outliers") or 0) for e in details.values())
-    return out
 
 
 def _flag_rows(spans: list[Span], markers: list[Marker], totals: dict[str, int]) -> list[list[Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger, warn_once
-from stallwatch.store import layout
+from stallwatch.store import run_files
 
 NOTIFY_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 300.0
@@ -60,15 +60,14 @@ class RuleActions:
         """Through the run's live configuration: the job stops at its next step boundary, and the reason
         stays in config.json and in the job's framework events."""
         reason = f"rule {result.name} triggered: {_first_sentence(result.recommendation)}"
-        current = ProfilerConfig.from_dict(json.loads(self.location.read(layout.CONFIG_JSON)))
+        current = run_files.read_config(self.location)
         if current.stop_training:
             return
-        updated = current.replace(stop_training=reason)
-        self.location.write_atomic(layout.CONFIG_JSON, (updated.to_json() + "\n").encode())
+        run_files.write_config(self.location, current.replace(stop_training=reason))
         logger.warning("asked the job to stop training (%s)", reason)
 
     def _command(self, command: str, result: Any) -> None:
-        rel = f"rules/{result.name}.json"
+        rel = run_files.rule_result_path(result.name)
         env = dict(os.environ, STALLWATCH_RULE=result.name, STALLWATCH_RULE_TRIGGERED=str(result.triggered),
                    STALLWATCH_RULE_RESULT=json.dumps(result.to_json(), default=str)[:100_000],
                    STALLWATCH_RULE_FILE=rel)

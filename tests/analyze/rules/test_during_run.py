@@ -7,8 +7,7 @@ import json
 import sys
 
 from stallwatch.store.reader import open_run
-
-from .collect._support import stallwatch as run_cli
+from tests.collect._support import stallwatch as run_cli
 
 JOB = '''
 import time, torch
@@ -66,6 +65,12 @@ def test_a_custom_rule_from_a_file_runs_like_a_builtin(tmp_path):
     assert p.returncode == 0, p.stderr
     result = json.loads((run / "rules" / "TrainSteps.json").read_text())
     assert result["Datapoints"] == 20 and result["RuleTriggered"] == 1 and "TrainSteps" in p.stderr
-    p = run_cli(tmp_path, "rules", str(run), "--rule", "TrainSteps", "--param", "TrainSteps.at_least=50")
-    assert p.returncode == 0, p.stderr  # the run's config names the rule: `stallwatch rules` finds it too
+    # The run's config names the rule, but a run directory never makes stallwatch load code: `stallwatch rules`
+    # says so and how to run it; named on the command line by the person analysing the run, it runs.
+    p = run_cli(tmp_path, "rules", str(run), "--rule", "TrainSteps")
+    assert p.returncode == 2 and "recorded with custom rule(s)" in p.stderr and "--custom-rule" in p.stderr
+    assert "no rule named 'TrainSteps'" in p.stderr
+    p = run_cli(tmp_path, "rules", str(run), "--custom-rule", f"{rule}:TrainSteps", "--rule", "TrainSteps",
+                "--param", "TrainSteps.at_least=50")
+    assert p.returncode == 0, p.stderr
     assert json.loads((run / "rules" / "TrainSteps.json").read_text())["RuleTriggered"] == 0

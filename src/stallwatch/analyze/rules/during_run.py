@@ -1,12 +1,16 @@
 """`stallwatch run`'s rules: followed live in a background thread of the launcher (local or S3 runs) every
-`rules_interval_s`, and evaluated once more on the rest when the job has ended; the results are written
-into the run (`rules/`) and summarised. Nothing here can fail the job or the launcher."""
+`rules_interval_s`, and evaluated once more on the rest when the job has ended; the results are written into
+the run (`rules/`) and acted on. Nothing here can fail the job or the launcher.
+
+The custom rules evaluated here are those of the configuration the person at the command line gave
+(`--custom-rule`, or their own `--config` file): never the ones a run directory names."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+from stallwatch.analyze.results import RuleResult
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import warn_once
 from stallwatch.timeutil import now_us
@@ -22,8 +26,9 @@ class LiveRules:
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
         self._created_us = now_us()
-        self._results: list | None = None
+        self._results: list[RuleResult] | None = None
         self._thread: threading.Thread | None = None
+        self.rules = self._rules()  # loaded once, on the caller's thread, before the job starts
         if self.interval_s > 0:  # local and S3 runs alike: each evaluation reads only the new files
             self._thread = threading.Thread(target=self._follow, name="stallwatch-rules", daemon=True)
             self._thread.start()
@@ -33,30 +38,25 @@ class LiveRules:
         if self._thread is not None:
             self._thread.join(5)
 
-    def finish(self, uri: str) -> str | None:
-        """After the job: the last evaluation, the files written, the summary text (None if impossible)."""
+    def finish(self, uri: str) -> list[RuleResult]:
+        """After the job: the last evaluation, written into the run and acted on; the results. Raises what
+        made the rules impossible to evaluate (the caller says it in one line)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(FINISH_TIMEOUT_S)
         results = self._results
-        try:
-            from stallwatch.present.rules_table import rules_table
+        if results is None:  # no live evaluation (disabled, or it failed): one batch evaluation
+            from stallwatch.analyze.rules.feed import iter_run
+            from stallwatch.analyze.rules.runner import evaluate
+            from stallwatch.store.reader import open_run
 
-            if results is None:  # no live evaluation (disabled, or it failed): one batch evaluation
-                from stallwatch.analyze.rules.feed import iter_run
-                from stallwatch.analyze.rules.runner import evaluate
-                from stallwatch.store.reader import open_run
-
-                run = open_run(uri)
-                rules = self._rules()
-                results = evaluate(rules, iter_run(run, rules))
-                _write(run, results)
-                self._act(run, results)
-            if self.actions is not None:
-                self.actions.wait()
-            return "\n" + rules_table(results)
-        except Exception as exc:
-            return f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})"
+            run = open_run(uri)
+            results = evaluate(self.rules, iter_run(run, self.rules))
+            _write(run, results)
+            self._act(run, results)
+        if self.actions is not None:
+            self.actions.wait()
+        return results
 
     def _follow(self) -> None:
         try:
@@ -74,26 +74,34 @@ class LiveRules:
                 self._stop.wait(0.5)
             else:
                 return  # ended before it started (e.g. the node name was refused): nothing is written
-            def on_results(results: list, _final: bool) -> None:
+
+            def on_results(results: list[RuleResult], _final: bool) -> None:
                 _write(run, results)
                 self._act(run, results)
 
-            self._results = follow(run, self._rules(), None, every_s=self.interval_s, finished=self._stop.is_set,
+            self._results = follow(run, self.rules, None, every_s=self.interval_s, finished=self._stop.is_set,
                                    on_results=on_results, sleep=self._stop.wait)
         except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
             warn_once("live-rules", "live rule evaluation stopped (%s: %s); the rules run when the job ends",
                       type(exc).__name__, exc)
             self._results = None
 
-
     def _rules(self) -> list:
-        from stallwatch.analyze.rules.registry import all_rules, load_custom
+        """The built-ins and the custom rules that load; one that cannot be loaded is said (once) and left out,
+        never taking the built-ins with it."""
+        from stallwatch.analyze.rules.base import ParameterError
+        from stallwatch.analyze.rules.registry import builtin_rules, load_custom
 
-        load_custom(self.config.custom_rules)
-        return all_rules()
+        custom = []
+        for spec in self.config.custom_rules:
+            try:
+                custom += load_custom([spec])
+            except ParameterError as exc:
+                warn_once(f"custom-rule-{spec}", "%s; the other rules are evaluated without it", exc)
+        return builtin_rules() + [c for c in custom if c.name not in {b.name for b in builtin_rules()}]
 
-    def _act(self, run: Any, results: list) -> None:
-        from stallwatch.actions import RuleActions
+    def _act(self, run: Any, results: list[RuleResult]) -> None:
+        from stallwatch.analyze.rules.actions import RuleActions
 
         try:
             if self.actions is None:
@@ -103,7 +111,7 @@ class LiveRules:
             warn_once("rule-actions", "rule actions failed (%s: %s)", type(exc).__name__, exc)
 
 
-def _write(run: Any, results: list) -> None:
+def _write(run: Any, results: list[RuleResult]) -> None:
     from stallwatch.analyze.rules.runner import write_results
 
     try:

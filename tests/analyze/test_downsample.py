@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stallwatch.present.downsample import minmax, minmax_matrix
+from stallwatch.analyze.downsample import minmax, minmax_matrix
 
 T0 = 1_700_000_000_000_000
 STEP = 500_000  # 500 ms in µs

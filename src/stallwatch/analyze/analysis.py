@@ -1,0 +1,272 @@
+"""One façade over a run's analyses, in the spirit of Holistic Trace Analysis's `TraceAnalysis`: the report,
+the terminal summary, `stallwatch info`, the notebook views and the dashboard all ask a `RunAnalysis`, which
+reads the store once per question, computes in the analysis modules (one analysis each) and hands back typed
+results. Renderers only render what it returns.
+
+    from stallwatch.analyze import RunAnalysis
+    analysis = RunAnalysis("stallwatch-runs/<run-id>")
+    analysis.findings.verdict          # what to fix first
+    analysis.summary.fate              # how the job ended
+    analysis.rule("StepOutlier")       # a rule's typed result
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from stallwatch.analyze import cost as _cost
+from stallwatch.analyze import findings as _findings
+from stallwatch.analyze import heatmap as _heatmap
+from stallwatch.analyze import nodes as _nodes
+from stallwatch.analyze import steps as _steps
+from stallwatch.analyze import summary as _summary
+from stallwatch.analyze import timeline as _timeline
+from stallwatch.analyze.frames import NodeFrame, node_frame
+from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.base import Rule
+from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.series import Marker, Panel, Span
+from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
+from stallwatch.config import ProfilerConfig
+from stallwatch.records import COLUMN_SEP, STEP
+from stallwatch.store import run_files
+from stallwatch.store.reader import Run, open_run
+
+
+class RunAnalysis:
+    """One run, read lazily and once. Rule results are the stored ones when the run has finished and holds
+    every rule asked for; otherwise the rules are evaluated here (built-ins, plus `rules` the caller names —
+    a run directory never makes stallwatch load code)."""
+
+    def __init__(self, run: Run | str, *, rule_results: Sequence[RuleResult] | None = None,
+                 rules: Sequence[type[Rule]] | None = None, params: dict[str, dict[str, Any]] | None = None) -> None:
+        self.run = open_run(run) if isinstance(run, str) else run
+        self._given = list(rule_results) if rule_results is not None else None
+        self._extra_rules = list(rules or [])
+        self._params = params or {}
+        self._system: dict[str, tuple[frozenset[str] | None, NodeFrame]] = {}
+
+    # -- the run as recorded ------------------------------------------------------------------------------
+    @cached_property
+    def info(self) -> dict[str, Any]:
+        return dict(self.run.info)
+
+    @cached_property
+    def nodes(self) -> list[str]:
+        return list(self.run.nodes)
+
+    @cached_property
+    def ranks(self) -> dict[str, list[str]]:
+        return self.run.ranks()
+
+    def node_info(self, node: str) -> dict[str, Any]:
+        """The node's record (`nodes/<node>.json`): cores, memory, GPUs, start/end, status, sampling interval."""
+        return dict((self.info.get("nodes") or {}).get(node) or {})
+
+    @cached_property
+    def config(self) -> ProfilerConfig:
+        """The configuration the run was recorded with (defaults when it has none or an invalid one)."""
+        return run_files.config_or_default(self.run.location)
+
+    @cached_property
+    def recorded_custom_rules(self) -> list[str]:
+        """Custom rules the run was recorded with: named, never loaded from here (re-run them with
+        `stallwatch rules RUN --custom-rule SPEC`)."""
+        return list(self.config.custom_rules)
+
+    # -- data, read once ----------------------------------------------------------------------------------
+    def system(self, node: str, metrics: Iterable[str] | None = None) -> NodeFrame:
+        """One node's snapshots as a time-ordered NodeFrame with only the `metrics` asked for (all when None).
+        Each node is read once for the union of what is asked: a later request for metrics already read is
+        served from memory."""
+        wanted = None if metrics is None else frozenset(metrics)
+        have = self._system.get(node)
+        if have is not None and (have[0] is None or (wanted is not None and wanted <= have[0])):
+            return _subset(have[1], wanted)
+        read = wanted if have is None or wanted is None or have[0] is None else wanted | have[0]
+        frame = node_frame(node, self.run.system_wide(node, metrics=read), self.node_info(node))
+        self._system[node] = (read, frame)
+        return _subset(frame, wanted)
+
+    @cached_property
+    def step_events(self) -> pa.Table:
+        """The run's step events (node, rank, kind, mode, step, start_us, end_us), without decoding the other
+        events' columns (a long multi-node run has tens of millions of events, a fifth of them steps)."""
+        return self.run.framework(kinds={STEP}, fields=("kind", "mode", "step", "start_us", "end_us"))
+
+    @cached_property
+    def steps(self) -> FrameworkColumns:
+        """The step events as numpy columns, decoded once for every analysis that needs them."""
+        return FrameworkColumns(self.step_events)
+
+    @cached_property
+    def operators(self) -> pa.Table:
+        """Per-operator totals of detailed-profiling windows (`operators_schema()`)."""
+        return self.run.operators()
+
+    def profiles(self, layer: str | None = None) -> list[dict[str, Any]]:
+        return self.run.profiles(layer)
+
+    @cached_property
+    def sample_interval_ms(self) -> dict[str, float]:
+        """Each node's sampling interval (its record's; else the spacing of its snapshots)."""
+        out = {}
+        for node in self.nodes:
+            known = NodeFrame(node, _NO_TIMES, {}, self.node_info(node)).sample_interval_ms
+            out[node] = known or NodeFrame(node, self.system(node, ()).timestamps, {}, {}).sample_interval_ms
+        return out
+
+    # -- the rules ----------------------------------------------------------------------------------------
+    @cached_property
+    def rule_results(self) -> list[RuleResult]:
+        """Every rule's typed result: the built-ins in the report's order, then custom and imported ones."""
+        from stallwatch.analyze.rules.registry import builtin_rules
+
+        if self._given is not None:
+            return list(self._given)
+        wanted = builtin_rules() + [r for r in self._extra_rules if r not in builtin_rules()]
+        stored = self.stored_rule_results()
+        if stored is not None and all(r.name in stored for r in wanted) and not self._params:
+            return _ordered(stored, [r.name for r in wanted])
+        return self.evaluate_rules(wanted)
+
+    def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
+        """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
+        from stallwatch.analyze.rules.feed import iter_run
+        from stallwatch.analyze.rules.runner import evaluate
+
+        return evaluate(rule_classes, iter_run(self.run, rule_classes), self._params)
+
+    def stored_rule_results(self) -> dict[str, RuleResult] | None:
+        """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a
+        running run's stored results may be stale); None otherwise."""
+        statuses = [n.get("status") for n in (self.info.get("nodes") or {}).values()]
+        if not statuses or any(s in ("running", "starting") for s in statuses):
+            return None
+        return {name: RuleResult.from_json(record, default_name=name)
+                for name, record in run_files.read_rule_results(self.run.location).items()}
+
+    @cached_property
+    def rules_by_name(self) -> dict[str, RuleResult]:
+        return {r.name: r for r in self.rule_results}
+
+    def rule(self, name: str) -> RuleResult | None:
+        return self.rules_by_name.get(name)
+
+    # -- analyses -----------------------------------------------------------------------------------------
+    @cached_property
+    def summary(self) -> _summary.JobSummary:
+        info = self.info
+        records = {n: self.node_info(n) for n in self.nodes}
+        data_end = max((int(r["end_us_from_data"]) for r in records.values()
+                        if isinstance(r.get("end_us_from_data"), int)), default=None)
+        command = info.get("command")
+        return _summary.JobSummary(
+            run_id=str(info.get("run_id") or self.run.uri), uri=self.run.uri,
+            command=[str(c) for c in command] if isinstance(command, list) else [],
+            start_us=_int(info.get("start_us")), end_us=_int(info.get("end_us")) if self._all_ended() else None,
+            data_end_us=data_end if data_end is not None else _int(info.get("end_us")), nodes=self.nodes,
+            ranks=self.ranks, steps=_steps.steps_per_mode(self.steps), loop=_steps.loop_span(self.steps),
+            sample_interval_ms=self.sample_interval_ms,
+            fate=_summary.job_fate(records, self.config.stop_training), notes=self.notes)
+
+    def _all_ended(self) -> bool:
+        recs = (self.info.get("nodes") or {}).values()
+        return bool(recs) and all(r.get("status") not in ("running", "starting") for r in recs)
+
+    @cached_property
+    def notes(self) -> list[str]:
+        """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
+        return []
+
+    @cached_property
+    def findings(self) -> _findings.Findings:
+        return _findings.build_findings(self.rule_results, self.summary,
+                                       health=_findings.health_evidence(self.rules_by_name))
+
+    def write_findings(self) -> str:
+        """_findings.json into the run (through the store); its path in the run."""
+        return run_files.write_findings(self.run.location, self.findings.to_json())
+
+    def usage(self, node: str) -> list[UsageStat]:
+        """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics."""
+        frame = self.system(node, usage_metrics())
+        table = pa.table({"timestamp_us": frame.timestamps, **frame.columns})
+        return usage_stats_wide(node, table)
+
+    def step_stats(self, node: str | None = None) -> list[_steps.StepStat]:
+        """Per node, rank and mode: steps, p50/p95/max and the phases' shares of step time."""
+        from stallwatch.analyze.steps import PHASES
+
+        events = self.run.framework(kinds=[STEP, *PHASES], nodes=None if node is None else [node])
+        return _steps.step_stats(events)
+
+    @cached_property
+    def loop_spans(self) -> dict[str, _steps.LoopSpan]:
+        return _steps.loop_spans(self.steps)
+
+    def step_histograms(self, modes: set[str]) -> list[_steps.NodeSteps]:
+        return _steps.step_histograms(self.steps, modes)
+
+    def timeline_panels(self, node_names: Iterable[str] | None = None) -> list[Panel]:
+        frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
+        return _timeline.panels(frames)
+
+    @cached_property
+    def phase_spans(self) -> list[Span]:
+        return _timeline.phase_spans(self.steps, _int(self.info.get("start_us")), _int(self.info.get("end_us")))
+
+    @cached_property
+    def flagged_spans(self) -> list[Span]:
+        """Time ranges the rules flagged: bottleneck ranges and the GPU rules' windows."""
+        rules = self.rules_by_name
+        return _timeline.bottleneck_spans(rules, self.sample_interval_ms) + _timeline.window_spans(rules)
+
+    @cached_property
+    def flagged_markers(self) -> list[Marker]:
+        """Moments the rules flagged: the slowest outlier steps (and older results' last flagged windows)."""
+        rules = self.rules_by_name
+        return _timeline.outlier_markers(rules) + _timeline.last_window_markers(rules)
+
+    @cached_property
+    def flag_totals(self) -> dict[str, int]:
+        return _timeline.flag_totals(self.rules_by_name)
+
+    def heatmaps(self, dimensions: tuple[str, ...] = _heatmap.DEFAULT_DIMENSIONS,
+                 node_names: Iterable[str] | None = None) -> dict[str, Any]:
+        frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
+        return _heatmap.node_heatmaps(frames, dimensions)
+
+    @cached_property
+    def node_comparison(self) -> _nodes.NodeComparison:
+        return _nodes.compare_nodes(self.rules_by_name, self.nodes)
+
+    @cached_property
+    def profiling_cost(self) -> _cost.ProfilingCost:
+        return _cost.profiling_cost({n: self.node_info(n) for n in self.nodes}, self.run.files(), self.steps,
+                                   self.run.profiles("detailed"))
+
+
+_NO_TIMES = np.empty(0, np.int64)
+
+
+def _ordered(results: dict[str, RuleResult], names: list[str]) -> list[RuleResult]:
+    out = [results[n] for n in names if n in results]
+    out += [r for n, r in sorted(results.items()) if n not in names]
+    return out
+
+
+def _subset(frame: NodeFrame, metrics: frozenset[str] | None) -> NodeFrame:
+    """The frame with only the columns of `metrics` (the same arrays, not copies)."""
+    if metrics is None:
+        return frame
+    cols = {c: v for c, v in frame.columns.items() if c.partition(COLUMN_SEP)[2] in metrics}
+    return NodeFrame(frame.node, frame.timestamps, cols, frame.info)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,351 @@
+"""What to fix first: the rules' results turned into findings — one per problem found, with its evidence
+(numbers, nodes, ranks, steps, time windows), the training time at stake and the change to try — ranked by
+that time, and one verdict line that agrees with the first finding and with the job's fate. What the top of the
+report, the terminal summary, `findings.json`, the notebook and the dashboard show (RULES.md, "Findings")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.summary import JobFate, JobSummary
+from stallwatch.timeutil import format_duration
+
+HIGH, MEDIUM, LOW = "high", "medium", "low"
+SEVERITIES = (HIGH, MEDIUM, LOW)
+HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05  # of the training loop's time at stake
+LISTED_STEPS = 20
+LISTED_WINDOWS = 20
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a finding was seen: nodes, ranks ("node/rank"), step numbers and time windows (µs)."""
+    nodes: list[str] = field(default_factory=list)
+    ranks: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nodes": list(self.nodes), "ranks": list(self.ranks), "steps": list(self.steps),
+                "windows": [list(w) for w in self.windows]}
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    rule: str
+    severity: str
+    title: str
+    time_at_stake_s: float | None  # training time a fix could recover (an estimate); None where not a time
+    share_of_loop: float | None  # time at stake / training loop
+    where: Where
+    evidence: dict[str, Any]
+    recommendation: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "rule": self.rule, "severity": self.severity, "title": self.title,
+                "time_at_stake_s": _round(self.time_at_stake_s), "share_of_loop": _round(self.share_of_loop, 4),
+                "where": self.where.to_json(), "evidence": self.evidence, "recommendation": self.recommendation}
+
+
+@dataclass(frozen=True)
+class Findings:
+    """The run's findings, most training time at stake first, and its one-line verdict."""
+    run: str
+    fate: JobFate
+    verdict: str
+    healthy: bool
+    findings: list[Finding]
+    loop_s: float
+    evidence: list[str] = field(default_factory=list)  # why a healthy run is called healthy
+    notes: list[str] = field(default_factory=list)  # caveats about the measurements themselves
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run,
+                "exit": {"code": self.fate.code, "signal": self.fate.signal, "interrupted": self.fate.interrupted,
+                         "state": self.fate.state, "stop_reason": self.fate.stop_reason, "node": self.fate.node},
+                "verdict": self.verdict, "healthy": self.healthy, "training_loop_s": _round(self.loop_s),
+                "evidence": list(self.evidence), "notes": list(self.notes),
+                "findings": [f.to_json() for f in self.findings]}
+
+
+# -- per-rule translation ------------------------------------------------------------------------------------
+
+Translator = Callable[[RuleResult, JobSummary], list[Finding]]
+_TRANSLATORS: dict[str, Translator] = {}
+
+
+def translates(*names: str) -> Callable[[Translator], Translator]:
+    def register(fn: Translator) -> Translator:
+        for name in names:
+            _TRANSLATORS[name] = fn
+        return fn
+    return register
+
+
+def finding(result: RuleResult, summary: JobSummary, key: str, title: str, stake_s: float | None, where: Where,
+            evidence: dict[str, Any], recommendation: str | None = None, severity: str | None = None) -> Finding:
+    loop = summary.loop_s
+    share = stake_s / loop if stake_s is not None and loop > 0 else None
+    if severity is None:
+        severity = LOW if share is None else HIGH if share >= HIGH_SHARE else MEDIUM if share >= MEDIUM_SHARE else LOW
+    return Finding(f"{_slug(result.name)}/{key}", result.name, severity, title, stake_s, share, where,
+                   _plain(evidence), recommendation or result.recommendation)
+
+
+@translates("CPUBottleneck", "IOBottleneck")
+def _bottleneck(r: RuleResult, s: JobSummary) -> list[Finding]:
+    what = "CPU" if r.name == "CPUBottleneck" else "I/O"
+    ranges = (r.details.get("bottlenecks") or {}).get("ranges") or []
+    out = []
+    for node, e in sorted((r.details.get("nodes") or {}).items()):
+        if not isinstance(e, dict) or not e.get("above_threshold"):
+            continue
+        count = int(e.get("bottlenecks") or 0)
+        stake = count * s.sample_interval_ms.get(node, 0.0) / 1000.0 or None
+        windows = [(int(x["start_us"]), int(x["end_us"])) for x in ranges if x.get("node") == node]
+        out.append(finding(r, s, node,
+                           f"GPUs idle while the {what} was the bottleneck {_pct(e.get('percent'))} of the time "
+                           f"on node {node}", stake, Where([node], windows=windows[:LISTED_WINDOWS]),
+                           {"bottleneck_snapshots": count, "snapshots": e.get("datapoints"),
+                            "percent": e.get("percent"), "threshold_percent": r.parameters.get("threshold")}))
+    return out
+
+
+@translates("StepOutlier")
+def _outliers(r: RuleResult, s: JobSummary) -> list[Finding]:
+    out = []
+    series = r.details.get("step_details") or {}
+    fired = [(k, e) for k, e in series.items() if isinstance(e, dict) and e.get("triggered")]
+    if not fired:
+        return out
+    per_rank: dict[str, float] = {}
+    steps: list[int] = []
+    windows: list[tuple[int, int]] = []
+    count = 0
+    for key, e in fired:
+        stats = e.get("step_stats") or {}
+        p50 = float(stats.get("p50") or 0.0)
+        durations = [float(d) for d in e.get("outliers") or []]
+        listed_excess = sum(max(d - p50, 0.0) for d in durations)
+        excess = e.get("excess_s")
+        rank = f"{e.get('node')}/{e.get('rank')}"
+        per_rank[rank] = per_rank.get(rank, 0.0) + float(excess if excess is not None else listed_excess)
+        count += int(e.get("number_of_outliers") or 0)
+        steps += [int(n) for n in e.get("step_numbers") or []]
+        windows += [(int(t), int(t + d * 1e6)) for t, d in zip(e.get("outlier_start_us") or [], durations)]
+    stake = max(per_rank.values()) if per_rank else None  # ranks run side by side: the worst one's excess
+    ranks = sorted(per_rank, key=lambda k: -per_rank[k])
+    title = (f"{count} unusually slow steps cost {format_duration(stake or 0)} on "
+             f"{'rank ' + ranks[0] if len(ranks) == 1 else f'{len(ranks)} ranks'}")
+    return [finding(r, s, "steps", title, stake, Where(sorted({k.split('/')[0] for k in ranks}), ranks,
+                                                          sorted(set(steps))[:LISTED_STEPS],
+                                                          sorted(windows)[:LISTED_WINDOWS]),
+                    {"outlier_steps": count, "excess_s_per_rank": {k: per_rank[k] for k in ranks}})]
+
+
+@translates("MaxInitializationTime")
+def _initialization(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    init = r.details.get("initialization_s")
+    waited = r.details.get("waited_s")
+    stake = float(init) if isinstance(init, (int, float)) else float(waited) if isinstance(waited, (int, float)) else None
+    title = (f"Initialization took {format_duration(stake)} before the first step" if stake is not None
+             else "The job took too long to reach its first step")
+    start, first = r.details.get("job_start"), r.details.get("first_step")
+    windows = [(int(start), int(first))] if isinstance(start, int) and isinstance(first, int) else []
+    # measured against the whole job, not the loop: initialization is outside the loop
+    share_base = s.duration_s
+    f = finding(r, s, "start", title, stake, Where(list(s.nodes), windows=windows),
+                {"initialization_s": init, "threshold_minutes": r.parameters.get("threshold")})
+    share = stake / share_base if stake is not None and share_base > 0 else None
+    severity = LOW if share is None else HIGH if share >= HIGH_SHARE else MEDIUM if share >= MEDIUM_SHARE else LOW
+    return [Finding(f.id, f.rule, severity, f.title, f.time_at_stake_s, share, f.where, f.evidence,
+                    f.recommendation)]
+
+
+@translates("LowGPUUtilization")
+def _low_gpu(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    flagged = r.details.get("flagged_windows") or {}
+    windows = [(int(w["start_us"]), int(w["end_us"])) for w in flagged.get("windows") or []]
+    total = int(flagged.get("total") or len(windows))
+    mean_len = sum(b - a for a, b in windows) / len(windows) / 1e6 if windows else 0.0
+    busy = [float(g["p50"]) for n, gpus in r.details.items() if isinstance(gpus, dict) and n != "flagged_windows"
+            for g in gpus.values() if isinstance(g, dict) and g.get("case") and isinstance(g.get("p50"), (int, float))]
+    idle_share = 1.0 - (sum(busy) / len(busy) / 100.0 if busy else 0.0)
+    stake = total * mean_len * max(idle_share, 0.0) or None
+    nodes = sorted({str(w.get("node")) for w in flagged.get("windows") or []})
+    return [finding(r, s, "gpus", f"GPUs underused in {total} window(s)", stake,
+                    Where(nodes, windows=windows[:LISTED_WINDOWS]),
+                    {"flagged_windows": total, "median_utilization_of_flagged_gpus": busy[:16]})]
+
+
+@translates("GPUMemoryIncrease")
+def _memory(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    flagged = r.details.get("flagged_windows") or {}
+    windows = [(int(w["start_us"]), int(w["end_us"])) for w in flagged.get("windows") or []]
+    nodes = sorted({str(w.get("node")) for w in flagged.get("windows") or []})
+    return [finding(r, s, "memory", "GPU memory kept growing: the job may run out of GPU memory", None,
+                    Where(nodes, windows=windows[:LISTED_WINDOWS]), {"flagged_windows": flagged.get("total")},
+                    severity=MEDIUM)]
+
+
+@translates("BatchSize")
+def _batch(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    flagged = r.details.get("flagged_windows") or {}
+    nodes = sorted({str(w.get("node")) for w in flagged.get("windows") or []})
+    return [finding(r, s, "batch", "CPUs and GPUs underused: the batch may be too small for this instance", None,
+                    Where(nodes), {"flagged_windows": flagged.get("total")}, severity=LOW)]
+
+
+@translates("LoadBalancing")
+def _balance(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    nodes = sorted(n for n, e in r.details.items() if isinstance(e, dict) and e.get("imbalanced"))
+    pairs = [p for n in nodes for p in r.details[n]["imbalanced"]]
+    return [finding(r, s, "gpus", f"GPUs of {'node ' + nodes[0] if len(nodes) == 1 else 'several nodes'} had uneven "
+                                  "workloads", None, Where(nodes), {"imbalanced_pairs": pairs[:20]},
+                    severity=MEDIUM)]
+
+
+def _generic(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """A rule without a translator of its own (a custom rule, a new one): one finding when it fired, with the
+    time at stake it reports (Details `time_at_stake_s`) and what it names (`nodes`, `ranks`, `steps`)."""
+    if not r.fired:
+        return []
+    d = r.details
+    stake = d.get("time_at_stake_s")
+    stake = float(stake) if isinstance(stake, (int, float)) and math.isfinite(stake) and stake >= 0 else None
+    where = Where(_strings(d.get("nodes")), _strings(d.get("ranks")), _ints(d.get("steps"))[:LISTED_STEPS])
+    title = d.get("title") if isinstance(d.get("title"), str) else f"{r.name} fired {_times(r.triggered)}"
+    return [finding(r, s, "run", title, stake, where, {"triggered": r.triggered, "violations": r.violations})]
+
+
+# -- ranking and the verdict ---------------------------------------------------------------------------------
+
+
+def build_findings(results: list[RuleResult], summary: JobSummary, *, health: list[str] | None = None) -> Findings:
+    """Every fired rule's findings, ranked by time at stake (then severity), and the verdict."""
+    found: list[Finding] = []
+    for result in results:
+        if result.status != "ok":
+            continue
+        translate = _TRANSLATORS.get(result.name, _generic)
+        try:
+            found += translate(result, summary)
+        except (KeyError, TypeError, ValueError):  # details of an unexpected shape (an old or foreign file)
+            found += _generic(result, summary)
+    found.sort(key=lambda f: (-(f.time_at_stake_s if f.time_at_stake_s is not None else -1.0),
+                              SEVERITIES.index(f.severity), f.id))
+    healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0
+    return Findings(summary.uri, summary.fate, verdict(summary, found, health or []), healthy, found,
+                    summary.loop_s, list(health or []) if healthy else [], list(summary.notes))
+
+
+def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str:
+    """One line: the job's fate first when it did not end well, then the top finding, else health."""
+    fate, top = summary.fate, (found[0] if found else None)
+    lasted = format_duration(summary.duration_s)
+    if fate.ended_badly or fate.state == "unknown":
+        where = ("before its first step" if summary.total_steps == 0 else
+                 f"after {summary.total_steps:,} steps")
+        text = f"The job {fate.phrase()} after {lasted}, {where}."
+        return text + (f" Before that: {_lower(top.title)}." if top else "")
+    if summary.total_steps == 0:
+        state = "is still running" if fate.state == "running" else fate.phrase()
+        return (f"No training step was recorded (the job {state}, {lasted}): nothing in the training loop can be "
+                "judged." + (f" {top.title}." if top else ""))
+    if top is not None:
+        stake = (f": about {format_duration(top.time_at_stake_s)} of the {format_duration(summary.loop_s)} "
+                 "training loop at stake" if top.time_at_stake_s is not None and summary.loop_s > 0 else "")
+        more = f" ({len(found)} findings)" if len(found) > 1 else ""
+        prefix = "So far: " if fate.state == "running" else ""
+        return f"{prefix}{top.title}{stake}{more}."
+    if fate.state == "running":
+        return "So far healthy: no rule has found a problem yet."
+    because = f" ({'; '.join(health)})" if health else ""
+    return f"Healthy: no rule found a problem{because}."
+
+
+def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
+    """The numbers behind "healthy": where the loop's time went and how busy the machines were."""
+    out = []
+    fw = results.get("OverallFrameworkMetrics")
+    if fw is not None and fw.applies:
+        phase = fw.details.get("phase") or {}
+        train = phase.get("TRAIN")
+        if isinstance(train, (int, float)):
+            out.append(f"training steps {train:.0f} % of the loop")
+        general_us, phase_us = fw.details.get("general_us") or {}, fw.details.get("phase_us") or {}
+        in_steps = sum(v for k, v in phase_us.items() if k != "others" and isinstance(v, (int, float)))
+        wait = general_us.get("data_wait")
+        if isinstance(wait, (int, float)) and in_steps > 0:
+            out.append(f"waiting for data {100.0 * wait / in_steps:.0f} % of step time")
+    outliers = results.get("StepOutlier")
+    if outliers is not None and outliers.applies:
+        out.append(f"{outliers.datapoints:,} steps checked, no outlier series")
+    usage = results.get("OverallSystemUsage")
+    if usage is not None and usage.applies:
+        for metric in ("GPU", "CPU"):
+            per_node = usage.details.get(metric) or {}
+            p50 = [v.get("p50") for v in per_node.values() if isinstance(v, dict)
+                   and isinstance(v.get("p50"), (int, float))]
+            if p50:
+                out.append(f"median {metric} utilization {min(p50):.0f}–{max(p50):.0f} %" if len(p50) > 1
+                           else f"median {metric} utilization {p50[0]:.0f} %")
+    return out
+
+
+def _slug(name: str) -> str:
+    out = []
+    for i, ch in enumerate(name):
+        if ch.isupper() and i and (not name[i - 1].isupper() or (i + 1 < len(name) and name[i + 1].islower())):
+            out.append("-")
+        out.append(ch.lower())
+    return "".join(out)
+
+
+def _pct(value: Any) -> str:
+    return f"{float(value):.0f} %" if isinstance(value, (int, float)) else "much"
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n:,} times"
+
+
+def _lower(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[:2] != text[:2].upper() else text
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _ints(value: Any) -> list[int]:
+    return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+
+
+def _plain(value: Any) -> Any:
+    """Evidence as plain JSON values (numpy scalars and tuples included)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    return value

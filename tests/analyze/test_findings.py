@@ -1,0 +1,126 @@
+"""Findings: each fired rule becomes findings with evidence and the training time at stake, ranked by that
+time; the verdict puts the job's fate first and agrees with the top finding; a healthy run says so with its
+evidence; findings.json has RULES.md's shape."""
+
+from __future__ import annotations
+
+import json
+
+from stallwatch.analyze.findings import HIGH, LOW, MEDIUM, build_findings, health_evidence
+from stallwatch.analyze.results import NOT_APPLICABLE, RuleResult
+from stallwatch.analyze.steps import LoopSpan
+from stallwatch.analyze.summary import JobSummary, node_fate
+
+T0 = 1_763_790_000_000_000
+S = 1_000_000
+
+
+def _summary(*, exit_code: int = 0, signal: str | None = None, steps: int = 1000, loop_s: float = 100.0,
+             interrupted: bool = False) -> JobSummary:
+    record = {"status": "finished", "exit_code": exit_code, "exit_signal": signal, "interrupted": interrupted}
+    loop = LoopSpan(T0 + 10 * S, T0 + 10 * S + int(loop_s * S), steps) if steps else None
+    return JobSummary(run_id="r", uri="runs/r", command=["python", "train.py"], start_us=T0,
+                      end_us=T0 + int((loop_s + 20) * S), data_end_us=None, nodes=["algo-1", "algo-2"],
+                      ranks={"algo-1": ["0"], "algo-2": ["1"]}, steps={"TRAIN": steps} if steps else {}, loop=loop,
+                      sample_interval_ms={"algo-1": 500.0, "algo-2": 500.0}, fate=node_fate(record))
+
+
+def _rule(name: str, triggered: int, details: dict, **kw) -> RuleResult:
+    return RuleResult(name, triggered, triggered, 1000, kw.pop("parameters", {}), f"{name} looks.",
+                      f"Fix what {name} found.", details, **kw)
+
+
+def _bottleneck(count: int) -> RuleResult:
+    return _rule("CPUBottleneck", 40, {
+        "bottlenecks": {"count": count, "ranges": [{"node": "algo-2", "start_us": T0 + 20 * S,
+                                                    "end_us": T0 + 30 * S, "snapshots": 20}]},
+        "nodes": {"algo-1": {"above_threshold": False, "bottlenecks": 0, "percent": 0.0},
+                  "algo-2": {"above_threshold": True, "bottlenecks": count, "percent": 62.5, "datapoints": 96}}},
+        parameters={"threshold": 50})
+
+
+def _outliers() -> RuleResult:
+    entry = {"node": "algo-1", "rank": 0, "phase": "TRAIN", "triggered": True, "number_of_outliers": 12,
+             "step_stats": {"p50": 0.1}, "outliers": [0.6, 0.5], "step_numbers": [100, 200],
+             "outlier_start_us": [T0 + 15 * S, T0 + 25 * S], "excess_s": 4.5}
+    quiet = dict(entry, rank=1, node="algo-2", triggered=False, excess_s=0.1)
+    return _rule("StepOutlier", 1, {"step_details": {"algo-1/0/TRAIN": entry, "algo-2/1/TRAIN": quiet}})
+
+
+def test_each_rule_becomes_a_finding_with_evidence_and_time_at_stake():
+    found = build_findings([_bottleneck(96), _outliers()], _summary())
+    top, second = found.findings
+    assert top.rule == "CPUBottleneck" and top.id == "cpu-bottleneck/algo-2"
+    assert top.time_at_stake_s == 96 * 0.5 and top.share_of_loop == 0.48 and top.severity == HIGH
+    assert top.where.nodes == ["algo-2"] and top.where.windows == [(T0 + 20 * S, T0 + 30 * S)]
+    assert top.evidence["bottleneck_snapshots"] == 96 and top.recommendation == "Fix what CPUBottleneck found."
+    assert second.rule == "StepOutlier" and second.time_at_stake_s == 4.5 and second.severity == LOW
+    assert second.where.ranks == ["algo-1/0"] and second.where.steps == [100, 200]
+    assert found.verdict.startswith(top.title) and "about 48.0 s of the 1m 40s training loop at stake" in found.verdict
+    assert not found.healthy
+
+
+def test_ranked_by_time_at_stake():
+    found = build_findings([_outliers(), _bottleneck(4)], _summary())  # 2 s of bottleneck < 4.5 s of outliers
+    assert [f.rule for f in found.findings] == ["StepOutlier", "CPUBottleneck"]
+
+
+def test_rules_that_did_not_fire_or_do_not_apply_make_no_finding():
+    quiet = _rule("StepOutlier", 0, {"step_details": {}})
+    na = _rule("LowGPUUtilization", 0, {}, status=NOT_APPLICABLE, message="no GPU data")
+    found = build_findings([quiet, na], _summary(), health=["training steps 93 % of the loop"])
+    assert found.findings == [] and found.healthy
+    assert found.verdict == "Healthy: no rule found a problem (training steps 93 % of the loop)."
+
+
+def test_a_crash_comes_first_and_never_reads_healthy():
+    found = build_findings([], _summary(exit_code=1))
+    assert not found.healthy
+    assert found.verdict.startswith("The job failed with exit code 1 after 2m 00s, after 1,000 steps.")
+    killed = build_findings([_bottleneck(96)], _summary(exit_code=137, signal="SIGKILL"))
+    assert killed.verdict.startswith("The job was killed by SIGKILL (exit code 137)")
+    assert "Before that: " in killed.verdict and killed.findings[0].rule == "CPUBottleneck"
+    stopped = build_findings([], _summary(exit_code=130, signal="SIGINT", interrupted=True))
+    assert "was interrupted by SIGINT" in stopped.verdict and stopped.fate.interrupted
+
+
+def test_a_job_that_ended_before_its_first_step_says_exactly_that():
+    found = build_findings([], _summary(exit_code=2, steps=0))
+    assert found.verdict.startswith("The job failed with exit code 2 after") and "before its first step" in found.verdict
+    assert not found.healthy
+    quiet = build_findings([], _summary(steps=0))
+    assert quiet.verdict.startswith("No training step was recorded") and not quiet.healthy
+
+
+def test_a_custom_rule_reports_its_own_time_at_stake():
+    custom = _rule("BusyCpu", 3, {"time_at_stake_s": 30.0, "ranks": ["algo-1/0"], "title": "The CPU was busy"})
+    (f,) = build_findings([custom], _summary()).findings
+    assert (f.id, f.title, f.time_at_stake_s, f.severity, f.where.ranks) == (
+        "busy-cpu/run", "The CPU was busy", 30.0, HIGH, ["algo-1/0"])
+
+
+def test_details_of_an_unexpected_shape_still_make_a_finding():
+    broken = _rule("CPUBottleneck", 5, {"nodes": {"algo-1": {"above_threshold": True, "bottlenecks": "many"}}})
+    (f,) = build_findings([broken], _summary()).findings
+    assert f.rule == "CPUBottleneck" and f.severity in (LOW, MEDIUM, HIGH)
+
+
+def test_findings_json_has_the_documented_shape():
+    doc = json.loads(json.dumps(build_findings([_bottleneck(96)], _summary(exit_code=143, signal="SIGTERM")).to_json()))
+    assert set(doc) >= {"run", "exit", "verdict", "findings", "healthy", "training_loop_s"}
+    assert doc["exit"] == {"code": 143, "signal": "SIGTERM", "interrupted": True, "state": "interrupted",
+                           "stop_reason": None, "node": None}
+    (f,) = doc["findings"]
+    assert set(f) == {"id", "rule", "severity", "title", "time_at_stake_s", "share_of_loop", "where", "evidence",
+                      "recommendation"}
+    assert set(f["where"]) == {"nodes", "ranks", "steps", "windows"}
+
+
+def test_health_evidence_from_the_overall_rules():
+    fw = _rule("OverallFrameworkMetrics", 0, {"phase": {"TRAIN": 93.0, "others": 7.0},
+                                              "phase_us": {"TRAIN": 93 * S, "others": 7 * S},
+                                              "general_us": {"data_wait": 2 * S}})
+    usage = _rule("OverallSystemUsage", 0, {"GPU": {"a": {"p50": 88.0}, "b": {"p50": 91.0}}, "CPU": {"a": {"p50": 40.0}}})
+    assert health_evidence({"OverallFrameworkMetrics": fw, "OverallSystemUsage": usage}) == [
+        "training steps 93 % of the loop", "waiting for data 2 % of step time", "median GPU utilization 88–91 %",
+        "median CPU utilization 40 %"]
