@@ -39,7 +39,42 @@ def test_step_outlier_fires_only_above_n_outliers(planted, fires):
     assert (out["RuleTriggered"], out["Violations"]) == ((1, planted) if fires else (0, 0))
     assert out["Datapoints"] == 600
     assert out["Status"] == "ok"
-    assert out["RuleParameters"] == "threshold:3\nmode:None\nn_outliers:10\nstddev:3"
+    assert out["RuleParameters"] == "threshold:3\nmode:None\nn_outliers:10\nstddev:3\nmin_excess_pct:5.0"
+    # 11 stalls of 0.9 s over a 60 s loop: 9.9 s, 14 % of the series' time, is well above min_excess_pct
+    assert entry["excess_s"] == pytest.approx(planted * 0.9, rel=0.02)
+
+
+@pytest.mark.parametrize("min_excess_pct, fires", [(19.0, False), (18.0, True)])
+def test_step_outlier_fires_only_when_the_outliers_cost_enough(min_excess_pct, fires):
+    """Planted: 600 steps of 100 ms, 15 of 1 s: excess 15 × 0.9 s = 13.5 s of 73.5 s (18.4 %) of the series'
+    time; the rule fires when that share reaches min_excess_pct."""
+    gen = FwGen()
+    gen.steps(n=600, slow=slow_steps(15))
+    out = evaluate(StepOutlier, whole(gen.table()), min_excess_pct=min_excess_pct)
+    entry = out["Details"]["step_details"]["algo-1/0/TRAIN"]
+    assert entry["number_of_outliers"] == 15
+    assert entry["excess_pct"] == pytest.approx(100 * 15 * 0.9 / (585 * 0.1 + 15 * 1.0), rel=0.02)
+    assert entry["triggered"] is (entry["excess_pct"] >= min_excess_pct) is fires
+
+
+def test_step_outlier_is_silent_on_the_jitter_of_a_long_healthy_run():
+    """Planted: 200,000 sub-millisecond steps (500 µs ± 5 µs) with 3σ jitter outliers (a few µs each) —
+    an absolute count of outliers in the thousands, but their excess is a tiny share of the loop."""
+    rng = np.random.default_rng(7)
+    n = 200_000
+    dur = (500 + rng.normal(0, 5, n)).astype(np.int64)
+    jitter = rng.choice(n, 2_000, replace=False)
+    dur[jitter] += 40  # well above mean + 3σ, each 40 µs
+    start = T0 + np.cumsum(np.r_[0, dur[:-1] + 10])
+    table = pa.table({"node": pa.array(["algo-1"] * n).dictionary_encode(), "rank": pa.array(np.zeros(n, np.int32)),
+                      "pid": pa.array(np.ones(n, np.int32)), "kind": pa.array(["step"] * n).dictionary_encode(),
+                      "name": pa.array(["train_step"] * n).dictionary_encode(),
+                      "mode": pa.array([TRAIN] * n).dictionary_encode(), "step": pa.array(np.arange(n)),
+                      "start_us": pa.array(start), "end_us": pa.array(start + dur), "args": pa.array([""] * n)})
+    out = evaluate(StepOutlier, whole(table))
+    entry = out["Details"]["step_details"]["algo-1/0/TRAIN"]
+    assert entry["number_of_outliers"] >= 2_000 and entry["excess_pct"] < 1.0
+    assert out["RuleTriggered"] == 0 and entry["triggered"] is False
 
 
 def test_step_outlier_stats_histogram_and_context_in_seconds():
@@ -93,13 +128,15 @@ def test_step_outlier_per_rank_and_phase_and_mode_filter():
 
 
 def test_step_outlier_stddev_is_the_multiplier():
-    """Planted: 12 steps of 200 ms among 100 ms steps: outliers at stddev 3, not at stddev 10."""
+    """Planted: 12 steps of 200 ms among 100 ms steps: outliers at stddev 3, not at stddev 10 (their excess,
+    1.2 % of the loop, is below min_excess_pct: set to 0 here, the count alone decides)."""
     gen = FwGen()
     gen.steps(n=1000, jitter_us=0, slow={i * 80: 200 * MS for i in range(12)})
     chunk = whole(gen.table())
-    assert evaluate(StepOutlier, chunk)["RuleTriggered"] == 1
-    assert evaluate(StepOutlier, chunk, stddev=10)["RuleTriggered"] == 0
-    assert evaluate(StepOutlier, chunk, threshold=10)["RuleTriggered"] == 1  # SageMaker's report name only
+    assert evaluate(StepOutlier, chunk, min_excess_pct=0)["RuleTriggered"] == 1
+    assert evaluate(StepOutlier, chunk, min_excess_pct=0, stddev=10)["RuleTriggered"] == 0
+    assert evaluate(StepOutlier, chunk, min_excess_pct=0, threshold=10)["RuleTriggered"] == 1  # a report name only
+    assert evaluate(StepOutlier, chunk)["RuleTriggered"] == 0  # 1.2 s of excess in a 101 s loop: not a finding
 
 
 def test_step_outlier_lists_at_most_100_slowest_outliers():
