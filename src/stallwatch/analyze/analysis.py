@@ -22,6 +22,7 @@ from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import nodes as _nodes
+from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
@@ -32,7 +33,7 @@ from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLUMN_SEP, STEP
+from stallwatch.records import COLUMN_SEP, DATA_WAIT, STEP, TRAIN
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 
@@ -102,6 +103,12 @@ class RunAnalysis:
     def steps(self) -> FrameworkColumns:
         """The step events as numpy columns, decoded once for every analysis that needs them."""
         return FrameworkColumns(self.step_events)
+
+    @cached_property
+    def data_waits(self) -> FrameworkColumns:
+        """The data-wait events (the loop waiting for its next batch), decoded once."""
+        return FrameworkColumns(self.run.framework(kinds={DATA_WAIT},
+                                                   fields=("kind", "mode", "step", "start_us", "end_us")))
 
     @cached_property
     def operators(self) -> pa.Table:
@@ -240,6 +247,10 @@ class RunAnalysis:
                  node_names: Iterable[str] | None = None) -> dict[str, Any]:
         frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
         return _heatmap.node_heatmaps(frames, dimensions)
+
+    def rank_steps(self, mode: str = TRAIN) -> _ranks.RankSteps | None:
+        """The rank × step matrices of step time and data wait for `mode` (None without such steps)."""
+        return _ranks.rank_steps(self.steps, self.data_waits, mode=mode)
 
     @cached_property
     def node_comparison(self) -> _nodes.NodeComparison:

@@ -215,6 +215,41 @@ def heatmap(rows: HeatRows, *, title: str, height: int | None = None, x_range: A
     return f
 
 
+def step_heatmap(names: Sequence[str], first_step: int, steps_per_column: int, values: np.ndarray, *, title: str,
+                 unit: str, high: float | None = None, highlight: Sequence[str] = ()) -> Any:
+    """Ranks as rows, step numbers as x, colour = `values` (ranks × columns, NaN where a rank has no step):
+    one image glyph of one byte per cell (254 levels from 0 to `high`, which defaults to the 99th percentile
+    so one slow step does not wash the rest out); rows named in `highlight` are marked on the axis."""
+    finite = values[np.isfinite(values)]
+    top = float(high if high is not None else (np.percentile(finite, 99) if finite.size else 1.0)) or 1.0
+    levels = np.where(np.isnan(values), NO_DATA, np.clip(np.rint(254.0 * np.nan_to_num(values) / top), 0, 254))
+    n_rows, n_cols = values.shape
+    height = int(min(900, max(160, 60 + 14 * n_rows)))
+    f = figure(title=title, height=height, tools=TOOLS, active_scroll="xwheel_zoom", sizing_mode="stretch_width",
+               y_range=Range1d(n_rows, 0, bounds=(0, n_rows)), x_axis_label="step",
+               x_range=DataRange1d(range_padding=0))
+    mapper = LinearColorMapper(palette=Viridis256, low=0, high=254, high_color=NO_DATA_COLOR)
+    f.image(image=[levels.astype(np.uint8)], x=first_step, y=0, dw=n_cols * steps_per_column, dh=n_rows,
+            color_mapper=mapper, anchor="bottom_left", origin="bottom_left")
+    step = max(1, int(np.ceil(n_rows / 40)))
+    ticks = list(range(0, n_rows, step))
+    marked = set(highlight)
+    f.yaxis.ticker = FixedTicker(ticks=[t + 0.5 for t in ticks])
+    f.yaxis.major_label_overrides = {t + 0.5: (f"▶ {names[t]}" if names[t] in marked else names[t]) for t in ticks}
+    f.ygrid.visible = False
+    row_name = CustomJSHover(args={"names": list(names)},
+                             code="const i = Math.floor(value); return i >= 0 && i < names.length ? names[i] : ''")
+    cell = CustomJSHover(args={"top": top, "unit": unit},
+                         code=f"return value == {NO_DATA} ? 'no step' : '≈ ' + (value * top / 254).toPrecision(3) "
+                              "+ ' ' + unit")
+    f.add_tools(HoverTool(tooltips=[("", "$y{row}"), ("step", "$x{0,0}"), ("mean", "@image{cell}")],
+                          formatters={"$y": row_name, "@image": cell}))
+    bar_mapper = LinearColorMapper(palette=Viridis256, low=0, high=top)
+    f.add_layout(ColorBar(color_mapper=bar_mapper, width=10, title=unit), "right")
+    f.toolbar.logo = None
+    return f
+
+
 def histogram(hists: Sequence[Hist], *, title: str, x_label: str, y_label: str = "count",
               height: int = 260, colors: dict[str, str] | None = None) -> Any:
     """Overlaid histograms (one semi-transparent set of bars each); a legend click hides one."""

@@ -24,6 +24,7 @@ ORDER = (
     "cpu_bottlenecks",  # 5. CPU bottlenecks
     "io_bottlenecks",   # 5. I/O bottlenecks
     "gpu_memory",       # 5. GPU memory
+    "ranks",            # beyond the seeds: rank × step heatmaps of step time and data wait
     "nodes",            # beyond the seeds: node comparison (multi-node runs)
     "overhead",         # beyond the seeds: the cost of profiling itself
 )

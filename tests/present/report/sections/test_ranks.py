@@ -1,0 +1,52 @@
+"""Ranks step by step: one heatmap row per rank, step numbers on x, the step-time map and the data-wait map;
+the straggler finding's ranks are marked; a run without steps says so."""
+
+from __future__ import annotations
+
+import pytest
+from bokeh.models import Image
+
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.results import RuleResult
+from stallwatch.present.report.model import Chart, NotApplicable, Paragraph
+from stallwatch.present.report.sections import ranks
+
+from ._runs import N_STEPS, built
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory):
+    return built("gpu", tmp_path_factory)
+
+
+def _images(chart: Chart) -> list:
+    return [r for r in chart.model.renderers if isinstance(r.glyph, Image)]
+
+
+def test_two_maps_one_row_per_rank(gpu):
+    (sec,) = ranks.build(gpu)
+    assert (sec.id, sec.title) == ("ranks", "Ranks step by step")
+    step_map, wait_map = [b for b in sec.blocks if isinstance(b, Chart)]
+    (img,) = _images(step_map)
+    image = img.data_source.data["image"][0]
+    assert image.shape[0] == 2  # algo-2's ranks 0 and 1
+    per_column = -(-N_STEPS // 600)  # 1,500 steps in at most 600 columns: 3 steps each
+    assert image.shape[1] == (N_STEPS - 1) // per_column + 1
+    assert "data" in wait_map.model.title.text
+    labels = step_map.model.yaxis[0].major_label_overrides
+    assert sorted(labels.values()) == ["algo-2/0", "algo-2/1"]
+
+
+def test_the_straggler_is_marked(gpu):
+    straggler = RuleResult("Straggler", 1, 1, 100, {}, "", "Look at algo-2/1.",
+                           {"stragglers": [{"node": "algo-2", "rank": 1, "excess_s_per_step": 0.02}]})
+    marked = RunAnalysis(gpu.run, rule_results=[*gpu.rule_results, straggler])
+    (sec,) = ranks.build(marked)
+    assert any(isinstance(b, Paragraph) and "algo-2/1 (marked ▶)" in b.text for b in sec.blocks)
+    chart = next(b for b in sec.blocks if isinstance(b, Chart))
+    assert "▶ algo-2/1" in chart.model.yaxis[0].major_label_overrides.values()
+
+
+def test_without_steps_it_says_so(tmp_path_factory):
+    (sec,) = ranks.build(built("cpu_only", tmp_path_factory))
+    assert isinstance(sec.blocks[0], NotApplicable)
