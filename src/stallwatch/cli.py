@@ -129,16 +129,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
     uri = result.local_copy or result.run_uri
-    _print_run_summary(result, config)
-    results = _finish_rules(live, uri)
-    _print_findings(uri, results)
+    if getattr(args, "json", False):
+        results = _finish_rules(live, uri, quiet=True)
+        _print_json_summary(uri, result, results)
+    else:
+        _print_run_summary(result, config)
+        results = _finish_rules(live, uri)
+        _print_findings(uri, results)
     _write_run_report(uri, results)
     return result.exit_code
 
 
-def _finish_rules(live: Any, uri: str) -> list | None:
-    """The rules' last evaluation after the job, and their summary printed; None when they could not be
-    evaluated (said in one line)."""
+def _print_json_summary(uri: str, result: Any, results: list | None) -> None:
+    """`stallwatch run --json`: the summary document on stderr (stdout is the job's), findings.json written."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present import json_out
+
+    try:
+        analysis = RunAnalysis(uri, rule_results=results)
+        document = json_out.summary_json(analysis, result.node)
+        analysis.write_findings()
+    except Exception as exc:
+        document = {"run": result.run_uri, "exit": {"code": result.exit_code, "signal": result.exit_signal},
+                    "error": f"summary unavailable: {type(exc).__name__}: {exc}"}
+    print(json_out.dumps(document), file=sys.stderr)
+
+
+def _finish_rules(live: Any, uri: str, quiet: bool = False) -> list | None:
+    """The rules' last evaluation after the job, and their summary printed (unless `quiet`); None when they
+    could not be evaluated (said in one line)."""
     from stallwatch.present.rules_table import rules_table
 
     try:
@@ -146,7 +165,8 @@ def _finish_rules(live: Any, uri: str) -> list | None:
     except Exception as exc:
         print(f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})", file=sys.stderr)
         return None
-    print("\n" + rules_table(results), file=sys.stderr)
+    if not quiet:
+        print("\n" + rules_table(results), file=sys.stderr)
     return results
 
 
@@ -230,6 +250,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     run = _open("info", args.run)
     if run is None:
         return 2
+    if args.json:
+        from stallwatch.present import json_out
+
+        print(json_out.dumps(json_out.info_json(RunAnalysis(run))))
+        return 0
     print(render_info(RunAnalysis(run)))
     return 0
 
@@ -245,9 +270,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     try:
         from stallwatch.analyze.analysis import RunAnalysis
+        from stallwatch.present.progress import Progress
         from stallwatch.present.report import build_report
 
-        where = build_report(RunAnalysis(run, rules=custom), args.output)
+        with Progress("report", unit="sections") as bar:
+            where = build_report(RunAnalysis(run, rules=custom), args.output, progress=bar.update)
     except ImportError as exc:
         print(f"stallwatch report: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
               file=sys.stderr)
@@ -317,10 +344,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
     """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary.
     Custom rules run only when named here (`--custom-rule`): never because the run's config names them."""
     from stallwatch.analyze.rules.base import ParameterError
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.rules.feed import count_slices, iter_run
     from stallwatch.analyze.rules.live import follow
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.present.progress import Progress
     from stallwatch.present.rules_table import rules_table
 
     run = _open("rules", args.run)
@@ -345,16 +373,23 @@ def cmd_rules(args: argparse.Namespace) -> int:
             cls(**params.get(cls.name, {}))  # a bad parameter is refused before anything is read
         if args.follow:
             results = follow(run, classes, params, every_s=args.every,
-                             on_results=lambda res, final: _follow_line(run, res, final))
+                             on_results=lambda res, final: _follow_line(run, res, final, args.json))
         else:
-            results = evaluate(classes, iter_run(run, classes), params)
+            with Progress("rules", unit="h") as bar:
+                results = evaluate(classes, iter_run(run, classes), params,
+                                   progress=lambda done: bar.update(done, count_slices(run)))
     except ParameterError as exc:
         print(f"stallwatch rules: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     _write_rules(run, results)
-    print(rules_table(results))
+    if args.json:
+        from stallwatch.present import json_out
+
+        print(json_out.dumps(json_out.rules_json(run.uri, results)))
+    else:
+        print(rules_table(results))
     return 0
 
 
@@ -401,14 +436,15 @@ def _write_rules(run: Any, results: list) -> None:
         print(f"stallwatch rules: cannot write the results into {run.uri} ({exc})", file=sys.stderr)
 
 
-def _follow_line(run: Any, results: list, final: bool) -> None:
-    """One line per live evaluation: which rules fire so far; the files are rewritten each time."""
+def _follow_line(run: Any, results: list, final: bool, to_stderr: bool = False) -> None:
+    """One line per live evaluation: which rules fire so far; the files are rewritten each time. With --json
+    the lines go to stderr, so stdout holds the one document at the end."""
     from datetime import datetime, timezone
 
     _write_rules(run, results)
     fired = ", ".join(f"{r.name} ({r.triggered})" for r in sorted(results, key=lambda r: -r.triggered) if r.triggered)
     print(f"{datetime.now(timezone.utc):%H:%M:%S} {'final' if final else 'so far'}: "
-          f"{fired or 'no rule triggered'}", flush=True)
+          f"{fired or 'no rule triggered'}", flush=True, file=sys.stderr if to_stderr else sys.stdout)
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
@@ -454,6 +490,10 @@ def _at_least(minimum: int):
     return parse
 
 
+def _add_json_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", action="store_true", help=f"machine-readable: {what}, nothing else there")
+
+
 def _add_custom_rule_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--custom-rule", dest="custom_rules", action="append", metavar="MODULE:CLASS",
                    help="also evaluate this rule of yours (module.path:Class or file.py:Class; repeatable). A run's "
@@ -461,11 +501,32 @@ def _add_custom_rule_flag(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stallwatch", description="Profile deep-learning training jobs.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    from stallwatch import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="stallwatch", description="Profile deep-learning training jobs.",
+        epilog="Exit codes: 0 ok; 1 findings or a regression you asked to fail on (--fail-on); 2 a usage or input "
+               "error (a bad flag, not a run, a file that cannot be read or written). `stallwatch run` exits with "
+               "its command's exit code.")
+    parser.add_argument("--version", action="version", version=f"stallwatch {__version__}")
+    quiet_help = "no progress and no informational lines on stderr (warnings and errors still)"
+    parser.add_argument("-q", "--quiet", action="store_true", help=quiet_help)
+    common = argparse.ArgumentParser(add_help=False)  # -q also after the subcommand, without resetting it
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=quiet_help)
+    subparsers = parser.add_subparsers(dest="cmd", required=True)
+
+    class _Sub:
+        @staticmethod
+        def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            return subparsers.add_parser(name, parents=[common], **kwargs)
+
+    sub = _Sub()
     p = sub.add_parser("run", help="run a command under the profiler",
                        usage="stallwatch run [options] -- CMD [ARGS...]")
     _add_config_flags(p)
+    p.add_argument("--json", action="store_true",
+                   help="end with the run's summary as one JSON document on stderr instead of text (stdout is "
+                        "the command's own)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("rules", help="evaluate the profiler rules on a run and write rules/<RuleName>.json")
@@ -477,10 +538,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate a running job's new data as it arrives, until the job ends")
     p.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="with --follow (default 10)")
     _add_custom_rule_flag(p)
+    _add_json_flag(p, "the results as one JSON document on stdout")
     p.set_defaults(func=cmd_rules)
     p = sub.add_parser("info", help="what a run holds: nodes, ranks, time span, metrics, size")
     p.add_argument("run", help="run directory or s3:// URI")
+    _add_json_flag(p, "one JSON document on stdout")
     p.set_defaults(func=cmd_info)
+    p = sub.add_parser("summary", help="a run's summary and what to fix first (what `stallwatch run` prints at the "
+                                       "end), for any run")
+    p.add_argument("run", help="run directory or s3:// URI")
+    p.add_argument("--node", metavar="NAME", help="only this node's usage and steps")
+    p.add_argument("--fail-on", choices=["any", "low", "medium", "high"], metavar="SEVERITY",
+                   help="exit 1 when a finding of this severity or higher was found (any, low, medium, high)")
+    _add_custom_rule_flag(p)
+    _add_json_flag(p, "one JSON document on stdout")
+    p.set_defaults(func=cmd_summary)
+    p = sub.add_parser("ls", help="the runs in a folder or bucket prefix, newest first")
+    p.add_argument("root", nargs="?", default="stallwatch-runs",
+                   help="a folder of runs or s3://bucket/prefix (default ./stallwatch-runs)")
+    _add_json_flag(p, "one JSON document on stdout")
+    p.set_defaults(func=cmd_ls)
+    p = sub.add_parser("completion", help="print the shell completion script (bash, zsh or fish)")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"])
+    p.set_defaults(func=cmd_completion)
     p = sub.add_parser("report", help="write the run's interactive HTML report (one file that opens offline)")
     p.add_argument("run", help="run directory or s3:// URI")
     p.add_argument("-o", "--output", metavar="FILE", help="write it here instead of report.html in the run")
@@ -519,8 +599,91 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_cli_logging()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    _complete(parser)
+    args = parser.parse_args(argv)
+    if args.quiet:
+        import logging
+
+        from stallwatch.present import progress
+
+        progress.QUIET = True
+        logger.setLevel(logging.WARNING)
     return int(args.func(args))
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Answer the shell's completion request (argcomplete sets _ARGCOMPLETE), otherwise nothing."""
+    import os
+
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    import argcomplete
+
+    argcomplete.autocomplete(parser)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """The completion script for the shell, generated from this parser by argcomplete: `eval "$(stallwatch
+    completion bash)"` in ~/.bashrc (zsh the same; fish: `stallwatch completion fish | source`)."""
+    import argcomplete
+
+    print(argcomplete.shellcode(["stallwatch"], shell=args.shell))
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    """A run's summary and findings, as `stallwatch run` prints them at the end (text or --json)."""
+    run = _open("summary", args.run)
+    if run is None:
+        return 2
+    try:
+        custom = _custom_rules("summary", args)
+    except ValueError:
+        return 2
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present import json_out
+    from stallwatch.present.summary import summary_text
+
+    analysis = RunAnalysis(run, rules=custom)
+    if args.node and args.node not in analysis.nodes:
+        print(f"stallwatch summary: no node {args.node!r} in {run.uri}; its nodes: {', '.join(analysis.nodes)}",
+              file=sys.stderr)
+        return 2
+    if args.json:
+        print(json_out.dumps(json_out.summary_json(analysis, args.node)))
+    else:
+        print(summary_text(analysis, args.node))
+    return 1 if _fails(analysis.findings, args.fail_on) else 0
+
+
+def _fails(findings: Any, fail_on: str | None) -> bool:
+    """A finding at `fail_on` or above (any: any finding at all)."""
+    if fail_on is None:
+        return False
+    order = {"low": 0, "medium": 1, "high": 2}
+    floor = -1 if fail_on == "any" else order[fail_on]
+    return any(order.get(f.severity, 0) >= floor for f in findings.findings)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """The runs under a folder or bucket prefix (or the run itself), from their records alone."""
+    from stallwatch.analyze.catalog import run_rows
+    from stallwatch.present import console, json_out
+    from stallwatch.store.catalog import list_runs
+
+    try:
+        rows = run_rows(list_runs(args.root))
+    except (OSError, ValueError) as exc:
+        print(f"stallwatch ls: cannot list {args.root} ({exc})", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json_out.dumps(json_out.runs_json(args.root, rows)))
+    elif rows:
+        print(console.runs_table(rows))
+    else:
+        print(f"stallwatch ls: no runs in {args.root}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 SAMPLE_INTERVAL_PRESETS_MS = (100, 200, 500, 1000, 5000, 60000)
 MIN_SAMPLE_INTERVAL_MS = 100
@@ -282,9 +282,9 @@ def _range_from_json(name: str, value: Any) -> ProfilingRange:
     raise ConfigError(name, value, "must be START:NUM, TIME/SECONDS or an object with start_step/num_steps or start_time_us/duration_s")
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -6,7 +6,7 @@ labelled as benchmarks wherever they are shown, and combined with this run's ste
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -82,7 +82,7 @@ class ProfilingCost:
 
 
 def profiling_cost(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any], steps: FrameworkColumns,
-                   windows: list[Mapping[str, Any]]) -> ProfilingCost:
+                   windows: Sequence[Mapping[str, Any]]) -> ProfilingCost:
     """`records`: node name -> its record; `files`: the run's files (path, size); `steps`: step events only;
     `windows`: the detailed-profiling windows' records."""
     sampler, warnings = keep_up(records)
@@ -144,7 +144,7 @@ def storage(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any]) -> l
     return out
 
 
-def window_costs(steps: FrameworkColumns, windows: list[Mapping[str, Any]]) -> list[WindowCost]:
+def window_costs(steps: FrameworkColumns, windows: Sequence[Mapping[str, Any]]) -> list[WindowCost]:
     windows = [w for w in windows if _int(w.get("start_us")) and _int(w.get("end_us"))]
     out = []
     for w in windows:

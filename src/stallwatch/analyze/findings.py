@@ -62,12 +62,14 @@ class Findings:
     loop_s: float
     evidence: list[str] = field(default_factory=list)  # why a healthy run is called healthy
     notes: list[str] = field(default_factory=list)  # caveats about the measurements themselves
+    steps: dict[str, int] = field(default_factory=dict)  # per mode, all ranks (what `stallwatch ls` shows)
 
     def to_json(self) -> dict[str, Any]:
         return {"run": self.run,
                 "exit": {"code": self.fate.code, "signal": self.fate.signal, "interrupted": self.fate.interrupted,
                          "state": self.fate.state, "stop_reason": self.fate.stop_reason, "node": self.fate.node},
                 "verdict": self.verdict, "healthy": self.healthy, "training_loop_s": _round(self.loop_s),
+                "steps": dict(self.steps),
                 "evidence": list(self.evidence), "notes": list(self.notes),
                 "findings": [f.to_json() for f in self.findings]}
 
@@ -250,7 +252,7 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
                               SEVERITIES.index(f.severity), f.id))
     healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0
     return Findings(summary.uri, summary.fate, verdict(summary, found, health or []), healthy, found,
-                    summary.loop_s, list(health or []) if healthy else [], list(summary.notes))
+                    summary.loop_s, list(health or []) if healthy else [], list(summary.notes), dict(summary.steps))
 
 
 def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str:

@@ -70,8 +70,10 @@ def resolve_run_uri(config: ProfilerConfig) -> str:
 
 
 def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for dist in ("stallwatch", "psutil", "pyarrow", "numpy", "nvidia-ml-py", "torch"):
+    from stallwatch import __version__
+
+    out = {"python": sys.version.split()[0], "stallwatch": __version__}  # the code running, not the metadata
+    for dist in ("psutil", "pyarrow", "numpy", "nvidia-ml-py", "torch"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

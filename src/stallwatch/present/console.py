@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
+from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.findings import Finding, Findings
 from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
@@ -111,3 +112,19 @@ def where_text(f: Finding) -> str:
     if w.windows:
         parts.append(f"{len(w.windows)} time window(s), the first at {format_us(w.windows[0][0])}")
     return "; ".join(parts)
+
+
+def runs_table(rows: Sequence[RunRow]) -> str:
+    """`stallwatch ls`: one line per run, newest first."""
+    def status(r: RunRow) -> str:
+        if r.status in ("running", "unknown"):
+            return r.status
+        return f"{r.status} ({r.signal})" if r.signal else f"{r.status} ({r.exit_code})"
+
+    def steps(r: RunRow) -> str:
+        return "-" if r.steps is None else (", ".join(f"{n:,} {m}" for m, n in r.steps.items()) or "0")
+
+    lines = [[r.id, status(r), format_us(r.start_us), format_duration(r.duration_s) if r.duration_s is not None
+              else "-", ",".join(r.nodes) or "-", steps(r), textwrap.shorten(r.top_finding or "-", 60)]
+             for r in rows]
+    return table(["run", "status", "start", "duration", "nodes", "steps", "top finding"], lines, "lllrlrl")

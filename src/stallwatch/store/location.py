@@ -164,6 +164,21 @@ class RunLocation:
             out.append(FileEntry(info.path[len(prefix):] if info.path.startswith(prefix) else info.path, info.size or 0))
         return out
 
+    def directories(self, rel_dir: str = "") -> list[str]:
+        """Names of the directories directly under `rel_dir` (hidden ones left out); empty when it does not exist."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self._abs(rel_dir), allow_not_found=True, recursive=False))
+        except FileNotFoundError:
+            return []
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and not i.base_name.startswith("."))
+
+    def child(self, name: str) -> RunLocation:
+        """The location of `name` directly under this one (a run inside a folder of runs)."""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"{name!r} is not one path segment")
+        base, sep, query = self.uri.partition("?")
+        return RunLocation(f"{base.rstrip('/')}/{name}{sep}{query}")
+
     def delete(self, rel: str) -> None:
         try:
             self.fs.delete_file(self._abs(rel))

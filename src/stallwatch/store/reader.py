@@ -322,8 +322,8 @@ class Run:
         without listing the store again for each. Files written after this call are not seen."""
         run = Run.__new__(Run)
         run.__dict__.update(self.__dict__)
-        run._listing = {top: self._list_chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
-        run._recent = {}  # stream -> ((path, columns), table): see _read_file
+        run.__dict__["_listing"] = {top: self._list_chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
+        run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
         return run
 
     def vanished_files(self) -> int:

@@ -46,6 +46,12 @@ SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run an hour 
 _ATTEMPTS = 3  # reads of a slice whose files were compacted while it was read
 
 
+def count_slices(run: Any, slice_us: int = SLICE_US) -> int:
+    """How many chunks `iter_run` hands out for this run (from file names: nothing is read)."""
+    lo, hi = run.time_range()
+    return 1 if lo is None or hi is None else len(range(lo, hi + 1, slice_us))
+
+
 def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int = SLICE_US,
              read_ahead: int = 1) -> Iterator[Chunk]:
     """The run as consecutive chunks of `slice_us` (snapshots by timestamp, events by start), the last one

@@ -4,7 +4,7 @@ result with Status "error", never a failed evaluation of the others."""
 from __future__ import annotations
 
 import traceback
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from stallwatch.analyze.rules.base import ERROR, Chunk, Rule, RuleResult
 from stallwatch.log import logger
@@ -12,13 +12,15 @@ from stallwatch.store import run_files
 
 
 def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
-             params: dict[str, dict[str, Any]] | None = None) -> list[RuleResult]:
+             params: dict[str, dict[str, Any]] | None = None, *,
+             progress: Callable[[int], None] | None = None) -> list[RuleResult]:
     """Feed every chunk to every rule (in order, one chunk at a time: `chunks` may be a lazy reader) and
-    collect the results. A rule that raises is left out of the later chunks and reports the error."""
+    collect the results. A rule that raises is left out of the later chunks and reports the error.
+    `progress(chunks done)` after each chunk."""
     params = params or {}
     rules = [cls(**params.get(cls.name, {})) for cls in rule_classes]  # a bad parameter raises before any work
     failed: dict[int, RuleResult] = {}
-    for chunk in chunks:
+    for done, chunk in enumerate(chunks, 1):
         for i, rule in enumerate(rules):
             if i in failed:
                 continue
@@ -26,6 +28,8 @@ def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
                 rule.update(chunk)
             except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
                 failed[i] = failed_result(rule, exc)
+        if progress is not None:
+            progress(done)
     results = []
     for i, rule in enumerate(rules):
         if i in failed:

@@ -1,0 +1,30 @@
+"""`stallwatch summary RUN`: for any run, the text `stallwatch run` prints when its job ends — the run's span,
+fate and usage, its steps, the rules' summary and what to fix first."""
+
+from __future__ import annotations
+
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.usage import NodeSpan
+from stallwatch.present.console import findings_text, run_summary
+from stallwatch.present.rules_table import rules_table
+
+
+def summary_text(analysis: RunAnalysis, node: str | None = None) -> str:
+    s = analysis.summary
+    nodes = [node] if node else analysis.nodes
+    spans, stats = [], []
+    for name in nodes:
+        frame = analysis.system(name, ())
+        if len(frame):
+            spans.append(NodeSpan(name, len(frame), int(frame.timestamps.min()), int(frame.timestamps.max())))
+        stats += analysis.usage(name)
+    intervals = {s.sample_interval_ms.get(n) for n in nodes}
+    head = run_summary(run_uri=s.uri, exit_code=s.fate.code if s.fate.code is not None else -1,
+                       start_us=s.start_us or 0, end_us=s.last_us or s.start_us or 0, spans=spans, stats=stats,
+                       sample_interval_ms=intervals.pop() if len(intervals) == 1 else None,
+                       steps=analysis.step_stats(node),
+                       windows=[w for w in analysis.profiles() if node is None or w.get("node") == node],
+                       exit_signal=s.fate.signal, interrupted=s.fate.interrupted, notes=s.notes)
+    if s.fate.state == "running":
+        head = head.replace(f"command exit code {-1}", "command still running", 1)
+    return "\n\n".join([head, rules_table(analysis.rule_results), findings_text(analysis.findings)])

@@ -1,0 +1,48 @@
+"""Progress on stderr: a bar on a terminal, a plain line every few seconds otherwise, nothing when quiet."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import select
+
+from stallwatch.present import progress
+from stallwatch.present.progress import Progress
+
+
+def test_plain_lines_when_not_a_terminal(monkeypatch):
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    out = io.StringIO()
+    with Progress("report", unit="sections", stream=out) as bar:
+        for i in range(3):
+            bar.update(i + 1, 3)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("stallwatch: report: 1/3 sections, ") and lines[-1].startswith("stallwatch: report: 3/3")
+
+
+def test_nothing_before_the_first_interval_and_nothing_when_quiet(monkeypatch):
+    out = io.StringIO()
+    with Progress("rules", stream=out) as bar:
+        bar.update(1, 2)  # well within the first 5 s
+    assert out.getvalue() == ""
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    with Progress("rules", stream=out, quiet=True) as bar:
+        bar.update(1, 2)
+    assert out.getvalue() == ""
+
+
+def test_a_bar_on_a_terminal_without_colour_under_no_color(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    main, child = pty.openpty()  # a terminal that reports no size: the bar takes 80 columns
+    tty = os.fdopen(child, "w")
+    try:
+        with Progress("timeline", unit="events", stream=tty) as bar:
+            bar.update(5, 10)
+            tty.flush()
+            ready, _, _ = select.select([main], [], [], 5)
+            shown = os.read(main, 4096).decode(errors="replace") if ready else ""  # read while it is open
+    finally:
+        tty.close()
+        os.close(main)
+    assert "stallwatch: timeline" in shown and "5/10" in shown and "\x1b[32m" not in shown
