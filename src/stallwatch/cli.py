@@ -261,13 +261,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the run's HTML report (report.html in the run, or -o FILE) and print where it went."""
-    run = _open("report", args.run)
-    if run is None:
+    opened = _open_with_rules("report", args)
+    if opened is None:
         return 2
-    try:
-        custom = _custom_rules("report", args)
-    except ValueError:
-        return 2
+    run, custom = opened
     try:
         from stallwatch.analyze.analysis import RunAnalysis
         from stallwatch.present.progress import Progress
@@ -351,13 +348,10 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from stallwatch.present.progress import Progress
     from stallwatch.present.rules_table import rules_table
 
-    run = _open("rules", args.run)
-    if run is None:
+    opened = _open_with_rules("rules", args)
+    if opened is None:
         return 2
-    try:
-        custom = _custom_rules("rules", args)
-    except ValueError:
-        return 2
+    run, custom = opened
     _say_recorded_custom_rules(run, custom)
     try:
         known = builtin_rules() + [c for c in custom if c not in builtin_rules()]
@@ -400,6 +394,17 @@ def _rule_named(name: str, known: list) -> Any:
         if cls.name.lower() == name.lower():
             return cls
     raise ParameterError(f"no rule named {name!r}; rules: {', '.join(c.name for c in known)}")
+
+
+def _open_with_rules(command: str, args: argparse.Namespace) -> tuple[Any, list] | None:
+    """The run and the custom rules named with --custom-rule; None after saying what is wrong."""
+    run = _open(command, args.run)
+    if run is None:
+        return None
+    try:
+        return run, _custom_rules(command, args)
+    except ValueError:
+        return None
 
 
 def _custom_rules(command: str, args: argparse.Namespace) -> list:
@@ -634,13 +639,10 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def cmd_summary(args: argparse.Namespace) -> int:
     """A run's summary and findings, as `stallwatch run` prints them at the end (text or --json)."""
-    run = _open("summary", args.run)
-    if run is None:
+    opened = _open_with_rules("summary", args)
+    if opened is None:
         return 2
-    try:
-        custom = _custom_rules("summary", args)
-    except ValueError:
-        return 2
+    run, custom = opened
     from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.present import json_out
     from stallwatch.present.summary import summary_text

@@ -127,33 +127,6 @@ def _merge(starts: np.ndarray, ends: np.ndarray, gap_us: int) -> list[tuple[int,
     return [(a, b) for a, b in merged]
 
 
-def phase_spans(steps: StepColumns, job_start: int | None, job_end: int | None) -> list[Span]:
-    """Initialization (job start to the first step), the TRAIN / EVAL / GLOBAL stretches (steps of one mode
-    with no pause longer than 10 median steps, at least 1 s, across all ranks) and finalization."""
-    if len(steps.start) == 0:
-        return []
-    start, end = steps.start, steps.end
-    spans: list[Span] = []
-    first, last = int(start.min()), int(end.max())
-    if job_start is not None and first > job_start:
-        spans.append(Span(int(job_start), first, "Initialization",
-                          f"Initialization: {format_duration((first - job_start) / 1e6)} before the first step"))
-    for mode in (TRAIN, EVAL, GLOBAL):
-        sel = steps.mode_is(mode)
-        if not sel.any():
-            continue
-        s, e = start[sel], end[sel]
-        sample = (e - s)[:: max(1, int(sel.sum()) // 100_000)]
-        gap = max(1_000_000, int(10 * np.median(sample)))
-        label = PHASE_LABELS[mode]
-        for a, b in _merge(s, e, gap):
-            spans.append(Span(a, b, label, f"{label} ({mode} steps): {format_duration((b - a) / 1e6)}"))
-    if job_end is not None and job_end > last:
-        spans.append(Span(last, int(job_end), "Finalization",
-                          f"Finalization: {format_duration((job_end - last) / 1e6)} after the last step"))
-    return spans
-
-
 def phase_spans(steps: FrameworkColumns, job_start: int | None, job_end: int | None) -> list[Span]:
     """Initialization (job start to the first step), the TRAIN / EVAL / GLOBAL stretches (steps of one mode
     with no pause longer than 10 median steps, at least 1 s, across all ranks) and finalization. `steps` holds
