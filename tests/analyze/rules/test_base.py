@@ -126,4 +126,4 @@ def test_the_readme_custom_rule_example_runs_as_written():
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     (r,) = evaluate([namespace["BusyCpu"]], [_chunk([95, 10, 99])])
-    assert (r.triggered, r.datapoints, r.details) == (2, 3, {"busy_snapshots": 2})
+    assert (r.triggered, r.datapoints, r.details) == (2, 3, {"busy_snapshots": 2, "time_at_stake_s": 1.0})
