@@ -24,8 +24,14 @@ def render_info(run: Run) -> str:
         + (f" ({format_duration((info['end_us'] - info['start_us']) / 1e6)})"
            if info.get("start_us") and info.get("end_us") else ""),
         f"size       {human(sum(f.size for f in files), 'B')} in {len(files)} files",
-        "",
     ]
+    imported = info.get("imported")
+    if isinstance(imported, dict):
+        losses = imported.get("losses") or []
+        lines.append(f"imported   from {imported.get('from', '?')}: {imported.get('source', '?')}"
+                     + (f" ({len(losses)} loss(es) listed in run.json)" if losses else "")
+                     + ("" if imported.get("complete", True) else " (INCOMPLETE: the import stopped)"))
+    lines.append("")
     rows = []
     for name in run.nodes:
         node = info["nodes"].get(name, {})
