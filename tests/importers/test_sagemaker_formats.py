@@ -215,3 +215,36 @@ def test_pytorch_phases_and_dataloader_events(tmp_path: Path) -> None:
     assert rows[("other", "custom")][:2] == ("GLOBAL", None)  # after the last step ended
     assert json.loads(rows[("other", "custom")][2]) == {"phase": "SomethingElse", "x": 1}
     assert run.ranks() == {"algo-2": ["3"]}
+
+
+def test_tensorflow_window_gets_the_steps_it_covers(tmp_path: Path) -> None:
+    """A detailed-profiling trace of process 0-algo-1 written while its TRAIN steps 3-5 ran; nested host ops
+    and a GPU kernel give the operator totals."""
+    import gzip
+
+    src = tmp_path / "src"
+    write_trace(trace_file(src, "0-algo-1", "pythontimeline.json", T0 + S), T0, {1: "Step:ModeKeys.TRAIN"},
+                _steps(0, 8))
+    step_dir = src / "framework" / "tensorflow" / "detailed_profiling" / "2023111422" / "000000003"
+    start, end = T0 + 300_000, T0 + 590_000
+    (step_dir / "plugins" / "profile" / "2023_11_14_22_13_20").mkdir(parents=True)
+    (step_dir / f"0-algo-1_{start}_{end}.metadata").write_text("")
+    trace = {"displayTimeUnit": "ns", "traceEvents": [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "X", "pid": 1, "tid": 7, "ts": 100, "dur": 50, "name": "model/dense/MatMul:MatMul"},
+        {"ph": "X", "pid": 1, "tid": 7, "ts": 110, "dur": 20, "name": "model/dense/BiasAdd:BiasAdd"},
+        {"ph": "X", "pid": 2, "tid": 1, "ts": 120, "dur": 30, "name": "volta_sgemm"},
+    ]}
+    (step_dir / "plugins" / "profile" / "2023_11_14_22_13_20" / "algo-1.trace.json.gz").write_bytes(
+        gzip.compress(json.dumps(trace).encode()))
+    _, run = _import(tmp_path, src)
+    (w,) = run.profiles("detailed")
+    assert (w["node"], w["rank"], w["start_us"], w["end_us"]) == ("algo-1", 0, start, end)
+    assert (w["mode"], w["first_step"], w["last_step"]) == ("TRAIN", 3, 5)
+    assert w["activities"] == ["cpu", "cuda"]
+    ops = {(o, d): (c, su, tu) for o, d, c, su, tu in zip(*(run.operators()[k].to_pylist() for k in
+                                                              ("operator", "device", "calls", "self_us", "total_us")))}
+    assert ops[("model/dense/MatMul:MatMul", "cpu")] == (1, 30.0, 50.0)  # less its child's 20 µs
+    assert ops[("model/dense/BiasAdd:BiasAdd", "cpu")] == (1, 20.0, 20.0)
+    assert ops[("volta_sgemm", "cuda")] == (1, 30.0, 30.0)

@@ -66,14 +66,20 @@ class ProcessStats:
 
 
 class StepIndex:
-    """A process's steps, sorted by start: which step an event starting at t lies in."""
+    """A process's steps, sorted by start, as arrays (a few bytes a step): which step an event starting at t
+    lies in."""
+
+    MODES = (r.TRAIN, r.EVAL, r.GLOBAL)
 
     def __init__(self, steps: list[tuple[int, int, str, int]]) -> None:
         steps.sort()
         self.starts = np.array([s[0] for s in steps], dtype=np.int64)
         self.ends = np.array([s[1] for s in steps], dtype=np.int64)
-        self.modes = [s[2] for s in steps]
-        self.numbers = [s[3] for s in steps]
+        self.mode_codes = np.array([self.MODES.index(s[2]) for s in steps], dtype=np.int8)
+        self.numbers = np.array([s[3] for s in steps], dtype=np.int64)
+
+    def mode(self, i: int) -> str:
+        return self.MODES[int(self.mode_codes[i])]
 
     def lookup(self, starts: np.ndarray) -> np.ndarray:
         """For each start time, the index of the step it lies in, -1 outside steps."""
@@ -82,6 +88,13 @@ class StepIndex:
         i = np.searchsorted(self.starts, starts, side="right") - 1
         inside = (i >= 0) & (starts <= self.ends[np.clip(i, 0, None)])
         return np.where(inside, i, -1)
+
+    def train_steps_in(self, start_us: int, end_us: int) -> tuple[int, int] | None:
+        """First and last number of the TRAIN steps starting in [start_us, end_us]."""
+        sel = (self.starts >= start_us) & (self.starts <= end_us) & (self.mode_codes == self.MODES.index(r.TRAIN))
+        if not sel.any():
+            return None
+        return int(self.numbers[sel].min()), int(self.numbers[sel].max())
 
 
 def step_of(event: RawEvent) -> tuple[str, str, int | None] | None:
@@ -188,7 +201,7 @@ def _write_batch(batch: list[RawEvent], file_kind: str, steps: StepIndex, writer
             stats.steps[mode] += 1
         else:
             kind, name, args = kind_and_name(event, file_kind)
-            mode, number = (steps.modes[at], steps.numbers[at]) if at >= 0 else (r.GLOBAL, None)
+            mode, number = (steps.mode(at), int(steps.numbers[at])) if at >= 0 else (r.GLOBAL, None)
             text = json.dumps(args, sort_keys=True, default=str) if args else ""
             out = FrameworkEvent(kind, name, event.start_us, event.end_us, mode, number, pid or 0, text)
         stats.kinds[out.kind] += 1

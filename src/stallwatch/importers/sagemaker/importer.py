@@ -23,7 +23,6 @@ from stallwatch.importers.sagemaker.profiles import WindowImporter, WindowStats
 from stallwatch.importers.sagemaker.rules import RuleStats, import_rules
 from stallwatch.importers.sagemaker.system import NodeSystemImporter, NodeSystemStats
 from stallwatch.log import logger
-from stallwatch.records import TRAIN
 from stallwatch.store import layout, run_writer
 from stallwatch.store.chunk_writer import StorageBudget
 from stallwatch.store.location import RunLocation
@@ -173,15 +172,13 @@ def import_sagemaker(source: str, out: str | None = None, *, runs_dir: str = "st
         node = resolve(host, process)
         stats = import_process(src, dest, process, node, rank, list(pfiles), budget)
         summary.processes.append(stats)
-        steps[(node, rank)] = stats.step_index
+        if listing.tf_traces:  # kept only where a window needs its steps
+            steps[(node, rank)] = stats.step_index
+        stats.step_index = None
 
     def steps_in(node: str, rank: str, start_us: int, end_us: int) -> tuple[int, int] | None:
         index = steps.get((node, rank))
-        if index is None:
-            return None
-        numbers = [n for s, m, n in zip(index.starts.tolist(), index.modes, index.numbers)
-                   if m == TRAIN and start_us <= s <= end_us]
-        return (min(numbers), max(numbers)) if numbers else None
+        return None if index is None else index.train_steps_in(start_us, end_us)
 
     windows = WindowImporter(src, dest, resolve, steps_in)
     for t in listing.tf_traces:
