@@ -189,3 +189,19 @@ def test_trace_without_metadata(tmp_path: Path) -> None:
     assert w["node"] == "ip-172-31-19-241"
     assert w["start_us"] == 1596634664 * S  # its directory 2020_08_05_13_37_44, UTC, whole seconds
     assert w["imported"]["time_base"].startswith("directory name")
+
+
+def test_windows_of_a_run_without_system_data_reach_the_timeline(tmp_path: Path) -> None:
+    """Every node holding a window has a node record, so readers that go node by node (the timeline) see it."""
+    from stallwatch.present.trace_export import export_timeline
+
+    _, run = _import(tmp_path, DATA / "tfprofiler_timeline_traces")
+    assert run.nodes == ["8c859046be41.ant.amazon.com", "algo-1"]
+    record = run.info["nodes"]["8c859046be41.ant.amazon.com"]
+    assert (record["start_us"], record["end_us"]) == (1596659864545103, 1596659864854168)
+    summary = export_timeline(run, tmp_path / "timeline.json")
+    assert (summary.profiler_windows, summary.profiler_events) == (1, 798)
+    events = json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    origin = summary.origin_us
+    first = min(e["ts"] for e in events if e.get("ph") == "X")
+    assert first + origin == 1596659864545103 + 21307  # on the wall clock, from baseTimeNanoseconds

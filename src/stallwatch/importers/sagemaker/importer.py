@@ -206,7 +206,7 @@ def _node_records(summary: ImportSummary, source: str, interval: int) -> dict[st
     ranks: dict[str, list[ProcessStats]] = defaultdict(list)
     for p in summary.processes:
         ranks[p.node].append(p)
-    names = sorted(set(summary.nodes) | set(ranks))
+    names = sorted(set(summary.nodes) | set(ranks) | summary.windows.nodes)
     out = {}
     for node in names:
         s = summary.nodes.get(node)
@@ -214,8 +214,10 @@ def _node_records(summary: ImportSummary, source: str, interval: int) -> dict[st
         gpus = sorted({int(k.device[3:]) for k in keys if k.device.startswith("gpu") and k.device[3:].isdigit()})
         cores = {k.device for k in keys if k.device.startswith("cpu") and k.device[3:].isdigit()}
         procs = sorted(ranks.get(node, []), key=lambda p: (int(p.rank) if p.rank.isdigit() else 1 << 40, p.rank))
-        starts = [v for v in [s.start_us if s else None] + [p.start_us for p in procs] if v is not None]
-        ends = [v for v in [s.end_us if s else None] + [p.end_us for p in procs] if v is not None]
+        starts = [v for v in [s.start_us if s else None, summary.windows.start_us.get(node)]
+                  + [p.start_us for p in procs] if v is not None]
+        ends = [v for v in [s.end_us if s else None, summary.windows.end_us.get(node)]
+                + [p.end_us for p in procs] if v is not None]
         record: dict[str, Any] = {
             "node": node, "hostname": node, "status": "finished",
             "start_us": min(starts) if starts else None, "end_us": max(ends) if ends else None,

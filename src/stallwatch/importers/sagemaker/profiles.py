@@ -44,6 +44,9 @@ class WindowStats:
     functions: int = 0
     skipped: list[str] = field(default_factory=list)  # "path: why"
     summary_errors: list[str] = field(default_factory=list)
+    nodes: set[str] = field(default_factory=set)  # where windows were stored (each gets a node record)
+    start_us: dict[str, int] = field(default_factory=dict)  # node -> its earliest window start
+    end_us: dict[str, int] = field(default_factory=dict)
 
 
 class WindowImporter:
@@ -152,6 +155,10 @@ class WindowImporter:
             k += 1
             window = f"{layout.window_name(layer, start_us)}-{k}"
         self._used.add((node, rank, window))
+        self.stats.nodes.add(node)
+        self.stats.start_us[node] = min(start_us, self.stats.start_us.get(node, start_us))
+        end_us = int(record.get("end_us") or start_us)
+        self.stats.end_us[node] = max(end_us, self.stats.end_us.get(node, end_us))
         run_writer.write_profile_window(self._sink, node, rank, window, files,
                                         {**record, "node": node, "rank": int(rank) if rank.isdigit() else rank,
                                          "window": window})
