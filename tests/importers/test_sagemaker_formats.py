@@ -248,3 +248,18 @@ def test_tensorflow_window_gets_the_steps_it_covers(tmp_path: Path) -> None:
     assert ops[("model/dense/MatMul:MatMul", "cpu")] == (1, 30.0, 50.0)  # less its child's 20 µs
     assert ops[("model/dense/BiasAdd:BiasAdd", "cpu")] == (1, 20.0, 20.0)
     assert ops[("volta_sgemm", "cuda")] == (1, 30.0, 30.0)
+
+
+def test_lines_are_read_in_bounded_blocks(tmp_path: Path) -> None:
+    """Blocks end at line ends; a line longer than the limit is skipped and said, the rest is read."""
+    from stallwatch.importers.sagemaker.lines import line_blocks
+    from stallwatch.store.location import RunLocation
+
+    (tmp_path / "f").write_bytes(b"a" * 10 + b"\n" + b"b" * 300 + b"\n" + b"c" * 5 + b"\n" + b"half")
+    long_lines = []
+    blocks = list(line_blocks(RunLocation(str(tmp_path)), "f", block_bytes=64, max_line=100,
+                              on_long_line=lambda: long_lines.append(1)))
+    assert b"".join(b for b, _ in blocks) == b"a" * 10 + b"\n" + b"c" * 5 + b"\n" + b"half"
+    assert [last for _, last in blocks][-1] is True and not any(last for _, last in blocks[:-1])
+    assert all(b.endswith(b"\n") for b, last in blocks if not last)
+    assert long_lines == [1]

@@ -5,7 +5,6 @@ import counted. Everything is written through `stallwatch.store`; a source file 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import defaultdict
@@ -282,7 +281,3 @@ def _config(interval_ms: int, out: str) -> ProfilerConfig:
 
 def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.1f} KB"
-
-
-def dumps(summary: ImportSummary) -> str:
-    return json.dumps(summary.to_json(), indent=2, sort_keys=True)

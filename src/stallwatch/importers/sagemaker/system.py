@@ -77,7 +77,7 @@ class NodeSystemImporter:
     # -- reading ------------------------------------------------------------------------------------------
     def read_file(self, source: RunLocation, f: SystemFile) -> None:
         self.stats.files += 1
-        for block, last in line_blocks(source, f.path):
+        for block, last in line_blocks(source, f.path, on_long_line=self._long_line):
             if last:
                 body, tail = split_last_line(block)
                 self._add_table(self._parse(body))
@@ -89,6 +89,9 @@ class NodeSystemImporter:
                     self._add_table(table)
             else:
                 self._add_table(self._parse(block))
+
+    def _long_line(self) -> None:
+        self.stats.corrupt_lines += 1
 
     def _parse(self, data: bytes) -> pa.Table:
         if not data.strip():

@@ -65,7 +65,7 @@ class TraceStream:
         first pass that only looks for steps)."""
         self.stats.files += 1
         first = True
-        for block, last in line_blocks(source, path):
+        for block, last in line_blocks(source, path, on_long_line=self._long_line):
             lines = block.split(b"\n")
             content = [i for i, ln in enumerate(lines) if ln.strip() not in (b"", b"[", b"]")]
             last_index = content[-1] if (last and content) else -1
@@ -95,6 +95,9 @@ class TraceStream:
                         yield out
                 else:
                     self.stats.corrupt_lines += 1
+
+    def _long_line(self) -> None:
+        self.stats.corrupt_lines += 1
 
     def finish(self) -> TraceStats:
         self.stats.unmatched_begin += sum(len(v) for v in self._open.values())
