@@ -483,6 +483,13 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_sagemaker(args: argparse.Namespace) -> int:
+    """Turn a SageMaker Debugger profiler output into a run (the logic lives in stallwatch.importers.sagemaker)."""
+    from stallwatch.importers.sagemaker.command import run_import
+
+    return run_import(args.source, args.out)
+
+
 def _at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -599,6 +606,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profiler", dest="profiler", action="store_false",
                    help="leave out the torch.profiler events of detailed-profiling windows")
     p.set_defaults(func=cmd_timeline)
+    p = sub.add_parser("import-sagemaker", help="turn a SageMaker Debugger profiler output into a run")
+    p.add_argument("source", metavar="SRC", help="the job's profiler output: a folder or s3://BUCKET/JOB/profiler-output")
+    p.add_argument("--out", metavar="RUN", help="the new run (a path or s3:// URI; default ./stallwatch-runs/<run-id>)")
+    p.set_defaults(func=cmd_import_sagemaker)
     return parser
 
 

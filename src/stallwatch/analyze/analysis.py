@@ -136,10 +136,14 @@ class RunAnalysis:
         if self._given is not None:
             return list(self._given)
         wanted = builtin_rules() + [r for r in self._extra_rules if r not in builtin_rules()]
+        names = [r.name for r in wanted]
         stored = self.stored_rule_results()
-        if stored is not None and all(r.name in stored for r in wanted) and not self._params:
-            return _ordered(stored, [r.name for r in wanted])
-        return self.evaluate_rules(wanted)
+        if stored is not None and all(n in stored for n in names) and not self._params:
+            return _ordered(stored, names)
+        evaluated = self.evaluate_rules(wanted)
+        # results this evaluation did not make stay listed (another tool's, imported with the run)
+        others = {n: r for n, r in (stored or {}).items() if n not in names and r.imported}
+        return evaluated + _ordered(others, [])
 
     def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""

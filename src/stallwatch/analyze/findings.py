@@ -241,7 +241,7 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
     """Every fired rule's findings, ranked by time at stake (then severity), and the verdict."""
     found: list[Finding] = []
     for result in results:
-        if result.status != "ok":
+        if result.status != "ok" or result.imported:  # another tool's verdict is listed, not made a finding
             continue
         translate = _TRANSLATORS.get(result.name, _generic)
         try:

@@ -32,6 +32,12 @@ def render_info(analysis: RunAnalysis) -> str:
     if analysis.recorded_custom_rules:
         lines.append(f"custom     recorded with custom rule(s) {', '.join(analysis.recorded_custom_rules)} (not run "
                      "from here: `stallwatch rules RUN --custom-rule SPEC` runs one you trust)")
+    imported = info.get("imported")
+    if isinstance(imported, dict):
+        losses = imported.get("losses") or []
+        lines.append(f"imported   from {imported.get('from', '?')}: {imported.get('source', '?')}"
+                     + (f" ({len(losses)} loss(es) listed in run.json)" if losses else "")
+                     + ("" if imported.get("complete", True) else " (INCOMPLETE: the import stopped)"))
     lines.append("")
     rows = []
     for name in run.nodes:

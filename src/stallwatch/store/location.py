@@ -189,6 +189,11 @@ class RunLocation:
         """A random-access file, so a Parquet reader fetches only the needed columns and row groups."""
         return self.fs.open_input_file(self._abs(rel))
 
+    def open_input_stream(self, rel: str):
+        """A sequential stream of the file's bytes as stored (a .gz file is not decompressed), read in blocks:
+        a large file is never held whole in memory."""
+        return self.fs.open_input_stream(self._abs(rel), compression=None)
+
 
 def _endpoint_from_env() -> str | None:
     url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")

@@ -1,0 +1,1 @@
+"""Importers: turn another profiler's output into a stallwatch run, written only through `stallwatch.store`."""
