@@ -165,6 +165,27 @@ def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path,
     assert read_json(run / "nodes" / "a.json")["exit_code"] == 0
 
 
+def test_two_machines_with_one_default_name_both_run(tmp_path):
+    """Started together without --node and with the same host name: both jobs run, as `vm` and `vm-2`; the
+    claims (exclusive creates) never give one name twice."""
+    run = tmp_path / "run"
+    env = {"SLURMD_NODENAME": "vm"}
+    a = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--",
+                   *job(tmp_path, "time.sleep(1)", exit_code=0), env=env, name="a")
+    b = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--",
+                   *job(tmp_path, "time.sleep(1)", exit_code=0), env=env, name="b")
+    try:
+        assert a.wait(60) == 0, a.stderr
+        assert b.wait(60) == 0, b.stderr
+    finally:
+        a.kill_all()
+        b.kill_all()
+    import stallwatch as sw
+
+    assert sw.open_run(str(run)).nodes == ["vm", "vm-2"]
+    assert a.stdout == PAYLOAD and b.stdout == PAYLOAD
+
+
 def test_two_nodes_build_one_run(tmp_path, run_stallwatch):
     run = tmp_path / "run"
     a = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "a", "--",

@@ -177,6 +177,30 @@ def test_two_nodes_make_one_run_on_s3_and_a_taken_name_is_refused(run_stallwatch
     assert stallwatch.open_run(uri).nodes == ["algo-1", "algo-2"]
 
 
+def test_claims_are_atomic_on_s3(s3_env, bucket):
+    """Eight threads claim one node name at once with conditional writes: exactly one wins, and its bytes stay."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    uri = f"s3://{bucket}/runs/claims"
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda i: RunLocation(uri).create_exclusive("nodes/vm.json", f"{i}".encode()), range(8)))
+    assert won.count(True) == 1
+    assert RunLocation(uri).read("nodes/vm.json") == str(won.index(True)).encode()
+
+
+def test_two_machines_with_one_host_name_both_run_on_s3(run_stallwatch, s3_env, bucket, tmp_path):
+    """No --node: the second machine with the same default name gets the next free one and its job runs."""
+    uri = f"s3://{bucket}/runs/same-host"
+    env = {**s3_env, "POD_NAME": "trainer"}
+    for _ in range(2):
+        proc = run_stallwatch("run", "--interval", "200ms", "--flush-interval", "1", "--out", uri, "--",
+                              sys.executable, "-c", "import time; time.sleep(0.5)", env=env,
+                              timeout=SUBPROCESS_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr
+    assert "node name 'trainer' is taken" in proc.stderr
+    assert stallwatch.open_run(uri).nodes == ["trainer", "trainer-2"]
+
+
 def test_endpoint_down_for_the_whole_run(run_stallwatch, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     env = s3_environment(f"http://127.0.0.1:{closed_port()}", cache)

@@ -13,7 +13,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from importlib import metadata
 from typing import Any
 
 from stallwatch.collect.events import ENV_CONFIG, ENV_EVENTS, ENV_STAGING
+from stallwatch.collect.node_name import default_node_name, fallback_names
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger
@@ -56,11 +56,6 @@ class LaunchResult:
     local_copy: str | None = None
     exit_signal: str | None = None  # the signal that ended the command ("SIGTERM"), None when it exited
     interrupted: bool = False  # SIGINT/SIGTERM/SIGHUP/SIGQUIT were forwarded to it: it was asked to stop
-
-
-def default_node_name() -> str:
-    host = socket.gethostname().split(".")[0] or "node"
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in host)[:128]
 
 
 def resolve_run_uri(config: ProfilerConfig) -> str:
@@ -169,30 +164,45 @@ class _SamplerHandle:
                 self.proc.wait()
 
 
-def _reserve_node(location: RunLocation, node: str, record: dict[str, Any]) -> None:
-    """Claim `nodes/<node>.json`; a run never gets two samplers for one node."""
-    data = json.dumps(record, indent=2, sort_keys=True).encode()
+def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, explicit: bool) -> str:
+    """Claim `nodes/<node>.json` atomically (an exclusive create, locally and on S3); a run never gets two
+    samplers for one node. A name given with --node that is taken is refused; a default name that is taken
+    (two machines with one host name) moves on to the next free one, so the job always runs. Returns the
+    name claimed."""
     hint = "pass --node NAME for another machine of this run, or a new --out for a new run"
-    if not location.remote:
-        if not location.create_exclusive(layout.node_json(node), data):
+    for name in [node] + ([] if explicit else fallback_names(node)):
+        claimed = _create(location, layout.node_json(name), json.dumps({**record, "node": name}, indent=2,
+                                                                       sort_keys=True).encode())
+        if claimed is not False:  # True, or None: the store did not answer in time (the job starts anyway)
+            if name != node:
+                logger.warning("node name %r is taken in %s; this machine is %r", node, location.uri, name)
+            return name
+        if explicit:
             raise RunConflictError(f"run {location.uri} already has a node named {node!r}; {hint}")
-        return
+    raise RunConflictError(f"run {location.uri} has no free node name like {node!r}; {hint}")
+
+
+def _create(location: RunLocation, rel: str, data: bytes) -> bool | None:
+    """`location.create_exclusive`, within REMOTE_CHECK_TIMEOUT_S on a remote store: None when it did not
+    answer in time or failed (said once; the sampler writes the record when it can)."""
+    if not location.remote:
+        return location.create_exclusive(rel, data)
     found: dict[str, Any] = {}
 
-    def check() -> None:
+    def attempt() -> None:
         try:
-            found["exists"] = location.exists(layout.node_json(node))
+            found["created"] = location.create_exclusive(rel, data)
         except Exception as exc:
             found["error"] = exc
 
-    t = threading.Thread(target=check, daemon=True)
+    t = threading.Thread(target=attempt, daemon=True)
     t.start()
     t.join(REMOTE_CHECK_TIMEOUT_S)
-    if found.get("exists"):
-        raise RunConflictError(f"run {location.uri} already has a node named {node!r}; {hint}")
-    if "exists" not in found:
-        logger.warning("could not check %s (%s); starting anyway, the data is spooled locally until it answers",
-                       location.uri, found.get("error", "no answer in time"))
+    if "created" in found:
+        return bool(found["created"])
+    logger.warning("could not claim %s in %s (%s); starting anyway, the data is spooled locally until it answers",
+                   rel, location.uri, found.get("error", "no answer in time"))
+    return None
 
 
 def _first_files(location: RunLocation, run_record: dict[str, Any], config: ProfilerConfig) -> dict[str, str]:
@@ -320,7 +330,7 @@ def start_node(command: list[str], config: ProfilerConfig, private_dir: str) -> 
     """Create (or join) the run, claim this node and start its sampler. Raises RunConflictError only."""
     run_uri = resolve_run_uri(config)
     run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
-    node = config.node or default_node_name()
+    node = config.node or default_node_name(command)
     start_us = now_us()
     node_record = {"node": node, "start_us": start_us, "end_us": None, "command": command,
                    "cwd": os.getcwd(), "status": "starting"}
@@ -334,7 +344,8 @@ def start_node(command: list[str], config: ProfilerConfig, private_dir: str) -> 
         location = None
     if location is not None:
         try:
-            _reserve_node(location, node, node_record)
+            node = claim_node(location, node, node_record, explicit=config.node is not None)
+            node_record["node"] = run_record["created_by_node"] = node
             files = _first_files(location, run_record, config)
         except RunConflictError:
             raise

@@ -55,6 +55,7 @@ class RunLocation:
             scheme = query.get("scheme") or _scheme_from_env()
             region = (query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
                       or (None if endpoint else _resolve_region(parts.netloc)))
+            self._s3 = {"endpoint": endpoint, "scheme": scheme, "region": region}
             self.fs = pafs.S3FileSystem(
                 endpoint_override=endpoint,
                 connect_timeout=S3_CONNECT_TIMEOUT_S,
@@ -108,12 +109,10 @@ class RunLocation:
             raise
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
-        """Write `rel` only if it does not exist yet; False when it already did (nothing is overwritten)."""
+        """Write `rel` only if it does not exist yet; False when it already did (nothing is overwritten). On S3 a
+        conditional write (If-None-Match: *), so two machines claiming one name at once cannot both win."""
         if self.remote:
-            if self.exists(rel):
-                return False
-            self.write_atomic(rel, data)
-            return True
+            return self._s3_create_exclusive(rel, data)
         target = self._abs(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
@@ -138,6 +137,32 @@ class RunLocation:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+    def _s3_create_exclusive(self, rel: str, data: bytes) -> bool:
+        try:
+            import boto3
+            from botocore.config import Config
+            from botocore.exceptions import ClientError
+        except ImportError:  # without boto3 (pip install 'stallwatch[s3]') the claim is check-then-write
+            warn_once("no-boto3", "boto3 is not installed: claims in %s are checked, then written, not atomic "
+                      "(pip install 'stallwatch[s3]')", self.uri)
+            if self.exists(rel):
+                return False
+            self.write_atomic(rel, data)
+            return True
+        bucket, _, prefix = self.root.partition("/")
+        endpoint = self._s3["endpoint"]
+        client = boto3.client("s3", region_name=self._s3["region"],
+                              endpoint_url=f"{self._s3['scheme']}://{endpoint}" if endpoint else None,
+                              config=Config(connect_timeout=S3_CONNECT_TIMEOUT_S, read_timeout=S3_REQUEST_TIMEOUT_S,
+                                            retries={"max_attempts": S3_MAX_ATTEMPTS}))
+        try:
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}" if prefix else rel, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise OSError(f"cannot create {rel} in {self.uri}: {exc}") from None
+        return True
 
     def read(self, rel: str) -> bytes:
         with self.fs.open_input_stream(self._abs(rel)) as fh:
