@@ -124,3 +124,18 @@ def test_health_evidence_from_the_overall_rules():
     assert health_evidence({"OverallFrameworkMetrics": fw, "OverallSystemUsage": usage}) == [
         "training steps 93 % of the loop", "waiting for data 2 % of step time", "median GPU utilization 88–91 %",
         "median CPU utilization 40 %"]
+
+
+def test_a_starved_loop_is_one_finding_with_the_loaders_advice():
+    """InputBound (the wait) and Dataloader (the workers) see one problem: one finding, both pieces of advice."""
+    starved = _rule("InputBound", 1, {"ranks": {"algo-1/0/TRAIN": {"node": "algo-1", "rank": 0, "triggered": True,
+                                                                    "wait_share": 41.0, "wait_s": 24.6,
+                                                                    "cause": "main_process"}},
+                                       "time_at_stake_s": 24.6, "nodes": ["algo-1"], "ranks_fired": ["algo-1/0"],
+                                       "title": "Training waits for data 41 % of the time on rank algo-1/0"})
+    loader = _rule("Dataloader", 1, {"nodes": {"algo-1": {"triggered": True, "reason": "below"}}})
+    (f,) = build_findings([loader, starved], _summary(loop_s=60.0)).findings
+    assert f.rule == "InputBound" and f.time_at_stake_s == 24.6 and f.severity == HIGH
+    assert f.recommendation.endswith("Fix what Dataloader found.") and "dataloader" in f.evidence
+    (alone,) = build_findings([loader], _summary()).findings
+    assert alone.rule == "Dataloader" and alone.title.startswith("The data loader holds training back: too few")

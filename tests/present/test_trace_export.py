@@ -26,7 +26,7 @@ from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
 from stallwatch.store.system_writer import SystemWriter
 
-from ..analyze.rules._fw_gen import MS, S, T0, FwGen
+from ..analyze.rules._fw_gen import MS, T0, FwGen, S
 from ..analyze.rules._gen import make_node
 from ..run_builder import node_record, run_record, write_node_json
 

@@ -143,10 +143,13 @@ def _outliers(r: RuleResult, s: JobSummary) -> list[Finding]:
     ranks = sorted(per_rank, key=lambda k: -per_rank[k])
     title = (f"{count} unusually slow steps cost {format_duration(stake or 0)} on "
              f"{'rank ' + ranks[0] if len(ranks) == 1 else f'{len(ranks)} ranks'}")
+    parts = r.details.get("forward_backward") or {}
+    mostly = max(parts.items(), key=lambda kv: kv[1])[0] if isinstance(parts, dict) and parts else None
     return [finding(r, s, "steps", title, stake, Where(sorted({k.split('/')[0] for k in ranks}), ranks,
                                                           sorted(set(steps))[:LISTED_STEPS],
                                                           sorted(windows)[:LISTED_WINDOWS]),
-                    {"outlier_steps": count, "excess_s_per_rank": {k: per_rank[k] for k in ranks}})]
+                    {"outlier_steps": count, "excess_s_per_rank": {k: per_rank[k] for k in ranks},
+                     "outliers_mostly": mostly})]
 
 
 @translates("MaxInitializationTime")
@@ -221,6 +224,52 @@ def _balance(r: RuleResult, s: JobSummary) -> list[Finding]:
                     severity=MEDIUM)]
 
 
+@translates("Dataloader")
+def _dataloader(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    nodes = {n: e for n, e in (r.details.get("nodes") or {}).items() if isinstance(e, dict) and e.get("triggered")}
+    why = {"below": "too few data-loader workers", "above": "too many data-loader workers",
+           "slow_fetch": "data-loader workers that cannot keep up"}
+    parts = [f"{why.get(str(e.get('reason')), 'its data loading')} on node {n}" for n, e in nodes.items()]
+    return [finding(r, s, "loader", "The data loader holds training back: " + "; ".join(parts[:4]), None,
+                    Where(sorted(nodes)), {"nodes": nodes, "wait_share": r.details.get("wait_share")},
+                    severity=MEDIUM)]
+
+
+@translates("InputBound")
+def _input_bound(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    fired = [e for e in (r.details.get("ranks") or {}).values() if isinstance(e, dict) and e.get("triggered")]
+    windows = [(int(e["worst_window"]["start_us"]), int(e["worst_window"]["end_us"])) for e in fired
+               if isinstance(e.get("worst_window"), dict)]
+    steps = _ints(r.details.get("steps"))
+    stake = r.details.get("time_at_stake_s")
+    title = r.details.get("title") if isinstance(r.details.get("title"), str) else "Training waits for data"
+    evidence = {f"{e['node']}/{e['rank']}": {"wait_share": e.get("wait_share"), "wait_s": e.get("wait_s"),
+                                             "cause": e.get("cause"), "num_workers": e.get("num_workers")}
+                for e in fired[:16]}
+    return [finding(r, s, "data", title, float(stake) if isinstance(stake, (int, float)) else None,
+                    Where(_strings(r.details.get("nodes")), _strings(r.details.get("ranks_fired")),
+                          steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]), evidence)]
+
+
+@translates("Straggler")
+def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
+    stragglers = [x for x in r.details.get("stragglers") or [] if isinstance(x, dict)]
+    if not r.fired or not stragglers:
+        return []
+    stake = r.details.get("time_at_stake_s")
+    title = r.details.get("title") if isinstance(r.details.get("title"), str) else "A rank holds the others back"
+    nodes = _strings(r.details.get("straggling_nodes")) or sorted({str(x.get("node")) for x in stragglers})
+    since = [(int(x["since_us"]), int(s.loop.last_us)) for x in stragglers
+             if isinstance(x.get("since_us"), int) and s.loop is not None]
+    return [finding(r, s, "ranks", title, float(stake) if isinstance(stake, (int, float)) else None,
+                    Where(nodes, [f"{x.get('node')}/{x.get('rank')}" for x in stragglers], [], since[:LISTED_WINDOWS]),
+                    {"stragglers": stragglers[:16], "median_step_s": r.details.get("median_step_s")})]
+
+
 def _generic(r: RuleResult, s: JobSummary) -> list[Finding]:
     """A rule without a translator of its own (a custom rule, a new one): one finding when it fired, with the
     time at stake it reports (Details `time_at_stake_s`) and what it names (`nodes`, `ranks`, `steps`)."""
@@ -248,11 +297,43 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
             found += translate(result, summary)
         except (KeyError, TypeError, ValueError):  # details of an unexpected shape (an old or foreign file)
             found += _generic(result, summary)
+    found = _fold_outliers_into_input(_fold_loader_into_input(found))
     found.sort(key=lambda f: (-(f.time_at_stake_s if f.time_at_stake_s is not None else -1.0),
                               SEVERITIES.index(f.severity), f.id))
     healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0
     return Findings(summary.uri, summary.fate, verdict(summary, found, health or []), healthy, found,
                     summary.loop_s, list(health or []) if healthy else [], list(summary.notes), dict(summary.steps))
+
+
+def _fold_loader_into_input(found: list[Finding]) -> list[Finding]:
+    """InputBound and Dataloader see one problem from two sides (the wait, the workers): one finding, with the
+    loader's advice added to the starved loop's."""
+    loader = next((f for f in found if f.rule == "Dataloader"), None)
+    starved = next((f for f in found if f.rule == "InputBound"), None)
+    if loader is None or starved is None:
+        return found
+    merged = Finding(starved.id, starved.rule, starved.severity, starved.title, starved.time_at_stake_s,
+                     starved.share_of_loop, starved.where, {**starved.evidence, "dataloader": loader.evidence},
+                     f"{starved.recommendation} {loader.recommendation}")
+    return [merged if f is starved else f for f in found if f is not loader]
+
+
+def _fold_outliers_into_input(found: list[Finding]) -> list[Finding]:
+    """Slow steps that are the loop's stalls for data (most of their time went to waiting for a batch) are the
+    starved loop's finding, not a second one: their steps and excess join it."""
+    outliers = next((f for f in found if f.rule == "StepOutlier"), None)
+    starved = next((f for f in found if f.rule == "InputBound"), None)
+    if outliers is None or starved is None or outliers.evidence.get("outliers_mostly") != "data_wait":
+        return found
+    steps = sorted(set(starved.where.steps) | set(outliers.where.steps))[:LISTED_STEPS]
+    where = Where(starved.where.nodes, sorted(set(starved.where.ranks) | set(outliers.where.ranks)), steps,
+                  sorted(set(starved.where.windows) | set(outliers.where.windows))[:LISTED_WINDOWS])
+    stake = max(x for x in (starved.time_at_stake_s, outliers.time_at_stake_s, 0.0) if x is not None)
+    severity = min(starved.severity, outliers.severity, key=SEVERITIES.index)
+    share = max(x for x in (starved.share_of_loop, outliers.share_of_loop, 0.0) if x is not None)
+    merged = Finding(starved.id, starved.rule, severity, starved.title, stake, share or None, where,
+                     {**starved.evidence, "slow_steps": outliers.evidence}, starved.recommendation)
+    return [merged if f is starved else f for f in found if f is not outliers]
 
 
 def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str:

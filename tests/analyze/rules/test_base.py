@@ -66,8 +66,22 @@ def test_parameters_are_typed_from_text_and_unknown_ones_are_named():
     assert rule.params == {"threshold": 70.0, "patience": 3}
     with pytest.raises(ParameterError, match="BusyCpu has no parameter 'treshold'; its parameters: threshold, patience"):
         BusyCpu(treshold=1)
-    with pytest.raises(ParameterError, match="must be int"):
+    with pytest.raises(ParameterError, match="must be a number"):
         BusyCpu(patience="many")
+    with pytest.raises(ParameterError, match="must be a number"):
+        BusyCpu(threshold="inf")
+
+
+def test_continuous_parameters_take_floats_where_the_default_is_whole():
+    """`MaxInitializationTime.threshold=0.5` (minutes) was refused because its default (20) is an integer."""
+    from stallwatch.analyze.rules.gpu import LowGPUUtilization
+    from stallwatch.analyze.rules.steps import MaxInitializationTime
+
+    assert MaxInitializationTime(threshold="0.5").params["threshold"] == 0.5
+    assert MaxInitializationTime(threshold="2").params["threshold"] == 2
+    assert LowGPUUtilization(threshold_p95="72.5").params["threshold_p95"] == 72.5
+    with pytest.raises(ParameterError, match="window=2.5: must be an integer"):
+        LowGPUUtilization(window="2.5")  # a count stays a count
 
 
 def test_result_in_sagemakers_keys_plus_structured_parameters():

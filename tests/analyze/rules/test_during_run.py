@@ -11,12 +11,18 @@ from tests.collect._support import stallwatch as run_cli
 
 JOB = '''
 import time, torch
+
+class Slow(torch.utils.data.Dataset):  # each sample costs 1 ms, loaded in the main process: the loop starves
+    def __len__(self): return 4000
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.randn(8)
+
 m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)
-loader = torch.utils.data.DataLoader(torch.randn(4000, 8), batch_size=4)  # data loading in the main process
+loader = torch.utils.data.DataLoader(Slow(), batch_size=4)
 done = 0
 for epoch in range(3):
     for xb in loader:
-        time.sleep(0.003)
         opt.zero_grad(); m(xb).sum().backward(); opt.step(); done += 1
 print("finished normally after", done, "steps", flush=True)
 '''

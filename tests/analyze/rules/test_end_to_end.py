@@ -1,5 +1,6 @@
-"""The rules on real CPU training runs: a data loader in the main process with costly samples makes
-Dataloader fire; planted slow steps make StepOutlier fire and name them; a healthy variant fires neither."""
+"""The rules on real CPU training runs: a data loader in the main process with costly samples starves the loop
+and makes Dataloader fire; planted slow steps make StepOutlier fire and name them; a healthy variant (workers
+prepare the batches while each step computes) fires neither."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from ...collect._support import stallwatch as run_cli
 SCRIPT = '''
 import sys, time, torch
 from torch.utils.data import DataLoader, Dataset
-WORKERS, SLOW = int(sys.argv[1]), {slow}
+WORKERS, SLOW, COMPUTE_S = int(sys.argv[1]), {slow}, float(sys.argv[2])
 
 class Costly(Dataset):
     def __len__(self): return 8 * 160
@@ -28,17 +29,19 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for i, (x, y) in enumerate(loader):
     if i in SLOW:
         time.sleep(0.15)
+    time.sleep(COMPUTE_S)  # the model's own work (a real model's forward and backward)
     opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
 '''
 SLOW_STEPS = (20, 35, 50, 65, 80, 95, 110, 120, 130, 140, 150, 155)  # 12 > n_outliers (10)
 
 
-def _run(tmp_path, name: str, *, workers: int, slow: tuple[int, ...], sample_s: float) -> dict:
+def _run(tmp_path, name: str, *, workers: int, slow: tuple[int, ...], sample_s: float,
+         compute_s: float = 0.0) -> dict:
     script = tmp_path / f"{name}.py"
     script.write_text(SCRIPT.format(slow=set(slow) or "set()", sample_s=sample_s))
     run = tmp_path / name
     p = run_cli(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--",
-                sys.executable, str(script), str(workers), timeout=180)
+                sys.executable, str(script), str(workers), str(compute_s), timeout=180)
     assert p.returncode == 0, p.stderr
     p = run_cli(tmp_path, "rules", str(run))
     assert p.returncode == 0, p.stderr
@@ -54,7 +57,8 @@ def troubled(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("healthy"), "healthy", workers=2, slow=(), sample_s=0.0005)
+    return _run(tmp_path_factory.mktemp("healthy"), "healthy", workers=2, slow=(), sample_s=0.0005,
+                compute_s=0.01)
 
 
 def test_main_process_loading_makes_dataloader_fire(troubled):

@@ -10,7 +10,7 @@ import pytest
 from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetrics
 from stallwatch.records import EVAL, GLOBAL, TRAIN
 
-from ._fw_gen import MS, S, T0, FwGen, assert_chunk_invariant, evaluate, node_info, run_info, snapshots, whole
+from ._fw_gen import MS, T0, FwGen, S, assert_chunk_invariant, evaluate, node_info, run_info, snapshots, whole
 
 OPERATORS = [  # two windows of rank 0: CPU self time 300 + 100 (+ 100 in window 2), GPU 600 + 400
     {"node": "algo-1", "rank": 0, "window": "detailed-1", "operator": "aten::mm", "device": "cpu", "calls": 10,

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from stallwatch.analyze.rules.base import ParameterError
-from stallwatch.analyze.rules.gpu import (BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization,
-                                          js_distance)
+from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization, js_distance
 from tests.analyze.rules import _gen as g
 
 PATIENCE, WINDOW = 100, 100

@@ -164,7 +164,7 @@ def test_a_batch_read_of_a_running_run_sees_parts_compacted_under_it(tmp_path):
     from stallwatch.store import layout
     from stallwatch.store.location import RunLocation
 
-    from ...run_builder import S, T0, NodeData, feed, node_record, run_record, write_node_json, writer_for
+    from ...run_builder import T0, NodeData, S, feed, node_record, run_record, write_node_json, writer_for
 
     location = RunLocation(str(tmp_path / "run"))
     location.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "n1", T0)).encode())

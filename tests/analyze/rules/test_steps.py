@@ -12,8 +12,7 @@ from stallwatch.analyze.rules.feed import split_by_time
 from stallwatch.analyze.rules.steps import MaxInitializationTime, StepOutlier
 from stallwatch.records import EVAL, GLOBAL, TRAIN
 
-from ._fw_gen import (MINUTE, MS, S, T0, FwGen, assert_chunk_invariant, evaluate, node_info, run_info, snapshots,
-                      whole)
+from ._fw_gen import MINUTE, MS, T0, FwGen, S, assert_chunk_invariant, evaluate, node_info, run_info, snapshots, whole
 
 SLOW = 1 * S  # a planted outlier step: 1 s among ~100 ms steps
 

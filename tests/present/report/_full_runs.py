@@ -14,7 +14,7 @@ import numpy as np
 from stallwatch.records import COLLECTIVE, TRAIN
 from stallwatch.store import layout, profiles_codec
 from stallwatch.store.location import RunLocation
-from tests.analyze.rules._fw_gen import MS, S, FwGen
+from tests.analyze.rules._fw_gen import MS, FwGen, S
 from tests.analyze.rules._gen import START_US, make_node, plant_cpu_bottleneck
 from tests.present.generated_run import write_run
 

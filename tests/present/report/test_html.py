@@ -11,8 +11,18 @@ from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 
 from stallwatch.present.report.html import format_number, render
-from stallwatch.present.report.model import (GOOD, INFO, ISSUE, WARN, Chart, NotApplicable, Paragraph, Section, Table,
-                                             Verdict)
+from stallwatch.present.report.model import (
+    GOOD,
+    INFO,
+    ISSUE,
+    WARN,
+    Chart,
+    NotApplicable,
+    Paragraph,
+    Section,
+    Table,
+    Verdict,
+)
 
 SCRIPT = "<script>alert(1)</script>"
 EVIL_ATTR = '" onmouseover="alert(1)'

@@ -6,6 +6,7 @@ called, so feeding a run in one chunk or in many (live) ends with the same resul
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -71,7 +72,9 @@ class Rule:
 
 
 def coerce(rule: str, key: str, value: Any, default: Any) -> Any:
-    """A parameter value given as text (CLI, config) in the type of its default."""
+    """A parameter value given as text (CLI, config) in the type of its default; a number whose default is a
+    whole number may be fractional (`MaxInitializationTime.threshold=0.5` minutes): the rules that need a count
+    (patience, window) check that it is one."""
     if not isinstance(value, str) or isinstance(default, str):
         if default is not None and isinstance(value, bool) != isinstance(default, bool):
             raise ParameterError(f"{rule}.{key}={value!r}: must be {type(default).__name__}")
@@ -86,11 +89,24 @@ def coerce(rule: str, key: str, value: Any, default: Any) -> Any:
             if text.lower() in ("false", "0", "no"):
                 return False
             raise ValueError
-        if isinstance(default, int):
-            return int(text)
-        if isinstance(default, float):
-            return float(text)
+        if isinstance(default, (int, float)):
+            number = float(text)
+            if not math.isfinite(number):
+                raise ValueError
+            return int(text) if isinstance(default, int) and _is_integer_text(text) else number
     except ValueError:
-        raise ParameterError(f"{rule}.{key}={value!r}: must be {type(default).__name__} "
+        raise ParameterError(f"{rule}.{key}={value!r}: must be {_kind(default)} "
                              f"(default {default!r})") from None
     return text
+
+
+def _is_integer_text(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _kind(default: Any) -> str:
+    return "a number" if isinstance(default, (int, float)) and not isinstance(default, bool) else type(default).__name__

@@ -25,8 +25,15 @@ class Dataloader(Rule):
     """Per node: the number of data-loader worker processes running in parallel is the median of the
     `proc/workers_alive` snapshots taken during the node's training loop (from its first step's start to its
     last step's end; all snapshots when it has no steps). Where the snapshots lack that metric, it is the sum
-    over the node's ranks of each rank's median `num_workers` over its `dataloader` events. The node fires
-    when that number is below `min_threshold` % or above `max_threshold` % of its logical CPU cores.
+    over the node's ranks of each rank's median `num_workers` over its `dataloader` events.
+
+    The rule judges the loader only where the training loop measurably waited for it: a node fires when a typical
+    (median) TRAIN step of one of its ranks spent more than `wait_threshold` % of its time waiting for the next
+    batch — a few long stalls do not count here, more workers would not remove them (InputBound names them) — and then
+    says why: workers below `min_threshold` % of the cores (`below`; none at all is loading in the main
+    process), above `max_threshold` % (`above`: they compete with training for the CPU), or enough workers that
+    still cannot keep up (`slow_fetch`). Below the wait threshold the loader is not a bottleneck whatever its
+    worker count: an in-memory dataset with num_workers=0 is fine, and more workers would only cost memory.
 
     Evaluation points: one per node, on all of its data (the median needs all of it). RuleTriggered =
     Violations = nodes that fire; Datapoints = the samples of the worker count (snapshots, or dataloader
@@ -40,11 +47,11 @@ class Dataloader(Rule):
                    "number of available cores. If too small, it might lead to low GPU utilization. If too large, it "
                    "might impact other compute intensive operations on CPU.")
     recommendation = "Change the number of data loader processes."
-    defaults = {"min_threshold": 70, "max_threshold": 200}
+    defaults = {"min_threshold": 70, "max_threshold": 200, "wait_threshold": 20}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        for key in ("min_threshold", "max_threshold"):
+        for key in ("min_threshold", "max_threshold", "wait_threshold"):
             value = self.params[key]
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
                 raise ParameterError(f"{self.name}.{key}={value!r}: must be a percentage >= 0")
@@ -61,6 +68,13 @@ class Dataloader(Rule):
         self._rank_workers: dict[tuple[str, int], list[float]] = {}
         self._waits_train = Distribution(None, np.float64)  # µs; TRAIN steps' waits
         self._waits_other = Distribution(None, np.float64)  # the others': judged only when there are no TRAIN
+        # (node, rank) -> [µs waiting for data, µs of steps], TRAIN steps and the others apart
+        self._share_train: dict[tuple[str, int], list[int]] = {}
+        self._share_other: dict[tuple[str, int], list[int]] = {}
+        # (node, rank) -> each step's wait as % of that step (TRAIN; the others apart): its median is the
+        # typical step's, which a few long stalls do not move (those are InputBound's, not the workers')
+        self._step_share_train: dict[tuple[str, int], Distribution] = {}
+        self._step_share_other: dict[tuple[str, int], Distribution] = {}
 
     def update(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
@@ -92,6 +106,17 @@ class Dataloader(Rule):
             train = cols.mode_is([TRAIN])[waits]
             self._waits_train.add(dur[train])
             self._waits_other.add(dur[~train])
+        in_train = cols.mode_is([TRAIN])
+        duration = np.maximum(cols.end - cols.start, 0)
+        for kind, slot in ((DATA_WAIT, 0), (STEP, 1)):
+            for mask, shares in ((in_train, self._share_train), (~in_train, self._share_other)):
+                for (node, rank), rows in cols.groups(cols.kind_is(kind) & mask, by_mode=False):
+                    shares.setdefault((node, rank), [0, 0])[slot] += int(duration[rows].sum())
+        for mask, dists in ((in_train, self._step_share_train), (~in_train, self._step_share_other)):
+            waits_by_rank = dict(cols.groups(cols.kind_is(DATA_WAIT) & mask & (cols.step >= 0), by_mode=False))
+            for key, rows in cols.groups(cols.kind_is(STEP) & mask & (cols.step >= 0), by_mode=False):
+                shares = _step_shares(cols.step[rows], duration[rows], cols.step, duration, waits_by_rank.get(key))
+                dists.setdefault(key, Distribution(2, np.float64)).add(shares)
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
             args = table["args"].take(loaders).to_pylist()
@@ -137,6 +162,10 @@ class Dataloader(Rule):
             return self.not_applicable("the job created no DataLoader iterator (no `dataloader` events), so there are "
                                        "no data-loader workers to judge")
         lo_pct, hi_pct = float(self.params["min_threshold"]), float(self.params["max_threshold"])
+        wait_pct = float(self.params["wait_threshold"])
+        shares = self.wait_shares()
+        typical = self.typical_wait_shares()
+        material = {n for (n, _), v in typical.items() if v is not None and v > wait_pct}
         nodes: dict[str, dict[str, Any]] = {}
         triggered = datapoints = 0
         for node in sorted(set(self._alive) | {k[0] for k in self._loaders}):
@@ -147,15 +176,18 @@ class Dataloader(Rule):
             entry["cores"] = cores
             ranks = len(self._ranks.get(node, ())) or 1
             entry["ranks"] = ranks
+            node_shares = [v for (n, _), v in shares.items() if n == node and v is not None]
+            entry["wait_share"] = max(node_shares) if node_shares else None
             if cores is None:
-                entry.update(percent=None, triggered=False, reason="the node's CPU core count is unknown")
+                entry.update(percent=None, triggered=node in material,
+                             reason="slow_fetch" if node in material else "not_a_bottleneck")
             else:
                 pct = 100.0 * entry["dataloaders"] / cores
-                fires = pct < lo_pct or pct > hi_pct
-                entry.update(percent=pct, triggered=fires,
-                             reason=("below" if pct < lo_pct else "above") if fires else None,
-                             suggested_num_workers=max(1, cores // ranks))
-                triggered += int(fires)
+                fires = node in material
+                reason = ("below" if pct < lo_pct else "above" if pct > hi_pct else "slow_fetch") if fires \
+                    else "not_a_bottleneck"
+                entry.update(percent=pct, triggered=fires, reason=reason, suggested_num_workers=max(1, cores // ranks))
+            triggered += int(entry["triggered"])
             datapoints += entry["samples"]
             nodes[node] = entry
         if not nodes:
@@ -175,6 +207,10 @@ class Dataloader(Rule):
             "nodes": nodes,
             "loaders": [{k: v for k, v in e.items() if k != "first_us"} for e in loaders[:MAX_LOADERS]],
             "loaders_total": len(loaders),
+            "wait_share": {f"{n}/{r}": v for (n, r), v in sorted(shares.items())},
+            "typical_wait_share": {f"{n}/{r}": v for (n, r), v in sorted(typical.items())},
+            "wait_threshold": wait_pct,
+            "bottleneck": bool(material),
         }
         timing = self._dataloading_time()
         if timing:
@@ -195,6 +231,27 @@ class Dataloader(Rule):
         return {"dataloaders": float(sum(medians)), "source": "dataloader events (num_workers)",
                 "samples": samples, "max_alive": None}
 
+    def wait_shares(self) -> dict[tuple[str, int], float | None]:
+        """Per (node, rank): the % of its step time spent waiting for data, over its TRAIN steps (over all its
+        steps when it had none); None without step time."""
+        out: dict[tuple[str, int], float | None] = {}
+        for key in sorted(set(self._share_train) | set(self._share_other)):
+            wait, steps = self._share_train.get(key) or [0, 0]
+            if steps == 0:
+                wait, steps = self._share_other.get(key) or [0, 0]
+            out[key] = 100.0 * wait / steps if steps > 0 else None
+        return out
+
+    def typical_wait_shares(self) -> dict[tuple[str, int], float | None]:
+        """Per (node, rank): the median over its (TRAIN) steps of each step's wait as % of that step."""
+        out: dict[tuple[str, int], float | None] = {}
+        for key in sorted(set(self._step_share_train) | set(self._step_share_other)):
+            dist = self._step_share_train.get(key)
+            if dist is None or dist.n == 0:
+                dist = self._step_share_other.get(key)
+            out[key] = float(dist.percentiles((50,))[0]) if dist is not None and dist.n else None
+        return out
+
     def _dataloading_time(self) -> dict[str, Any]:
         waits, mode = self._waits_train, TRAIN
         if waits.n == 0:  # then every wait is another phase's
@@ -207,19 +264,34 @@ class Dataloader(Rule):
                 "probs": (counts / counts.sum()).tolist(), "binedges": (edges / US).tolist()}
 
     def _advice(self, nodes: dict[str, dict[str, Any]], details: dict[str, Any]) -> str:
+        wait_pct = float(self.params["wait_threshold"])
+        if not details["bottleneck"]:
+            shares = [v for v in details["typical_wait_share"].values() if v is not None]
+            most = f"at most {max(shares):.1f} %" if shares else "no measurable share"
+            return (f"The data loader is not a bottleneck: a typical training step waited for data {most} of its "
+                    f"time (threshold {_num(wait_pct)} %), so no change to the workers is needed; more workers would "
+                    "only cost memory.")
         lines = [self.recommendation]
         for node, e in nodes.items():
             if not e["triggered"]:
+                continue
+            waited = f" while the training loop waited for data {e['wait_share']:.0f} % of its step time" \
+                if e.get("wait_share") is not None else ""
+            if e["reason"] == "slow_fetch":
+                lines.append(f"Node {node} ran {_num(e['dataloaders'])} data-loader workers{waited}: the workers are "
+                             "enough for the cores but cannot keep up. Make each batch cheaper to produce (decode "
+                             "and augment less per sample, pre-process the data set once, read from faster "
+                             "storage), or raise prefetch_factor to smooth uneven batches.")
                 continue
             per_rank = f" per rank ({e['ranks']} ranks share the node)" if e["ranks"] > 1 else ""
             workers = _num(e["dataloaders"])
             if e["reason"] == "below":
                 lines.append(f"Node {node} ran {workers} data-loader workers in parallel on {e['cores']} CPU cores "
-                             f"({e['percent']:.0f} %, below {_num(self.params['min_threshold'])} %): try "
+                             f"({e['percent']:.0f} %, below {_num(self.params['min_threshold'])} %){waited}: try "
                              f"num_workers={e['suggested_num_workers']}{per_rank}.")
             else:
                 lines.append(f"Node {node} ran {workers} data-loader workers in parallel on {e['cores']} CPU cores "
-                             f"({e['percent']:.0f} %, above {_num(self.params['max_threshold'])} %): they compete "
+                             f"({e['percent']:.0f} %, above {_num(self.params['max_threshold'])} %){waited}: they compete "
                              f"with the training processes for the CPU; try num_workers={e['suggested_num_workers']}"
                              f"{per_rank}.")
         gpu_nodes = any(self._has_gpus(n) for n in nodes)
@@ -231,6 +303,22 @@ class Dataloader(Rule):
                          "it is needed): use worker processes (num_workers > 0, prefetch_factor >= 2) so batches "
                          "are ready ahead of time.")
         return " ".join(lines)
+
+
+def _step_shares(numbers: np.ndarray, durations: np.ndarray, all_steps: np.ndarray, all_durations: np.ndarray,
+                 wait_rows: np.ndarray | None) -> np.ndarray:
+    """Each step's wait as % of the step (0.01 % resolution, at most 100), from the waits of the same rank
+    with the same step number in this chunk (a step's events arrive together)."""
+    waited = np.zeros(len(numbers), np.int64)
+    if wait_rows is not None and len(wait_rows):
+        order = np.argsort(numbers, kind="stable")
+        pos = np.searchsorted(numbers[order], all_steps[wait_rows])
+        pos = np.minimum(pos, len(order) - 1)
+        hit = numbers[order][pos] == all_steps[wait_rows]
+        np.add.at(waited, order[pos[hit]], all_durations[wait_rows][hit])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(durations > 0, np.minimum(100.0 * waited / np.maximum(durations, 1), 100.0), 0.0)
+    return np.round(share, 2)
 
 
 class _SpanMedian:

@@ -31,8 +31,22 @@ import numpy as np
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import rounded
 from stallwatch.analyze.rules.stats import Distribution
-from stallwatch.records import (COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, DISK, DISK_READ_BPS, DISK_WRITE_BPS,
-                                GPU_MEM_UTIL, GPU_UTIL, MEM_UTIL, MEMORY, NET, NET_RX_BPS, NET_TX_BPS)
+from stallwatch.records import (
+    COLUMN_SEP,
+    CPU,
+    CPU_IOWAIT,
+    CPU_UTIL,
+    DISK,
+    DISK_READ_BPS,
+    DISK_WRITE_BPS,
+    GPU_MEM_UTIL,
+    GPU_UTIL,
+    MEM_UTIL,
+    MEMORY,
+    NET,
+    NET_RX_BPS,
+    NET_TX_BPS,
+)
 
 # node-level metrics: report name -> how to get them from a frame
 _CPU, _MEM, _GPU, _GPU_MEM, _IO, _NET = "CPU", "CPU memory", "GPU", "GPU memory", "I/O", "Network"

@@ -104,6 +104,7 @@ N_STEPS = 1500  # TRAIN steps per rank, about 0.1 s each
 SLOW_STEPS = tuple(range(100, 1300, 100))  # 12 > n_outliers (10)
 SLOW_US = 400_000  # the planted slow steps last 0.4 s (normal: 0.1 s) ...
 SLOW_WAIT_US = 300_000  # ... 0.3 s of which waiting for data
+STARVED_WAIT_US = 30_000  # algo-2's rank 1 waits 30 % of each step for its batch (the loader is a bottleneck)
 CPU_BOTTLENECK = (100, 400)  # algo-2: gpu0 at 5 % while core 0 is at 95 %
 IO_BOTTLENECK = (450, 480)  # algo-1: gpu0 at 5 % while core 1 waits on I/O 60 %
 IDLE_GPU = (200, 600)  # algo-1: gpu1 at 30 % (underutilized, and unlike gpu0)
@@ -113,8 +114,8 @@ LOOP_START_US = T0 + 55 * S  # 55 s of initialization, then steps on algo-2 (ins
 
 def gpu_run(root: Path) -> Path:
     """Two GPU nodes with every pattern above planted; framework events on algo-2, ranks 0 and 1: TRAIN steps
-    (rank 0 with the planted slow steps), a few EVAL steps, one data loader each with num_workers=1 and no
-    pinned memory on 4 cores."""
+    (rank 0 with the planted slow steps, rank 1 starved: it waits STARVED_WAIT_US for each batch), a few EVAL
+    steps, one data loader each with num_workers=1 and no pinned memory on 4 cores."""
     a = _gen.make_node("algo-1", N_SNAPSHOTS, cores=4, gpus=2, seed=1, start_us=T0)
     b = _gen.make_node("algo-2", N_SNAPSHOTS, cores=4, gpus=2, seed=2, start_us=T0)
     _gen.plant_gpu_util(a, 1, *IDLE_GPU, 30.0)
@@ -125,7 +126,7 @@ def gpu_run(root: Path) -> Path:
     for rank in (0, 1):
         gen.dataloader(node="algo-2", rank=rank, at_us=LOOP_START_US - S, num_workers=1, pin_memory=False)
         slow = {n: SLOW_US for n in SLOW_STEPS} if rank == 0 else None
-        waits = np.full(N_STEPS, 5_000, np.int64)
+        waits = np.full(N_STEPS, 5_000 if rank == 0 else STARVED_WAIT_US, np.int64)
         if rank == 0:
             waits[list(SLOW_STEPS)] = SLOW_WAIT_US
         _, ends = gen.steps(node="algo-2", rank=rank, n=N_STEPS, start_us=LOOP_START_US, slow=slow, data_wait_us=waits,

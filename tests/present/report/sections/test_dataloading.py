@@ -30,7 +30,8 @@ def test_workers_against_cores_name_the_node_with_too_few(gpu):
     sections = dataloading.build(gpu)
     (row,) = rows_by(table(sections, "Data-loader workers and CPU cores"), "Node").values()
     assert row["Node"] == "algo-2" and row["CPU cores"] == 4 and row["Ranks"] == 2
-    assert row["Workers in parallel (median)"] == 2.0 and row["% of cores"] == 50.0 and row["Verdict"] == "too few"
+    assert row["Workers in parallel (median)"] == 2.0 and row["% of cores"] == 50.0 and row["Verdict"] == "too few workers"
+    assert row["Data wait (% of step time, worst rank)"] == pytest.approx(30.0, abs=1.5)
     verdict = sections[0].blocks[-1]
     assert isinstance(verdict, Verdict) and verdict.level == WARN
     assert "num_workers=2" in verdict.text and "pin_memory=True" in verdict.text

@@ -34,7 +34,10 @@ def test_two_maps_one_row_per_rank(gpu):
     assert image.shape[1] == (N_STEPS - 1) // per_column + 1
     assert "data" in wait_map.model.title.text
     labels = step_map.model.yaxis[0].major_label_overrides
-    assert sorted(labels.values()) == ["algo-2/0", "algo-2/1"]
+    assert sorted(v.removeprefix("▶ ") for v in labels.values()) == ["algo-2/0", "algo-2/1"]
+    straggler = gpu.rule("Straggler")
+    fired = {f"{x['node']}/{x['rank']}" for x in straggler.details.get("stragglers", [])} if straggler else set()
+    assert {v.removeprefix("▶ ") for v in labels.values() if v.startswith("▶ ")} == fired
 
 
 def test_the_straggler_is_marked(gpu):

@@ -25,12 +25,15 @@ def build(analysis: RunAnalysis) -> list[Section]:
     p = view.parameters
     sec.blocks.append(Paragraph(
         "The number of data-loader workers can greatly affect the overall performance of your training job. The "
-        "Dataloader rule compared the number of data-loader worker processes running in parallel on each node "
-        "(the median during the training loop) with the node's CPU cores, and checked whether it is below "
-        f"{p.get('min_threshold')} % or above {p.get('max_threshold')} % of the cores. Too few workers can slow "
-        "down data preprocessing and leave the GPUs waiting; too many compete for the CPU with the training "
-        "processes and other compute-intensive work. The rule analyzed "
-        f"{view.datapoints} samples of the worker count and fired on {plural(view.triggered, 'node')}."))
+        "Dataloader rule first measured how much of each step the training loop spent waiting for its next batch: "
+        f"only where that exceeded wait_threshold ({p.get('wait_threshold')} % of step time) is the loader a "
+        "bottleneck worth changing — an in-memory dataset loaded in the main process is fine, and more workers "
+        "would only cost memory. Where it is, the rule compared the number of data-loader worker processes "
+        "running in parallel on the node (the median during the training loop) with its CPU cores: below "
+        f"{p.get('min_threshold')} % too few workers prepare the batches, above {p.get('max_threshold')} % they "
+        "compete for the CPU with the training processes, and in between the workers are enough but each batch is "
+        f"too slow to produce. The rule analyzed {view.datapoints} samples of the worker count and fired on "
+        f"{plural(view.triggered, 'node')}."))
     nodes: dict[str, dict[str, Any]] = d.get("nodes") or {}
     if nodes:
         sec.blocks.append(_nodes_table(nodes))
@@ -41,9 +44,10 @@ def build(analysis: RunAnalysis) -> list[Section]:
     if timing.get("probs"):
         sec.blocks += _timing(timing)
     # fired: the rule's recommendation names the nodes, the worker counts to try, pinned memory and prefetching
-    sec.blocks.append(rule_verdict(view, "", "The number of data-loader workers fits the CPU cores of every node."))
+    sec.blocks.append(rule_verdict(view, "", view.recommendation if d.get("bottleneck") is False else
+                                   "The number of data-loader workers fits the CPU cores of every node."))
     advice = _advice(analysis, nodes, d)
-    if advice and not view.triggered:
+    if advice and not view.triggered and d.get("bottleneck") is not False:
         sec.blocks.append(Verdict(advice, INFO))
     return [sec]
 
@@ -51,13 +55,15 @@ def build(analysis: RunAnalysis) -> list[Section]:
 def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
     rows = []
     for node, e in nodes.items():
-        verdict = {"below": "too few", "above": "too many"}.get(e.get("reason") or "", "fine")
-        if e.get("percent") is None:
+        verdict = {"below": "too few workers", "above": "too many workers", "slow_fetch": "workers cannot keep up",
+                   "not_a_bottleneck": "not a bottleneck"}.get(e.get("reason") or "", "fine")
+        if e.get("percent") is None and e.get("reason") not in ("slow_fetch", "not_a_bottleneck"):
             verdict = e.get("reason") or "unknown"
         rows.append([node, e.get("cores"), e.get("ranks"), e.get("dataloaders"), e.get("percent"), e.get("max_alive"),
-                     e.get("source"), e.get("suggested_num_workers"), verdict])
+                     e.get("wait_share"), e.get("source"), e.get("suggested_num_workers"), verdict])
     return Table(["Node", "CPU cores", "Ranks", "Workers in parallel (median)", "% of cores", "Most workers alive",
-                  "Counted from", "Suggested num_workers per rank", "Verdict"], rows,
+                  "Data wait (% of step time, worst rank)", "Counted from", "Suggested num_workers per rank",
+                  "Verdict"], rows,
                  caption="Data-loader workers and CPU cores per node")
 
 

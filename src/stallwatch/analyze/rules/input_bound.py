@@ -1,0 +1,255 @@
+"""InputBound: is the training loop starved of data? The share of step time each rank spent waiting for its next
+batch, over the run and over sliding windows of steps, on any hardware (no GPU needed), with the cause it sees
+and the time a fix could recover."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.gpu import check_counts
+from stallwatch.analyze.rules.steps import Appendable, framework_columns, rank_key
+from stallwatch.records import DATA_WAIT, STEP, TRAIN
+
+DATALOADER = "dataloader"
+US = 1_000_000
+STALL_FACTOR = 10.0  # a wait this many times the rank's median wait (and over 5 % of a step) is a stall
+STALL_SHARE = 0.5  # stalls are the cause when they hold at least half of the waiting
+MAX_NAMED = 20  # stall steps named per rank
+
+
+class _Rank:
+    """One rank's steps as they came: number, start, duration; and its waits by step number."""
+
+    def __init__(self) -> None:
+        self.step, self.start, self.dur = Appendable(), Appendable(), Appendable()
+        self.wait_step, self.wait = Appendable(), Appendable()
+        self.workers: list[float] = []
+
+    def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(numbers, starts, durations, waits) in step-number order (then start); waits summed per step."""
+        number, start, dur = self.step.view(), self.start.view(), self.dur.view()
+        order = np.lexsort((start, number))
+        number, start, dur = number[order], start[order], dur[order]
+        wait = np.zeros(len(number), np.int64)
+        if self.wait.n and len(number):
+            ws, wd = self.wait_step.view(), self.wait.view()
+            first = np.searchsorted(number, ws)  # a step number's first occurrence takes its waits
+            ok = (first < len(number)) & (number[np.minimum(first, len(number) - 1)] == ws)
+            np.add.at(wait, first[ok], wd[ok])
+        return number, start, dur, np.minimum(wait, dur)
+
+
+class InputBound(Rule):
+    """Per node and rank (TRAIN steps; all steps when a rank has none): the share of step time spent waiting
+    for data, over the whole run and over every window of `window` consecutive steps after the first
+    `patience`. A rank fires when a window's share exceeds `threshold` %.
+
+    Evaluation points: each window position of each rank. RuleTriggered = ranks that fire; Violations = window
+    positions above the threshold; Datapoints = steps evaluated. Everything is decided from all the steps seen
+    so far, in step order, so one chunk or many give the same result."""
+
+    name = "InputBound"
+    metrics = ()  # framework events only
+    description = ("Measures how much of each training step the loop spends waiting for the next batch of data, per "
+                   "rank and over sliding windows of steps. A loop that waits for data leaves the accelerator (or "
+                   "the CPU doing the training) idle: it is input-bound, whatever the hardware.")
+    recommendation = ("Make the input pipeline keep up with training: load batches in worker processes and "
+                      "prefetch them, and make each batch cheaper to produce.")
+    defaults = {"threshold": 20, "window": 100, "patience": 10}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        check_counts(self, "window", "patience")
+        t = self.params["threshold"]
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or not 0 <= t <= 100:
+            raise ParameterError(f"{self.name}.threshold={t!r}: must be a percentage from 0 to 100")
+        self._ranks: dict[tuple[str, int, str], _Rank] = {}
+        self._loaders: dict[tuple[str, int], list[float]] = {}
+        self._info: dict[str, dict[str, Any]] = {}
+        self._ranks_per_node: dict[str, set[int]] = {}
+        self._events = 0
+
+    def update(self, chunk: Chunk) -> None:
+        for node, frame in chunk.system.items():
+            if frame.info:
+                self._info[node] = frame.info
+        for node, rec in ((chunk.run or {}).get("nodes") or {}).items():
+            if isinstance(rec, dict):
+                self._info.setdefault(node, rec)
+        table = chunk.framework
+        if table is None or table.num_rows == 0:
+            return
+        self._events += table.num_rows
+        cols = framework_columns(chunk)
+        for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0)):
+            r = self._ranks.setdefault((node, rank, mode), _Rank())
+            r.step.extend(cols.step[rows])
+            r.start.extend(cols.start[rows])
+            r.dur.extend(np.maximum(cols.end[rows] - cols.start[rows], 0))
+            self._ranks_per_node.setdefault(node, set()).add(rank)
+        for (node, rank, mode), rows in cols.groups(cols.kind_is(DATA_WAIT) & (cols.step >= 0)):
+            r = self._ranks.setdefault((node, rank, mode), _Rank())
+            r.wait_step.extend(cols.step[rows])
+            r.wait.extend(np.maximum(cols.end[rows] - cols.start[rows], 0))
+        loaders = np.flatnonzero(cols.kind_is(DATALOADER))
+        if loaders.size:
+            for i, text in zip(loaders.tolist(), table["args"].take(loaders).to_pylist()):
+                workers = _workers(text)
+                if workers is not None:
+                    self._loaders.setdefault((cols.nodes[cols.node[i]], int(cols.rank[i])), []).append(workers)
+
+    def result(self) -> RuleResult:
+        if self._events == 0:
+            return self.not_applicable("no framework data: the job recorded no steps (was it run under "
+                                       "`stallwatch run` with PyTorch?)")
+        series = self._series()
+        if not series:
+            return self.not_applicable("no steps with step numbers in the framework data")
+        threshold, window, patience = float(self.params["threshold"]), self.params["window"], self.params["patience"]
+        details: dict[str, Any] = {}
+        triggered = violations = datapoints = 0
+        stake = 0.0
+        for (node, rank, mode), r in series:
+            number, start, dur, wait = r.steps()
+            n = len(number)
+            datapoints += n
+            entry: dict[str, Any] = {"node": node, "rank": rank, "phase": mode, "steps": n,
+                                     "wait_s": float(wait.sum()) / US, "step_s": float(dur.sum()) / US,
+                                     "wait_share": _pct(wait.sum(), dur.sum())}
+            body = slice(min(patience, n), n)
+            w, d = wait[body], dur[body]
+            above = 0
+            worst = None
+            if len(d) >= 1:
+                k = min(window, len(d))
+                cw, cd = np.r_[0, np.cumsum(w)], np.r_[0, np.cumsum(d)]
+                wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
+                above = int(np.count_nonzero(share > threshold)) if len(d) >= window else 0
+                i = int(np.argmax(share))
+                a, b = body.start + i, body.start + i + k - 1
+                worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),
+                         "start_us": int(start[a]), "end_us": int(start[b] + dur[b]), "steps": k}
+            entry["worst_window"] = worst
+            entry["windows_above"] = above
+            fires = above > 0
+            entry["triggered"] = fires
+            cause, evidence, named = self._cause(node, rank, wait, dur, number)
+            entry.update(cause=cause if fires else None, **evidence)
+            if named:
+                entry["stall_steps"] = named
+            # what a fix could recover: the waiting itself (a pipeline that keeps up hides it behind compute);
+            # for stalls, the stalls' waiting
+            at_stake = (evidence.get("stall_wait_s", 0.0) if cause == "stalls" else float(wait.sum()) / US) \
+                if fires else 0.0
+            entry["time_at_stake_s"] = at_stake
+            details[rank_key(node, rank, mode)] = entry
+            if fires:
+                triggered += 1
+                violations += above
+                stake = max(stake, at_stake)  # ranks wait side by side: the worst one's is the job's
+        fired = {k: e for k, e in details.items() if e["triggered"]}
+        summary = {"ranks": details, "threshold": threshold, "time_at_stake_s": stake,
+                   "nodes": sorted({e["node"] for e in fired.values()}),
+                   "ranks_fired": [f"{e['node']}/{e['rank']}" for e in fired.values()]}
+        if fired:
+            top = max(fired.values(), key=lambda e: e["worst_window"]["share"] if e["worst_window"] else 0.0)
+            summary["title"] = (f"Training waits for data {top['wait_share']:.0f} % of the time on rank "
+                                f"{top['node']}/{top['rank']}" if len(fired) == 1 else
+                                f"Training waits for data up to {top['wait_share']:.0f} % of the time on "
+                                f"{len(fired)} ranks")
+            summary["steps"] = top.get("stall_steps", [])[:MAX_NAMED]
+        return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints, details=summary,
+                                recommendation=self._advice(fired) if fired else None)
+
+    def _series(self) -> list[tuple[tuple[str, int, str], _Rank]]:
+        """Each rank's TRAIN steps, or all its modes' when it has no TRAIN step."""
+        with_train = {(n, r) for (n, r, m), s in self._ranks.items() if m == TRAIN and s.step.n}
+        keep = [(k, s) for k, s in self._ranks.items() if s.step.n and (k[2] == TRAIN or k[:2] not in with_train)]
+        return sorted(keep, key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))
+
+    def _cause(self, node: str, rank: int, wait: np.ndarray, dur: np.ndarray,
+               number: np.ndarray) -> tuple[str, dict[str, Any], list[int]]:
+        """Why this rank waits: loading in the main process, fewer workers than its share of the cores, a slow
+        per-batch fetch despite enough workers, or a few long stalls (named)."""
+        evidence: dict[str, Any] = {}
+        workers = self._loaders.get((node, rank))
+        num_workers = float(np.median(workers)) if workers else None
+        cores = _cores(self._info.get(node) or {})
+        ranks = max(len(self._ranks_per_node.get(node, ())), 1)
+        free = max(cores // ranks - 1, 1) if cores else None  # one core per rank trains
+        evidence.update(num_workers=num_workers, cores=cores, ranks_on_node=ranks, free_cores_per_rank=free)
+        named: list[int] = []
+        waiting = wait[wait > 0]
+        if waiting.size:
+            median = float(np.median(waiting))
+            stalls = (wait > STALL_FACTOR * median) & (wait > 0.05 * np.median(dur))
+            stall_wait = float(wait[stalls].sum())
+            evidence.update(median_wait_ms=median / 1000.0, stalls=int(stalls.sum()),
+                            stall_wait_s=stall_wait / US)
+            if stalls.any() and stall_wait >= STALL_SHARE * float(wait.sum()):
+                order = np.argsort(-wait[stalls], kind="stable")[:MAX_NAMED]
+                named = sorted(int(x) for x in number[stalls][order])
+                return "stalls", evidence, named
+        if num_workers is not None and num_workers == 0:
+            return "main_process", evidence, named
+        if num_workers is not None and free is not None and num_workers < free:
+            return "too_few_workers", evidence, named
+        return "slow_fetch", evidence, named
+
+    def _advice(self, fired: dict[str, dict[str, Any]]) -> str:
+        lines = []
+        for key, e in list(fired.items())[:10]:
+            share = e["worst_window"]["share"] if e["worst_window"] else e["wait_share"]
+            head = (f"Rank {e['node']}/{e['rank']} waited for data {e['wait_share']:.0f} % of its step time "
+                    f"({e['wait_s']:.1f} s; up to {share:.0f} % over steps {e['worst_window']['first_step']}–"
+                    f"{e['worst_window']['last_step']})")
+            cause = e["cause"]
+            if cause == "main_process":
+                suggest = e["free_cores_per_rank"] or 2
+                lines.append(f"{head}: batches are loaded in the training process itself (num_workers=0). Use "
+                             f"worker processes: DataLoader(..., num_workers={suggest}, persistent_workers=True, "
+                             "prefetch_factor=2) so batches are prepared while the model trains.")
+            elif cause == "too_few_workers":
+                lines.append(f"{head}: {_num(e['num_workers'])} data-loader workers for "
+                             f"{e['free_cores_per_rank']} free cores per rank. Try num_workers="
+                             f"{e['free_cores_per_rank']}.")
+            elif cause == "stalls":
+                steps = ", ".join(str(n) for n in e.get("stall_steps", [])[:10])
+                lines.append(f"{head}: most of it in {e['stalls']} long stalls ({e['stall_wait_s']:.1f} s), at steps "
+                             f"{steps}. Look at what happens then: a slow read (network storage, cold cache), a "
+                             "worker restarting, garbage collection, checkpointing or logging in the loader.")
+            else:
+                workers = f"{_num(e['num_workers'])} workers" if e["num_workers"] is not None else "its workers"
+                lines.append(f"{head}: {workers} cannot produce batches as fast as training consumes them. Make each "
+                             "batch cheaper (decode and augment less per sample, pre-process the data set once, "
+                             "faster storage or a faster image decoder) or raise prefetch_factor.")
+        return " ".join(lines)
+
+
+def _workers(text: str) -> float | None:
+    try:
+        args = json.loads(text) if text else {}
+    except ValueError:
+        return None
+    value = args.get("num_workers") if isinstance(args, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _cores(info: dict[str, Any]) -> int | None:
+    cores = info.get("cpu_cores_logical")
+    return int(cores) if isinstance(cores, (int, float)) and not isinstance(cores, bool) and cores > 0 else None
+
+
+def _pct(part: float, whole: float) -> float:
+    return 100.0 * float(part) / float(whole) if whole else 0.0
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}"

@@ -1,0 +1,233 @@
+"""Straggler: in a distributed job, which rank (or node) holds the others back. Every rank's step time looks the
+same, because the fast ranks wait inside the collectives for the slow one; what differs is the time each rank
+spends *outside* that waiting. Per step, each rank's time outside collective waits is compared with the median
+over the other ranks; a rank whose excess stays above the threshold over a window of steps is a straggler."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.gpu import check_counts
+from stallwatch.analyze.rules.steps import Appendable, framework_columns
+from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
+
+US = 1_000_000
+MIN_SHARED_STEPS = 10  # steps seen on at least two ranks before anything is judged
+COVERED = 0.5  # collectives recorded in at least this share of a rank's steps: their time is the wait
+
+
+class _Rank:
+    """One rank's TRAIN steps (number, start, duration) and, per step number, its collective and backward time."""
+
+    def __init__(self) -> None:
+        self.step, self.start, self.dur = Appendable(), Appendable(), Appendable()
+        self.coll_step, self.coll = Appendable(), Appendable()
+        self.bwd_step, self.bwd = Appendable(), Appendable()
+
+
+class Straggler(Rule):
+    """For a job with several ranks, TRAIN steps only. Per rank and step, the time *outside* collective waits:
+    the step minus its collectives where they are recorded per step (explicit torch.distributed calls), else
+    the step minus its backward pass (DDP reduces gradients inside backward, so a fast rank's backward grows by
+    its wait and the straggler's does not). Per step number shared by at least two ranks, each rank's excess
+    over the median of the other ranks (of all ranks beyond 16); over every window of `window` consecutive shared steps, a rank whose mean
+    excess is above `threshold` % of the median step and above `min_excess_ms` is a straggler. A node all of
+    whose ranks are stragglers (with other nodes in the job) is named as the straggling node.
+
+    Evaluation points: each window position of each rank. RuleTriggered = straggling ranks; Violations = window
+    positions above the thresholds; Datapoints = rank-steps compared. Silent on a single rank."""
+
+    name = "Straggler"
+    metrics = ()  # framework events only
+    description = ("Detects ranks that hold a distributed job back. In synchronous training every rank waits for the "
+                   "slowest one inside the collectives, so all ranks show the same step time; the rule compares the "
+                   "time each rank spends outside that waiting, step by step, and names the rank (and node) that is "
+                   "consistently slower than the others.")
+    recommendation = ("Find out why the straggling rank is slower: uneven data (longer samples or a slower data "
+                      "path on that rank), extra work only that rank does (logging, evaluation, checkpointing on rank "
+                      "0), a slower or throttled device, or other processes on its node.")
+    defaults = {"threshold": 10, "min_excess_ms": 1, "window": 100}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        check_counts(self, "window")
+        for key in ("threshold", "min_excess_ms"):
+            v = self.params[key]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ParameterError(f"{self.name}.{key}={v!r}: must be a number >= 0")
+        self._ranks: dict[tuple[str, int], _Rank] = {}
+        self._events = 0
+
+    def update(self, chunk: Chunk) -> None:
+        table = chunk.framework
+        if table is None or table.num_rows == 0:
+            return
+        self._events += table.num_rows
+        cols = framework_columns(chunk)
+        train = cols.mode_is([TRAIN]) & (cols.step >= 0)
+        duration = np.maximum(cols.end - cols.start, 0)
+        for (node, rank), rows in cols.groups(cols.kind_is(STEP) & train, by_mode=False):
+            r = self._ranks.setdefault((node, rank), _Rank())
+            r.step.extend(cols.step[rows])
+            r.start.extend(cols.start[rows])
+            r.dur.extend(duration[rows])
+        for kind, attr in ((COLLECTIVE, "coll"), (BACKWARD, "bwd")):
+            for (node, rank), rows in cols.groups(cols.kind_is(kind) & train, by_mode=False):
+                r = self._ranks.setdefault((node, rank), _Rank())
+                getattr(r, f"{attr}_step").extend(cols.step[rows])
+                getattr(r, attr).extend(duration[rows])
+
+    def result(self) -> RuleResult:
+        if self._events == 0:
+            return self.not_applicable("no framework data: the job recorded no steps (was it run under "
+                                       "`stallwatch run` with PyTorch?)")
+        ranks = sorted(k for k, r in self._ranks.items() if r.step.n)
+        if len(ranks) < 2:
+            return self.not_applicable("a single rank: there is no other rank to be slower than")
+        basis = _basis([self._ranks[k] for k in ranks])
+        outside = {key: _outside(self._ranks[key], basis) for key in ranks}
+        numbers = np.unique(np.concatenate([o[0] for o in outside.values()]))
+        matrix = np.full((len(ranks), len(numbers)), np.nan)  # time outside waits, µs
+        steps = np.full((len(ranks), len(numbers)), np.nan)  # step duration, µs
+        starts = np.full(len(numbers), np.iinfo(np.int64).max, np.int64)
+        for i, key in enumerate(ranks):
+            num, out, dur, start = outside[key]
+            pos = np.searchsorted(numbers, num)
+            matrix[i, pos], steps[i, pos] = out, dur
+            np.minimum.at(starts, pos, start)
+        shared = np.count_nonzero(~np.isnan(matrix), axis=0) >= 2
+        matrix, steps, numbers, starts = matrix[:, shared], steps[:, shared], numbers[shared], starts[shared]
+        if len(numbers) < MIN_SHARED_STEPS:
+            return self.not_applicable(f"fewer than {MIN_SHARED_STEPS} TRAIN steps shared by two ranks or more")
+        median_step = np.nanmedian(steps, axis=0)
+        excess = _excess(matrix)  # µs, NaN where a rank lacks the step
+        threshold, floor_us = float(self.params["threshold"]), float(self.params["min_excess_ms"]) * 1000.0
+        window = min(self.params["window"], len(numbers))
+        table: dict[str, Any] = {}
+        stragglers = []
+        triggered = violations = 0
+        datapoints = int(np.count_nonzero(~np.isnan(excess)))
+        for i, (node, rank) in enumerate(ranks):
+            e = excess[i]
+            have = ~np.isnan(e)
+            mean_excess = float(np.mean(e[have])) if have.any() else 0.0
+            win_excess = _rolling_mean(np.where(have, e, 0.0), have, window)
+            win_step = _rolling_mean(np.where(have, median_step, 0.0), have, window)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = np.where(win_step > 0, 100.0 * win_excess / win_step, 0.0)
+            over = (share > threshold) & (win_excess > floor_us)
+            above = int(np.count_nonzero(over))
+            entry = {"node": node, "rank": rank, "steps": int(have.sum()), "basis": basis,
+                     "mean_excess_s": mean_excess / US,
+                     "mean_share": 100.0 * mean_excess / float(np.nanmedian(median_step)),
+                     "windows_above": above, "triggered": above > 0}
+            if above:
+                first = int(np.argmax(over))
+                worst = int(np.argmax(np.where(over, share, -np.inf)))
+                entry.update(first_window={"first_step": int(numbers[first]), "start_us": int(starts[first])},
+                             worst_window={"first_step": int(numbers[worst]),
+                                           "last_step": int(numbers[min(worst + window - 1, len(numbers) - 1)]),
+                                           "excess_s_per_step": float(win_excess[worst]) / US,
+                                           "share": float(share[worst])})
+                triggered += 1
+                violations += above
+                stragglers.append({"node": node, "rank": rank, "excess_s_per_step": mean_excess / US,
+                                   "share": entry["mean_share"], "steps": entry["steps"],
+                                   "since_step": int(numbers[first]), "since_us": int(starts[first])})
+            table[f"{node}/{rank}"] = entry
+        fired = np.array([table[f"{n}/{r}"]["triggered"] for n, r in ranks])
+        # the job waits for the slowest straggler at every step: its excess, step by step
+        stake = float(np.nansum(np.nanmax(np.where(fired[:, None], np.maximum(excess, 0), np.nan), axis=0))) / US \
+            if fired.any() else 0.0
+        nodes = _straggling_nodes(ranks, fired)
+        details: dict[str, Any] = {"stragglers": stragglers, "ranks": table, "straggling_nodes": nodes,
+                                   "time_at_stake_s": stake, "shared_steps": int(len(numbers)),
+                                   "median_step_s": float(np.nanmedian(median_step)) / US}
+        if stragglers:
+            names = [f"{s['node']}/{s['rank']}" for s in stragglers]
+            details["ranks_fired"] = names
+            details["nodes"] = nodes or sorted({s["node"] for s in stragglers})
+            top = max(stragglers, key=lambda s: s["excess_s_per_step"])
+            details["title"] = (f"Rank {names[0]} is a straggler: +{1000 * top['excess_s_per_step']:.0f} ms per step "
+                                f"({top['share']:.0f} % of a step) that every other rank waits for"
+                                if len(names) == 1 else f"{len(names)} straggling ranks ({', '.join(names[:4])}"
+                                f"{'…' if len(names) > 4 else ''}) hold the others back")
+        return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints, details=details,
+                                recommendation=self._advice(stragglers, nodes, stake) if stragglers else None)
+
+    def _advice(self, stragglers: list[dict[str, Any]], nodes: list[str], stake: float) -> str:
+        who = "; ".join(f"rank {s['node']}/{s['rank']} spends {1000 * s['excess_s_per_step']:.1f} ms per step "
+                        f"({s['share']:.0f} %) more outside the collectives than the median rank, since step "
+                        f"{s['since_step']}" for s in stragglers[:8])
+        where = f" All ranks of node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)} are slow: look at the node " \
+                "(hardware, thermal throttling, other processes, its data path)." if nodes else ""
+        return f"{who}. The other ranks wait for it, about {stake:.1f} s in all.{where} {self.recommendation}"
+
+
+LEAVE_ONE_OUT_UP_TO = 16  # ranks: each is compared with the median of the *others* (with two ranks, the other one)
+
+
+def _excess(matrix: np.ndarray) -> np.ndarray:
+    """Each rank's time outside waits minus that of the others at the same step: the median of the other ranks
+    for small jobs (with two ranks the median of both would halve the difference), of all ranks for large ones."""
+    with np.errstate(all="ignore"):
+        if len(matrix) > LEAVE_ONE_OUT_UP_TO:
+            return matrix - np.nanmedian(matrix, axis=0)
+        return np.stack([matrix[i] - np.nanmedian(np.delete(matrix, i, axis=0), axis=0) for i in range(len(matrix))])
+
+
+def _basis(ranks: list[_Rank]) -> str:
+    """What every rank's waiting is taken to be: its collectives where every rank records them in most of its
+    steps (explicit calls), else its backward pass where every rank records one (DDP reduces inside it), else
+    nothing (the whole step is compared)."""
+    def covered(r: _Rank, steps: Appendable) -> bool:
+        return steps.n > 0 and len(np.intersect1d(r.step.view(), steps.view())) >= COVERED * len(np.unique(r.step.view()))
+
+    if all(covered(r, r.coll_step) for r in ranks):
+        return "collectives"
+    if all(covered(r, r.bwd_step) for r in ranks):
+        return "backward"
+    return "nothing"
+
+
+def _outside(r: _Rank, basis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per step number (first occurrence): (numbers, time outside waits, step duration, start)."""
+    number, start, dur = r.step.view(), r.start.view(), r.dur.view()
+    order = np.lexsort((start, number))
+    number, start, dur = number[order], start[order], dur[order]
+    first = np.r_[True, number[1:] != number[:-1]]
+    number, start, dur = number[first], start[first], dur[first]
+    subtract = np.zeros(len(number), np.int64)
+    if basis == "collectives":
+        subtract = _per_step(number, r.coll_step.view(), r.coll.view())
+    elif basis == "backward":
+        subtract = _per_step(number, r.bwd_step.view(), r.bwd.view())
+    return number, np.maximum(dur - subtract, 0).astype(np.float64), dur.astype(np.float64), start
+
+
+def _per_step(number: np.ndarray, steps: np.ndarray, times: np.ndarray) -> np.ndarray:
+    pos = np.searchsorted(number, steps)
+    ok = (pos < len(number)) & (number[np.minimum(pos, len(number) - 1)] == steps)
+    out = np.zeros(len(number), np.int64)
+    np.add.at(out, pos[ok], times[ok])
+    return out
+
+
+def _rolling_mean(values: np.ndarray, have: np.ndarray, window: int) -> np.ndarray:
+    """Mean of `values` over each window of `window` consecutive columns, counting only columns in `have`."""
+    cv, ch = np.r_[0.0, np.cumsum(values)], np.r_[0, np.cumsum(have)]
+    total, count = cv[window:] - cv[:-window], ch[window:] - ch[:-window]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), 0.0)
+
+
+def _straggling_nodes(ranks: list[tuple[str, int]], fired: np.ndarray) -> list[str]:
+    """Nodes all of whose ranks straggle, when the job has other nodes too."""
+    nodes = sorted({n for n, _ in ranks})
+    if len(nodes) < 2:
+        return []
+    return [n for n in nodes if all(fired[i] for i, (m, _) in enumerate(ranks) if m == n)]

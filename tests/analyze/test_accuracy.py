@@ -1,0 +1,122 @@
+"""Accuracy of the verdicts on planted scenarios (docs/accuracy.md): small real CPU training runs under
+`stallwatch run`, each with a named problem planted (or none), and which rules fire: every planted problem is
+found by the rule meant to find it and is the top finding; no rule fires on the healthy runs. Live, the time
+from a problem's onset to the rule firing is measured and bounded."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallwatch.analyze.analysis import RunAnalysis
+from tests.collect._support import Background
+from tests.collect._support import stallwatch as run_cli
+
+JOB = '''
+import json, sys, time, torch
+from torch.utils.data import DataLoader, Dataset
+SAMPLE_S, COMPUTE_S, STALLS, STEPS, ONSET, WORKERS = {sample_s}, {compute_s}, set({stalls}), {steps}, {onset}, {workers}
+
+class Data(Dataset):
+    """Each sample costs SAMPLE_S (from step ONSET on); the batches in STALLS take 0.3 s more."""
+    def __len__(self): return STEPS * 8
+    def __getitem__(self, i):
+        if i // 8 >= ONSET:
+            time.sleep(SAMPLE_S)
+            if i % 8 == 0 and i // 8 in STALLS:
+                time.sleep(0.3)
+        return torch.randn(16), torch.randn(1)
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i, (x, y) in enumerate(DataLoader(Data(), batch_size=8, num_workers=WORKERS)):
+    if i == ONSET:
+        json.dump({{"onset": time.time()}}, open(sys.argv[1], "w"))
+    time.sleep(COMPUTE_S)  # the model's work
+    opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
+'''
+
+# name -> (job settings, the rules that must fire: the first is the top finding's; empty = healthy)
+SCENARIOS = {
+    "healthy_compute_bound": (dict(sample_s=0.0, compute_s=0.005, stalls=[], steps=200, workers=0), []),
+    "in_memory_some_waiting": (dict(sample_s=0.0001, compute_s=0.01, stalls=[], steps=200, workers=0), []),
+    "starved_loader": (dict(sample_s=0.001, compute_s=0.002, stalls=[], steps=200, workers=0),
+                       ["InputBound", "Dataloader"]),
+    "stalls": (dict(sample_s=0.0, compute_s=0.005, stalls=list(range(30, 200, 14)), steps=200, workers=0),
+               ["InputBound", "StepOutlier"]),
+}
+
+
+def _script(tmp: Path, onset: int = 0, **settings) -> Path:
+    path = tmp / "job.py"
+    path.write_text(JOB.format(onset=onset, **{k: repr(v) if k == "stalls" else v for k, v in settings.items()}))
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def scenario(request, tmp_path_factory: pytest.TempPathFactory):
+    settings, expected = SCENARIOS[request.param]
+    tmp = tmp_path_factory.mktemp(request.param)
+    run = tmp / "run"
+    p = run_cli(tmp, "run", "--out", str(run), "--rules-interval", "0", "--", sys.executable,
+                str(_script(tmp, **settings)), str(tmp / "onset.json"), timeout=240)
+    assert p.returncode == 0, p.stderr
+    return request.param, expected, RunAnalysis(str(run))
+
+
+def test_the_right_rules_fire_and_no_others(scenario):
+    name, expected, analysis = scenario
+    fired = {r.name for r in analysis.rule_results if r.fired}
+    assert fired == set(expected), f"{name}: fired {sorted(fired)}, planted for {expected}"
+
+
+def test_the_top_finding_is_the_planted_problem(scenario):
+    name, expected, analysis = scenario
+    found = analysis.findings
+    if not expected:
+        assert found.healthy and found.findings == [] and found.verdict.startswith("Healthy"), found.verdict
+        return
+    assert found.findings[0].rule == expected[0], [f.rule for f in found.findings]
+    assert found.verdict.startswith(found.findings[0].title)
+
+
+def test_stalls_are_named_by_step(scenario):
+    name, expected, analysis = scenario
+    if name != "stalls":
+        pytest.skip("only the stalls scenario names steps")
+    stalls = set(SCENARIOS["stalls"][0]["stalls"])
+    named = set(analysis.findings.findings[0].where.steps)
+    assert named and named <= stalls and len(named) >= len(stalls) // 2
+
+
+def test_live_detection_of_a_starved_loader(tmp_path: Path):
+    """The loop is fed for 150 steps, then starves: followed every second, InputBound fires within seconds of
+    the onset (docs/accuracy.md has the figure)."""
+    run = tmp_path / "run"
+    script = _script(tmp_path, onset=150, sample_s=0.002, compute_s=0.003, stalls=[], steps=1200, workers=0)
+    job = Background(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--", sys.executable, str(script),
+                     str(tmp_path / "onset.json"))
+    fired_at = None
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and job.proc.poll() is None:
+            try:
+                if json.loads((run / "rules" / "InputBound.json").read_text())["RuleTriggered"]:
+                    fired_at = time.time()
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        assert job.wait(240) == 0, job.stderr
+    finally:
+        job.kill_all()
+    onset = json.loads((tmp_path / "onset.json").read_text())["onset"]
+    assert fired_at is not None, "InputBound never fired while the job ran"
+    delay = fired_at - onset
+    print(f"\nInputBound live detection delay: {delay:.1f} s")
+    assert delay < 120  # the issue's bound for live detection (measured values in docs/accuracy.md)

@@ -1,0 +1,115 @@
+"""The Straggler rule on real DDP training (gloo on CPU, torchrun): one rank doing 30 ms of extra work per step
+is named, though every rank's step time is the same (the others wait inside backward); equal ranks are
+silent. The same across two nodes: two `stallwatch run` processes with distinct --node names and one run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallwatch.analyze.analysis import RunAnalysis
+
+from ..collect._support import Background
+from ..collect._support import stallwatch as run_cli
+
+JOB = Path(__file__).with_name("straggler_job.py")
+STEPS = 80
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def _straggler(run: Path) -> dict:
+    return json.loads((run / "rules" / "Straggler.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = {}
+    for name, slow in (("slow", 1), ("equal", -1)):
+        tmp = tmp_path_factory.mktemp(name)
+        run = tmp / "run"
+        p = run_cli(tmp, "run", "--out", str(run), "--rules-interval", "0", "--",
+                    *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp), str(slow), "0.03",
+                               str(STEPS)), timeout=240)
+        assert p.returncode == 0, p.stderr
+        out[name] = run
+    return out
+
+
+def test_the_slow_rank_is_named(one_node):
+    r = _straggler(one_node["slow"])
+    (s,) = r["Details"]["stragglers"]
+    assert (s["rank"], r["RuleTriggered"]) == (1, 1)
+    assert 0.02 <= s["excess_s_per_step"] <= 0.045  # the planted 30 ms, give or take the machine's noise
+    assert r["Details"]["ranks"][f"{s['node']}/1"]["basis"] == "backward"  # DDP: the wait is inside backward
+    finding = RunAnalysis(str(one_node["slow"])).findings.findings
+    assert any(f.rule == "Straggler" and f.where.ranks == [f"{s['node']}/1"] for f in finding)
+
+
+def test_equal_ranks_are_silent(one_node):
+    r = _straggler(one_node["equal"])
+    assert r["Status"] == "ok" and r["RuleTriggered"] == 0 and r["Details"]["stragglers"] == []
+
+
+def test_live_detection_after_onset(tmp_path: Path):
+    """Equal ranks for 150 steps, then rank 1 lags 30 ms per step: followed every 2 s, the rule names it within
+    two minutes of the onset (the issue's bound; docs/accuracy.md has the measured delay)."""
+    run = tmp_path / "run"
+    job = Background(tmp_path, "run", "--out", str(run), "--rules-interval", "2", "--",
+                     *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp_path), "1", "0.03", "600",
+                                "150"), name="live")
+    fired_at = None
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and job.proc.poll() is None:
+            try:
+                if json.loads((run / "rules" / "Straggler.json").read_text())["RuleTriggered"]:
+                    fired_at = time.time()
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        assert job.wait(300) == 0, job.stderr
+    finally:
+        job.kill_all()
+    onset = json.loads((tmp_path / "onset.json").read_text())["onset"]
+    assert fired_at is not None, "Straggler never fired while the job ran"
+    print(f"\nStraggler live detection delay: {fired_at - onset:.1f} s")
+    assert fired_at - onset < 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_loopback_name_the_slow_node(tmp_path: Path):
+    run = tmp_path / "run"
+    port = str(_free_port())
+    procs = []
+    for node_rank, node in enumerate(("node-a", "node-b")):
+        procs.append(Background(tmp_path, "run", "--out", str(run), "--node", node, "--rules-interval", "0", "--",
+                                *_torchrun("--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
+                                           "--master-addr", "127.0.0.1", "--master-port", port, str(JOB),
+                                           str(tmp_path), "1", "0.03", str(STEPS)),
+                                env={"GLOO_SOCKET_IFNAME": "lo"}, name=node))
+    try:
+        for p in procs:
+            assert p.wait(240) == 0, p.stderr
+    finally:
+        for p in procs:
+            p.kill_all()
+    p = run_cli(tmp_path, "rules", str(run), "--rule", "Straggler", timeout=120)
+    assert p.returncode == 0, p.stderr
+    r = _straggler(run)
+    (s,) = r["Details"]["stragglers"]
+    assert (s["node"], s["rank"]) == ("node-b", 1)
+    assert r["Details"]["straggling_nodes"] == ["node-b"]
