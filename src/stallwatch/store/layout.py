@@ -30,6 +30,15 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def plain_name(text: object) -> str | None:
+    """`text` when it is one plain path segment (letters, digits, '.', '_', '-', not starting with a dot, at
+    most 128 characters), else None: names read from a run (its id) may go into a file name, nothing else."""
+    return text if isinstance(text, str) and _PLAIN_NAME.match(text) else None
+
+
 def node_json(node: str) -> str:
     return f"{NODES_DIR}/{node}.json"
 

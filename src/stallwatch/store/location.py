@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,15 @@ _TMP_SEQ = itertools.count()
 class FileEntry:
     path: str  # relative to the run root, '/'-separated
     size: int
+
+
+class UnsafeFileError(OSError):
+    """A path inside a run that is not a plain file of the run: a symbolic link, a FIFO or device, or a
+    directory link leading out of the run. A run directory is data; stallwatch reads and writes only inside it."""
+
+
+class FileTooLargeError(OSError):
+    """A file bigger than its reader allows (a run's JSON is kilobytes; a crafted one could be gigabytes)."""
 
 
 def is_remote(uri: str) -> bool:
@@ -73,6 +84,7 @@ class RunLocation:
             self.fs = pafs.LocalFileSystem()
             self.root = str(Path(local).expanduser().absolute())
             self.remote = False
+        self._inside: set[str] = set()  # local directories (relative) checked to lie inside the run
 
     def _abs(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -93,10 +105,12 @@ class RunLocation:
         tmp = os.path.join(parent, f".{os.path.basename(target)}.{os.getpid()}.{next(_TMP_SEQ)}.tmp")
         try:
             try:
-                fh = open(tmp, "wb")
+                self._check_dir(rel)
+                fh = open(tmp, "xb")
             except FileNotFoundError:  # first file of its directory (cheaper than makedirs on every write)
                 os.makedirs(parent, exist_ok=True)
-                fh = open(tmp, "wb")
+                self._check_dir(rel)
+                fh = open(tmp, "xb")
             with fh:
                 fh.write(data)
             os.replace(tmp, target)
@@ -116,6 +130,7 @@ class RunLocation:
             return True
         target = self._abs(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        self._check_dir(rel)
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "wb") as fh:
@@ -139,9 +154,19 @@ class RunLocation:
             except OSError:
                 pass
 
-    def read(self, rel: str) -> bytes:
-        with self.fs.open_input_stream(self._abs(rel)) as fh:
-            return fh.read()
+    def read(self, rel: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes; FileTooLargeError past `max_bytes`. Locally only a regular file inside the run
+        is opened (never through a symbolic link, never a FIFO that would block)."""
+        if self.remote:
+            with self.fs.open_input_stream(self._abs(rel)) as fh:
+                data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        else:
+            fd = self._open_local(rel)
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise FileTooLargeError(f"{rel} is larger than {max_bytes} bytes")
+        return data
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound
@@ -161,18 +186,78 @@ class RunLocation:
             name = info.base_name
             if name.startswith(".") or name.endswith(".tmp"):
                 continue
-            out.append(FileEntry(info.path[len(prefix):] if info.path.startswith(prefix) else info.path, info.size or 0))
+            rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
+            if not self.remote:
+                try:
+                    self._check_local(rel)
+                except OSError as exc:
+                    warn_once(f"unsafe-{self.root}/{rel}", "skipping %s/%s: %s", self.root, rel, exc)
+                    continue
+            out.append(FileEntry(rel, info.size or 0))
         return out
 
     def delete(self, rel: str) -> None:
+        if not self.remote:
+            self._check_dir(rel)
         try:
             self.fs.delete_file(self._abs(rel))
         except FileNotFoundError:
             pass
 
     def open_input_file(self, rel: str):
-        """A random-access file, so a Parquet reader fetches only the needed columns and row groups."""
+        """A random-access file, so a Parquet reader fetches only the needed columns and row groups. Locally
+        only a regular file inside the run (see `read`)."""
+        if not self.remote:
+            self._check_local(rel)
         return self.fs.open_input_file(self._abs(rel))
+
+    # -- staying inside the run (local) -----------------------------------------------------------------
+    def _real_root(self) -> str:
+        return os.path.realpath(self.root)
+
+    def _check_dir(self, rel: str) -> None:
+        """`rel`'s directory lies inside the run: no component between the run and it is a link leading
+        elsewhere (a crafted `rules -> /etc` must not make `stallwatch rules` write there)."""
+        rel_dir = os.path.dirname(rel)
+        if rel_dir in self._inside:
+            return
+        if os.path.realpath(self._abs(rel_dir)) != os.path.join(self._real_root(), rel_dir).rstrip("/"):
+            raise UnsafeFileError(f"{rel_dir}/ leads outside the run directory {self.root} (a symbolic link); "
+                                  "a run holds only plain directories and files")
+        self._inside.add(rel_dir)
+
+    def _check_local(self, rel: str) -> os.stat_result:
+        """`rel` is a regular file inside the run, not a symbolic link (checked without opening it)."""
+        self._check_dir(rel)
+        st = os.lstat(self._abs(rel))
+        _check_regular(rel, st)
+        return st
+
+    def _open_local(self, rel: str) -> int:
+        """A file descriptor of `rel`, opened without following a link and without blocking on a FIFO."""
+        self._check_dir(rel)
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._abs(rel), flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeFileError(f"{rel} is a symbolic link; a run holds only regular files") from None
+            raise
+        try:
+            _check_regular(rel, os.fstat(fd))
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _check_regular(rel: str, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeFileError(f"{rel} is a symbolic link; a run holds only regular files")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{rel} is not a regular file (a FIFO, a socket or a device); a run holds only "
+                              "regular files")
 
 
 def _endpoint_from_env() -> str | None:
