@@ -486,3 +486,67 @@ def test_an_unreadable_profiler_trace_is_left_out_with_a_line(torch_run, tmp_pat
     assert summary.profiler_windows == 0 and len(summary.skipped_windows) == 1 and summary.framework_events > 0
     assert doc["otherData"]["skipped_profiler_windows"] == summary.skipped_windows
     assert any("left out profiling window" in r.getMessage() for r in caplog.records)
+
+
+def test_a_gzip_bomb_trace_is_refused_without_being_loaded(torch_run, tmp_path, caplog, monkeypatch):
+    """A 0.5 MB trace.json.gz that expands to 1.1 GB was decompressed and parsed whole (2.2 GB of memory);
+    now its size is counted while decompressing and it is left out with a line, in bounded memory. Here a
+    65 KB gzip of 64 MB against a 32 MB limit, so the test stays small."""
+    import shutil
+    import tracemalloc
+
+    from stallwatch.present import trace_export
+
+    monkeypatch.setattr(trace_export, "MAX_TRACE_JSON_BYTES", 32 << 20, raising=False)
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    copy = tmp_path / "run"
+    shutil.copytree(torch_run, copy)
+    (trace,) = copy.glob("traces/*/*/*/trace.json.gz")
+    trace.write_bytes(_whitespace_bomb(64 << 20))
+    run = open_run(str(copy))
+    tracemalloc.start()
+    try:
+        summary = export_timeline(run, tmp_path / "out.json.gz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, f"peak {peak / 2**20:.0f} MB"
+    assert summary.profiler_windows == 0 and len(summary.skipped_windows) == 1 and summary.framework_events > 0
+    assert_valid_trace_event_format(_load(tmp_path / "out.json.gz"))
+    (line,) = [r.getMessage() for r in caplog.records if "left out profiling window" in r.getMessage()]
+    assert "more than 32 MB of JSON" in line
+
+
+def test_a_trace_is_streamed_not_loaded(torch_run, tmp_path, monkeypatch):
+    """A big real-looking trace (its events repeated to 40 MB) is merged whole, holding one event at a time."""
+    import shutil
+    import tracemalloc
+
+    copy = tmp_path / "run"
+    shutil.copytree(torch_run, copy)
+    (trace,) = copy.glob("traces/*/*/*/trace.json.gz")
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    doc["traceEvents"] += ops * ((40 << 20) // len(json.dumps(ops)))
+    raw = json.dumps(doc).encode()
+    trace.write_bytes(gzip.compress(raw, 1))
+    tracemalloc.start()
+    try:
+        summary = export_timeline(open_run(str(copy)), tmp_path / "out.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert summary.profiler_windows == 1 and summary.profiler_events >= len(doc["traceEvents"]) - 100
+    assert peak < len(raw) / 4, f"peak {peak / 2**20:.0f} MB for {len(raw) / 2**20:.0f} MB of JSON"
+
+
+def _whitespace_bomb(json_bytes: int) -> bytes:
+    """A gzip of a Chrome trace whose event list is `json_bytes` of whitespace (about 1000:1)."""
+    import zlib
+
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [co.compress(b'{"traceEvents": [')]
+    for _ in range(json_bytes >> 20):
+        parts.append(co.compress(b" " * (1 << 20)))
+    return b"".join(parts + [co.compress(b"]}"), co.flush()])

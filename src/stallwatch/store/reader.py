@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from stallwatch.log import warn_once
 from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_schema
-from stallwatch.store import framework_codec, layout, profiles_codec
+from stallwatch.store import framework_codec, layout, profiles_codec, trace_codec
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.system_codec import count_rows, read_columns, read_schema, to_tidy
 
@@ -251,6 +251,20 @@ class Run:
         function, file, line, calls, self_us, total_us."""
         return self._summaries(layout.FUNCTIONS_PARQUET, profiles_codec.FUNCTIONS_STORED,
                                profiles_codec.functions_schema(), window, nodes)
+
+    def trace_events(self, window_path: str, top: dict[str, Any] | None = None,
+                     max_bytes: int = trace_codec.MAX_TRACE_JSON_BYTES) -> Iterator[Any]:
+        """The torch.profiler events of a detailed window (`path` of a `profiles()` record), streamed one at a
+        time, never loaded whole; its other top-level fields go into `top`. TraceError (a ValueError) for a
+        trace that is not one, cut off, or past `max_bytes` of JSON (a 1 MB gzip can hold gigabytes)."""
+        with self.location.open_input_file(f"{window_path}/{layout.TRACE_JSON_GZ}") as fh:
+            yield from trace_codec.iter_events(fh, top=top, max_bytes=max_bytes)
+
+    def trace_size(self, window_path: str, limit: int = trace_codec.MAX_TRACE_JSON_BYTES) -> int:
+        """Bytes of JSON in a detailed window's trace, counted by decompressing it (fast: nothing is parsed),
+        up to just past `limit`: check this before streaming a trace that may be a gzip bomb."""
+        with self.location.open_input_file(f"{window_path}/{layout.TRACE_JSON_GZ}") as fh:
+            return trace_codec.json_size(fh, limit)
 
     def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
         """A follower whose `read()` returns only rows newer than what it returned before."""
