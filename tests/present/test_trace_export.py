@@ -538,7 +538,8 @@ def test_a_trace_is_streamed_not_loaded(torch_run, tmp_path, monkeypatch):
     finally:
         tracemalloc.stop()
     assert summary.profiler_windows == 1 and summary.profiler_events >= len(doc["traceEvents"]) - 100
-    assert peak < len(raw) / 4, f"peak {peak / 2**20:.0f} MB for {len(raw) / 2**20:.0f} MB of JSON"
+    # a buffer of a megabyte or two and the output's; loaded whole it was 275 MB
+    assert peak < 32 << 20, f"peak {peak / 2**20:.0f} MB for {len(raw) / 2**20:.0f} MB of JSON"
 
 
 def _whitespace_bomb(json_bytes: int) -> bytes:

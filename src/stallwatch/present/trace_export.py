@@ -126,20 +126,10 @@ def run_origin_us(run: Run, info: dict[str, Any] | None = None) -> int:
     info = run.info if info is None else info
     candidates = [info.get("start_us"), info.get("created_us")]
     candidates += [n.get("start_us") for n in (info.get("nodes") or {}).values()]
-    candidates += [_first_chunk_us(run, top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)]
+    candidates.append(run.time_range()[0])
     candidates += [w.get("start_us") for w in run.profiles()]
     found = [c for c in candidates if isinstance(c, int) and not isinstance(c, bool)]
     return min(found) if found else 0
-
-
-def _first_chunk_us(run: Run, top: str) -> int | None:
-    starts = [c.start_us for e in run.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
-    return min(starts) if starts else None
-
-
-def _last_chunk_us(run: Run, top: str) -> int | None:
-    ends = [c.end_us for e in run.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
-    return max(ends) if ends else None
 
 
 def resolve_time(text: str, origin_us: int, flag: str = "time") -> int:
@@ -331,21 +321,18 @@ def _event_cut(run: Run, start_us: int | None, end_us: int | None, cap: int) -> 
     """The time before which at most `cap` framework events of the window start, or None when all fit. Reads
     the events slice by slice in time order and stops once the cap is passed, so a long run costs only what
     is kept."""
-    first, last = _first_chunk_us(run, layout.FRAMEWORK_DIR), _last_chunk_us(run, layout.FRAMEWORK_DIR)
-    if first is None or last is None:
-        return None
-    lo = max(first, start_us) if start_us is not None else first
-    hi = min(last + 1, end_us) if end_us is not None else last + 1
-    seen, a = 0, lo
-    while a < hi:
-        b = min(a + _COUNT_SLICE_US, hi)
-        starts = run.framework(start_us=start_us if a == lo else a, end_us=b)["start_us"].to_numpy()
-        if a != lo:
+    slices = [(a, b) for a, b in run.time_slices(_COUNT_SLICE_US, (layout.FRAMEWORK_DIR,))
+              if (end_us is None or a < end_us) and (start_us is None or b > start_us)]  # gaps are skipped
+    seen = 0
+    for i, (a, b) in enumerate(slices):
+        a = a if start_us is None else max(a, start_us)
+        b = b if end_us is None else min(b, end_us)
+        starts = run.framework(start_us=start_us if i == 0 else a, end_us=b)["start_us"].to_numpy()
+        if i:
             starts = starts[starts >= a]  # the ones that started earlier were counted in an earlier slice
         if seen + len(starts) > cap:
             return int(np.sort(starts)[cap - seen])
         seen += len(starts)
-        a = b
     return None
 
 

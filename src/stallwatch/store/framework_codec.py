@@ -38,7 +38,7 @@ def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
     else:
-        pq.write_table(table, sink, compression="zstd",
+        pq.write_table(table, sink, compression="zstd", write_page_checksum=True,
                        column_encoding={"start_us": "DELTA_BINARY_PACKED", "end_us": "DELTA_BINARY_PACKED"},
                        use_dictionary=["kind", "name", "mode", "args", "pid", "step"])
     return sink.getvalue()
@@ -49,7 +49,8 @@ def read(source: Any, kind: str, columns: list[str] | None = None) -> pa.Table:
     if kind == PART:
         table = pa.ipc.open_file(source).read_all()
         return table if columns is None else table.select(columns)
-    return pq.read_table(source, columns=columns, use_threads=False)  # small files: threads cost more than they save
+    # small files: threads cost more than they save; a page whose checksum fails is an error, not other values
+    return pq.read_table(source, columns=columns, use_threads=False, page_checksum_verification=True)
 
 
 def stored_columns(fields: Iterable[str] | None, kinds: bool, times: bool) -> list[str] | None:

@@ -39,6 +39,18 @@ def plain_name(text: object) -> str | None:
     return text if isinstance(text, str) and _PLAIN_NAME.match(text) else None
 
 
+MAX_RANK = 2**31 - 1  # ranks are stored as int32
+
+
+def rank_number(rank: str) -> int | None:
+    """A rank directory's number (0 … 2**31-1), or None for a name that is not one (a crafted
+    `framework/n/4294967296/` must not reach an int32 column)."""
+    if not (isinstance(rank, str) and rank.isdigit() and rank.isascii() and len(rank) <= 10):
+        return None
+    value = int(rank)
+    return value if value <= MAX_RANK else None
+
+
 def node_json(node: str) -> str:
     return f"{NODES_DIR}/{node}.json"
 
