@@ -422,3 +422,54 @@ def test_a_detailed_window_is_capped_in_steps_and_seconds():
     assert ProfilingRange.parse("dataloader_profiling", "2026-11-22T06:00:00Z/86400").duration_s == 86400
     with pytest.raises(ConfigError, match="86400"):
         ProfilingRange.parse("python_profiling", "2026-11-22T06:00:00Z/86401")
+
+
+# -- fuzzing: whatever a config file holds, the answer is a config or one ConfigError ----------------------------
+
+from dataclasses import fields as _fields  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stallwatch.config import ProfilerConfig as _Config  # noqa: E402
+from tests.fuzz import JSON, fuzz, json_bytes  # noqa: E402
+
+_KEYS = st.sampled_from([f.name for f in _fields(_Config)] + ["start_step", "num_steps", "typo_field"])
+_RANGE = st.dictionaries(st.sampled_from(["start_step", "num_steps", "start_time_us", "duration_s", "x"]), JSON,
+                         max_size=4)
+_CONFIGS = st.dictionaries(_KEYS, JSON | _RANGE | st.text(max_size=40), max_size=8)
+
+
+def _one_clear_outcome(data: bytes) -> None:
+    try:
+        cfg = ProfilerConfig.from_json_bytes(data, "fuzz.json")
+    except ConfigError as exc:
+        message = str(exc)
+        assert "\n" not in message and len(message) < 800, message
+        return
+    assert ProfilerConfig.from_json_bytes(cfg.to_json().encode(), "again") == cfg  # what is accepted round-trips
+
+
+@fuzz(120)
+@given(_CONFIGS)
+def test_fuzz_config_objects(data):
+    _one_clear_outcome(json_bytes(data))
+
+
+@fuzz(200)
+@given(st.binary(max_size=200) | JSON.map(json_bytes))
+def test_fuzz_config_bytes(data):
+    _one_clear_outcome(data)
+
+
+@fuzz(200)
+@given(st.sampled_from(["detailed_profiling", "python_profiling", "dataloader_profiling"]),
+       st.text(max_size=40) | st.from_regex(r"\s*-?\d{1,30}(:\d{0,30})?\s*", fullmatch=True)
+       | st.from_regex(r"[-+0-9eE.:TZ]{0,30}/[-+0-9eE.naif]{0,12}s?", fullmatch=True))
+def test_fuzz_range_specs(layer, spec):
+    try:
+        rng = ProfilingRange.parse(layer, spec)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"invalid {layer}")
+        return
+    assert ProfilingRange.parse(layer, rng.to_spec()) == rng

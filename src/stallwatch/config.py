@@ -41,7 +41,10 @@ class ConfigError(ValueError):
         self.field = field_name
         self.value = value
         self.allowed = allowed
-        super().__init__(f"invalid {field_name}={_shown(value)}: {allowed}")
+        name = field_name if isinstance(field_name, str) and field_name.isprintable() and len(field_name) <= 100 \
+            else _shown(field_name)
+        # One line, whatever the file held (a key may be any text, newlines included).
+        super().__init__(" ".join(f"invalid {name}={_shown(value)}: {allowed}".splitlines()))
 
 
 def _shown(value: Any, limit: int = 200) -> str:

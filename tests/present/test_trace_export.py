@@ -551,3 +551,35 @@ def _whitespace_bomb(json_bytes: int) -> bytes:
     for _ in range(json_bytes >> 20):
         parts.append(co.compress(b" " * (1 << 20)))
     return b"".join(parts + [co.compress(b"]}"), co.flush()])
+
+
+# -- fuzzing: whatever a window's trace holds, the export writes valid JSON and leaves out what it cannot use ------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzz import JSON, NASTY_FLOATS, NASTY_INTS, fuzz, json_bytes  # noqa: E402
+
+_TORCH_EVENT = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "i", "I", "C", "s", "t", "f", "M", "B"]) | JSON},
+    optional={"ts": st.integers() | NASTY_INTS | NASTY_FLOATS | JSON, "dur": st.integers(-5, 10**6) | NASTY_FLOATS
+              | JSON, "name": JSON, "cat": JSON, "pid": JSON, "tid": JSON, "id": JSON, "args": JSON})
+
+
+@fuzz(40)
+@given(events=st.lists(_TORCH_EVENT, max_size=8), base=JSON)
+def test_fuzz_torch_events_in_a_window(tmp_path_factory, events, base):
+    root = tmp_path_factory.mktemp("fz") / "run"
+    (root / "nodes").mkdir(parents=True)
+    (root / "nodes" / "n.json").write_text(json.dumps({"node": "n", "start_us": T0, "end_us": T0 + S}))
+    window = root / "traces" / "n" / "0" / "detailed-0001763790000000"
+    window.mkdir(parents=True)
+    (window / "window.json").write_text(json.dumps({"layer": "detailed", "start_us": T0, "end_us": T0 + S,
+                                                    "rank": 0, "pid": 7}))
+    (window / "trace.json.gz").write_bytes(gzip.compress(json_bytes({"traceEvents": events,
+                                                                     "baseTimeNanoseconds": base})))
+    out = root.parent / "out.json"
+    summary = export_timeline(open_run(str(root)), out)
+    doc = json.loads(out.read_text())  # valid JSON, whatever went in
+    assert summary.profiler_windows + len(summary.skipped_windows) == 1
+    assert all(isinstance(e.get("ts"), (int, float)) for e in doc["traceEvents"])

@@ -400,6 +400,30 @@ def test_location_create_exclusive_never_overwrites(tmp_path):
     assert [p.name for p in (tmp_path / "run" / "nodes").iterdir()] == ["a.json"]  # no temporary left
 
 
+def test_location_writes_never_leave_the_run(tmp_path):
+    """A directory link inside a run (`rules -> /etc`) made `stallwatch rules` write there; writes, creates
+    and deletes now stay inside the run's real directory. A run reached through a link the user names works."""
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.json").write_text("mine")
+    root = tmp_path / "run"
+    root.mkdir()
+    os.symlink(outside, root / "rules")
+    loc = RunLocation(str(root))
+    with pytest.raises(OSError, match="outside the run"):
+        loc.write_atomic("rules/CPUBottleneck.json", b"{}")
+    with pytest.raises(OSError, match="outside the run"):
+        loc.create_exclusive("rules/new.json", b"{}")
+    with pytest.raises(OSError, match="outside the run"):
+        loc.delete("rules/keep.json")
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.json"]
+    os.symlink(root, tmp_path / "latest")
+    RunLocation(str(tmp_path / "latest")).write_atomic("nodes/n.json", b"{}")
+    assert (root / "nodes" / "n.json").read_bytes() == b"{}"
+
+
 def test_location_file_uri_and_unsupported_scheme(tmp_path):
     """file:// URIs are local paths; other schemes than s3 are refused with a hint."""
     loc = RunLocation(f"file://{tmp_path}/r")
@@ -652,3 +676,107 @@ def test_data_from_1970_is_a_slice_of_its_own_not_56_years(tmp_path):
     chunks = list(itertools.islice(iter_run(run), 10))
     assert len(chunks) == 2 and chunks[-1].final
     assert sum(len(f) for c in chunks for f in c.system.values()) == 8
+
+
+# -- fuzzing the readers: any JSON in the run's records, any damage to its files ---------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzz import JSON, fuzz, json_bytes  # noqa: E402
+
+_FIELD_NAMES = ["format_version", "run_id", "created_us", "command", "versions", "config", "node", "hostname",
+                "start_us", "end_us", "gpus", "ranks", "metrics", "exit_code", "status", "cpu_cores_logical",
+                "sample_interval_ms", "samples_written", "layer", "first_step", "last_step", "files", "rank",
+                "window", "pid", "summary_error"]
+_RECORDS = st.dictionaries(st.sampled_from(_FIELD_NAMES), JSON, max_size=10)
+_FILE = st.one_of(_RECORDS.map(json_bytes), JSON.map(json_bytes), st.binary(max_size=64))
+
+
+@pytest.fixture(scope="module")
+def fuzz_base(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz") / "run"
+    make_run(root, nodes=("algo-1",), seconds=3)
+    _window(root, "algo-1")
+    return root
+
+
+@fuzz(60)
+@given(run_json=_FILE, node_json=_FILE, window_json=_FILE)
+def test_fuzz_json_records(fuzz_base, tmp_path_factory, run_json, node_json, window_json):
+    """Whatever run.json, a node record and a window.json hold, info, profiles and `stallwatch info` answer;
+    every field that comes out has a JSON type a renderer can take."""
+    from stallwatch.present.info import render_info
+
+    root = tmp_path_factory.mktemp("case") / "run"
+    shutil.copytree(fuzz_base, root)
+    (root / "run.json").write_bytes(run_json)
+    (root / "nodes" / "algo-1.json").write_bytes(node_json)
+    (next(root.glob("traces/*/*/*")) / "window.json").write_bytes(window_json)
+    run = open_run(str(root))
+    info = run.info
+    assert isinstance(info["nodes"], dict) and all(isinstance(n, dict) for n in info["nodes"].values())
+    for record in [info, *info["nodes"].values(), *run.profiles()]:
+        for key, value in record.items():
+            if key != "nodes":
+                json.dumps(value, allow_nan=False)  # plain, finite JSON: nothing a renderer could choke on
+    assert "algo-1" in render_info(run)
+    shutil.rmtree(root.parent)
+
+
+def _damage(data: bytes, how: str, where: int, bits: int) -> bytes:
+    if how == "truncate":
+        return data[: where % max(1, len(data))]
+    if how == "append":
+        return data + bytes([bits]) * (where % 64 + 1)
+    pos = len(data) - 1 - (where % min(len(data), 2048)) if how == "footer" else where % len(data)
+    out = bytearray(data)
+    out[pos] ^= bits or 1
+    return bytes(out)
+
+
+@pytest.fixture(scope="module")
+def damage_base(tmp_path_factory) -> Path:
+    from stallwatch.records import FrameworkEvent
+    from stallwatch.store.framework_writer import FrameworkWriter
+
+    root = tmp_path_factory.mktemp("damage") / "run"
+    make_run(root, nodes=("algo-1",), seconds=30)
+    w = FrameworkWriter(RunLocation(str(root)), "algo-1", 0, flush_interval_us=600 * S, max_bytes=1 << 30)
+    for i in range(200):
+        w.append(FrameworkEvent("step", "train_step", T0 + i * 100_000, T0 + i * 100_000 + 90_000, "TRAIN", i, 7))
+    w.close()
+    return root
+
+
+@fuzz(80)
+@given(which=st.sampled_from(["system-seg", "framework-seg"]), how=st.sampled_from(["flip", "footer", "truncate",
+                                                                                    "append"]),
+       where=st.integers(0, 1 << 20), bits=st.integers(0, 255))
+def test_fuzz_damaged_files(damage_base, tmp_path_factory, which, how, where, bits):
+    """A damaged Parquet file (a flipped bit anywhere, the footer included; cut short; garbage after it) costs
+    at most its own rows: every reader answers, the other files read whole."""
+    root = tmp_path_factory.mktemp("case") / "run"
+    shutil.copytree(damage_base, root)
+    victims = sorted(root.glob("system/algo-1/seg-*.parquet" if which == "system-seg"
+                               else "framework/algo-1/0/seg-*.parquet"))
+    victim = victims[0]
+    victim.write_bytes(_damage(victim.read_bytes(), how, where, bits))
+    run = open_run(str(root))
+    system = run.system()
+    run.system_wide("algo-1")
+    run.system_overview()
+    run.system_keys("algo-1")
+    events = run.framework()
+    run.time_range()
+    run.time_slices(3_600_000_000)
+    intact = open_run(str(damage_base))
+    if which == "framework-seg":
+        assert _rows(system) == _rows(intact.system())
+        assert events.num_rows <= 200
+    else:
+        assert events.num_rows == 200
+        lost = layout.parse_chunk(f"system/algo-1/{victim.name}")
+        outside = [r for r in _rows(intact.system()) if not lost.start_us <= r[0] <= lost.end_us]
+        assert [r for r in _rows(system) if not lost.start_us <= r[0] <= lost.end_us] == outside
+    shutil.rmtree(root.parent)

@@ -101,3 +101,70 @@ def test_streaming_holds_one_event_at_a_time():
         tracemalloc.stop()
     assert count == 200_001
     assert peak < len(raw) / 3, f"peak {peak / 2**20:.1f} MB for {len(raw) / 2**20:.0f} MB of JSON"
+
+
+# -- fuzzing: any bytes are events or one TraceError, never another exception, never a hang ----------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzz import JSON, fuzz, json_bytes  # noqa: E402
+
+_EVENT = st.dictionaries(st.sampled_from(["ph", "ts", "dur", "name", "cat", "pid", "tid", "id", "args", "s"]),
+                         JSON | st.sampled_from(["X", "M", "i", "s", "f", "C"]), max_size=8)
+_DOCS = st.one_of(
+    st.dictionaries(st.sampled_from(["traceEvents", "baseTimeNanoseconds", "schemaVersion", "x"]),
+                    st.lists(_EVENT, max_size=6) | JSON, max_size=4),
+    st.lists(_EVENT, max_size=6), JSON)
+
+
+def _events_or_error(data: bytes, top: dict | None = None) -> list | None:
+    try:
+        return list(iter_events(io.BytesIO(data), top=top, max_bytes=1 << 20))
+    except TraceError as exc:
+        assert "\n" not in str(exc)
+        return None
+
+
+@fuzz(200)
+@given(_DOCS, st.booleans())
+def test_fuzz_json_documents_read_as_json_loads_reads_them(doc, gzipped):
+    raw = json_bytes(doc)
+    top: dict = {}
+    got = _events_or_error(gzip.compress(raw) if gzipped else raw, top)
+    try:
+        expected = json.loads(raw)
+    except ValueError:  # an integer past 4,300 digits: refused, as json refuses it
+        assert got is None
+        return
+    if isinstance(expected, dict) and isinstance(expected.get("traceEvents"), list):
+        assert got is not None and len(got) == len(expected["traceEvents"])
+        assert set(top) == set(expected) - {"traceEvents"}
+    elif isinstance(expected, list):
+        assert got is not None and len(got) == len(expected)
+    else:
+        assert got is None
+
+
+@fuzz(200)
+@given(st.binary(max_size=300), st.booleans())
+def test_fuzz_bytes(data, gzipped):
+    _events_or_error(gzip.compress(data) if gzipped else data)
+    try:
+        json_size(io.BytesIO(data))
+    except TraceError:
+        pass
+
+
+@fuzz(200)
+@given(st.integers(0, 10_000), st.integers(1, 255), st.sampled_from(["flip", "truncate"]), st.booleans())
+def test_fuzz_damaged_real_trace(where, bits, how, gzipped):
+    raw = json.dumps(_trace(50)).encode()
+    data = gzip.compress(raw) if gzipped else raw
+    if how == "truncate":
+        data = data[: where % len(data)]
+    else:
+        flipped = bytearray(data)
+        flipped[where % len(data)] ^= bits
+        data = bytes(flipped)
+    _events_or_error(data)

@@ -45,12 +45,19 @@ def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
 
 
 def read(source: Any, kind: str, columns: list[str] | None = None) -> pa.Table:
-    """A stored file's rows: every column, or only `columns` (a segment then decodes only those)."""
+    """A stored file's rows: every column, or only `columns` (a segment then decodes only those). ValueError
+    for a file whose columns are not the stored schema's (a damaged footer can rename or retype one)."""
     if kind == PART:
         table = pa.ipc.open_file(source).read_all()
-        return table if columns is None else table.select(columns)
-    # small files: threads cost more than they save; a page whose checksum fails is an error, not other values
-    return pq.read_table(source, columns=columns, use_threads=False, page_checksum_verification=True)
+        table = table if columns is None else table.select(columns)
+    else:
+        # small files: threads cost more than they save; a page whose checksum fails is an error, not other values
+        table = pq.read_table(source, columns=columns, use_threads=False, page_checksum_verification=True)
+    for name in columns if columns is not None else STORED_SCHEMA.names:
+        if name not in table.column_names or table[name].type != STORED_SCHEMA.field(name).type:
+            raise ValueError(f"not a framework events file: its column {name!r} is missing or not "
+                             f"{STORED_SCHEMA.field(name).type}")
+    return table
 
 
 def stored_columns(fields: Iterable[str] | None, kinds: bool, times: bool) -> list[str] | None:

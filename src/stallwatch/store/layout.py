@@ -39,6 +39,13 @@ def plain_name(text: object) -> str | None:
     return text if isinstance(text, str) and _PLAIN_NAME.match(text) else None
 
 
+def readable_node(name: object) -> bool:
+    """A node directory or record name a reader takes: one printable path segment (what the writers make is
+    stricter, see ProfilerConfig.node; an odd name read from a run is only data, and renderers escape it)."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and name not in (".", "..") and name.isprintable()
+            and "/" not in name)
+
+
 MAX_RANK = 2**31 - 1  # ranks are stored as int32
 
 

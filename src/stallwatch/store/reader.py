@@ -139,7 +139,7 @@ class Run:
         names = []
         for entry in self.location.list(layout.NODES_DIR, recursive=False):
             name = entry.path.rsplit("/", 1)[-1][:-5] if entry.path.endswith(".json") else None
-            if name is not None and layout.plain_name(name):
+            if name is not None and layout.readable_node(name):
                 names.append(name)
         return names
 
@@ -148,7 +148,7 @@ class Run:
         out: dict[str, set[str]] = {}
         for entry in self.location.list(layout.FRAMEWORK_DIR):
             parts = entry.path.split("/")
-            if len(parts) >= 4 and layout.plain_name(parts[1]) and layout.rank_number(parts[2]) is not None:
+            if len(parts) >= 4 and layout.readable_node(parts[1]) and layout.rank_number(parts[2]) is not None:
                 out.setdefault(parts[1], set()).add(parts[2])
         return {node: sorted(r, key=_rank_key) for node, r in sorted(out.items())}
 
@@ -368,7 +368,7 @@ class Run:
             f = layout.parse_window_file(entry.path)
             if f is None:
                 continue
-            if not (layout.plain_name(f.node) and layout.rank_number(f.rank) is not None
+            if not (layout.readable_node(f.node) and layout.rank_number(f.rank) is not None
                     and layout.valid_window_name(f.window)):
                 warn_once(f"bad-window-{self.uri}-{f.directory}", "skipping %s/%s: not traces/<node>/<rank>/<window> "
                           "(a node name, a rank of 0 … %d, a window name)", self.uri, f.directory, layout.MAX_RANK)
@@ -461,10 +461,10 @@ class Run:
         """The chunk if its path is one the writers make (a node name; a rank of 0 … 2**31-1), with a span
         its data bears out; None (said once) for anything else."""
         depth = 4 if top == layout.FRAMEWORK_DIR else 3
-        if (c.path.count("/") != depth - 1 or not layout.plain_name(c.node)
+        if (c.path.count("/") != depth - 1 or not layout.readable_node(c.node)
                 or (top == layout.FRAMEWORK_DIR and (c.rank is None or layout.rank_number(c.rank) is None))):
-            warn_once(f"bad-path-{self.uri}-{c.stream}", "skipping %s/%s: not %s/<node>%s/<file> (node names are "
-                      "letters, digits, '.', '_', '-'; ranks 0 … %d)", self.uri, c.stream, top,
+            warn_once(f"bad-path-{self.uri}-{c.stream}", "skipping %s/%s: not %s/<node>%s/<file> (a node name "
+                      "of printable characters; ranks 0 … %d)", self.uri, c.stream, top,
                       "/<rank>" if top == layout.FRAMEWORK_DIR else "", layout.MAX_RANK)
             return None
         if MIN_PLAUSIBLE_US <= c.start_us <= c.end_us < MAX_TIME_US and c.end_us - c.start_us <= MAX_NAME_SPAN_US:

@@ -130,8 +130,22 @@ def read_columns(source: Any, kind: str, metrics: set[str] | None) -> pa.Table:
     if metrics is not None:
         columns = [TIMESTAMP] + [n for n in names if n != TIMESTAMP and MetricKey.from_column(n).metric in metrics]
     if table is not None:
-        return table if columns is None else table.select(columns)
-    return pf.read(columns=columns)
+        table = table if columns is None else table.select(columns)
+    else:
+        table = pf.read(columns=columns)
+    _check_columns(table)
+    return table
+
+
+def _check_columns(table: pa.Table) -> None:
+    """A snapshot file's shape: an int64 timestamp and float columns named device/metric (a damaged footer can
+    rename or retype a column: that is an unreadable file, not a new series)."""
+    names = table.column_names
+    if TIMESTAMP not in names or table.schema.field(TIMESTAMP).type != pa.int64():
+        raise ValueError(f"not a system snapshots file: no int64 {TIMESTAMP} column")
+    for field in table.schema:
+        if field.name != TIMESTAMP and not (pa.types.is_floating(field.type) and "/" in field.name):
+            raise ValueError(f"not a system snapshots file: column {field.name!r} ({field.type})")
 
 
 def to_tidy(table: pa.Table, node: str, metrics: set[str] | None = None,

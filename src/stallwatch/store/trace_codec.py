@@ -8,6 +8,7 @@ import codecs
 import gzip
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -50,7 +51,7 @@ def json_size(raw: IO[bytes], limit: int = MAX_TRACE_JSON_BYTES) -> int:
         with gzip.GzipFile(fileobj=_Prefixed(head, raw), mode="rb") as gz:
             while size <= limit and (chunk := gz.read(_CHUNK)):
                 size += len(chunk)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(f"the trace cannot be decompressed ({exc})") from None
     return size
 
@@ -143,7 +144,7 @@ class _Text:
             return False
         try:
             data = self._stream.read(_CHUNK)
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:  # a corrupt or truncated gzip stream
+        except (OSError, EOFError, zlib.error) as exc:  # a corrupt or truncated gzip stream
             raise TraceError(f"the trace cannot be decompressed ({exc})") from None
         if not data:
             self._eof = True
