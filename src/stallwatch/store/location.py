@@ -172,7 +172,10 @@ class RunLocation:
         return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound
 
     def list(self, rel_dir: str, recursive: bool = True) -> list[FileEntry]:
-        """Files under `rel_dir` (hidden and temporary files left out); empty when it does not exist."""
+        """Files under `rel_dir` (hidden and temporary files left out); empty when it does not exist. Locally
+        only the run's own regular files: links and FIFOs are skipped with one line, never followed."""
+        if not self.remote:
+            return self._list_local(rel_dir, recursive)
         base = self._abs(rel_dir)
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=recursive))
@@ -186,14 +189,44 @@ class RunLocation:
             name = info.base_name
             if name.startswith(".") or name.endswith(".tmp"):
                 continue
-            rel = info.path[len(prefix):] if info.path.startswith(prefix) else info.path
-            if not self.remote:
-                try:
-                    self._check_local(rel)
-                except OSError as exc:
-                    warn_once(f"unsafe-{self.root}/{rel}", "skipping %s/%s: %s", self.root, rel, exc)
-                    continue
-            out.append(FileEntry(rel, info.size or 0))
+            out.append(FileEntry(info.path[len(prefix):] if info.path.startswith(prefix) else info.path, info.size or 0))
+        return out
+
+    def _list_local(self, rel_dir: str, recursive: bool) -> list[FileEntry]:
+        """os.scandir's file types come with the directory entries: telling links and FIFOs from files costs
+        no system call, and a linked directory is never entered."""
+        rel_dir = rel_dir.strip("/")
+        if rel_dir:
+            try:
+                self._check_dir(f"{rel_dir}/-")
+            except OSError as exc:
+                warn_once(f"unsafe-{self.root}/{rel_dir}", "skipping %s/%s: %s", self.root, rel_dir, exc)
+                return []
+        out = []
+        todo = [rel_dir]
+        while todo:
+            current = todo.pop()
+            try:
+                entries = os.scandir(self._abs(current))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for entry in entries:
+                    rel = f"{current}/{entry.name}" if current else entry.name
+                    if entry.is_symlink() or not (entry.is_dir(follow_symlinks=False)
+                                                  or entry.is_file(follow_symlinks=False)):
+                        what = "a symbolic link" if entry.is_symlink() else "not a regular file (a FIFO, a socket…)"
+                        warn_once(f"unsafe-{self.root}/{rel}", "skipping %s/%s: it is %s; a run holds only regular "
+                                  "files", self.root, rel, what)
+                    elif entry.is_dir(follow_symlinks=False):
+                        if recursive:
+                            todo.append(rel)
+                    elif not (entry.name.startswith(".") or entry.name.endswith(".tmp")):
+                        try:
+                            out.append(FileEntry(rel, entry.stat(follow_symlinks=False).st_size))
+                        except FileNotFoundError:  # gone since it was listed (a part compacted)
+                            pass
+        out.sort(key=lambda e: e.path)
         return out
 
     def delete(self, rel: str) -> None:
