@@ -166,7 +166,7 @@ def test_parse_unix_seconds_window_with_s_suffix():
     ("2026-11-22T06:00:00Z/thirty", "detailed_profiling", "TIME/SECONDS"),
     ("2026-11-22T06:00:00Z/0", "detailed_profiling.duration_s", "> 0"),
     ("2026-11-22T06:00:00Z/-3", "detailed_profiling.duration_s", "> 0"),
-    ("2026-11-22T06:00:00Z/86401", "detailed_profiling.duration_s", "86400"),
+    ("2026-11-22T06:00:00Z/301", "detailed_profiling.duration_s", "<= 300 seconds"),
     ("2026-11-22T06:00:00Z/nan", "detailed_profiling.duration_s", "> 0"),
 ])
 def test_parse_bad_specs(spec, field, allowed):
@@ -346,3 +346,130 @@ def test_list_fields_round_trip_through_json():
     cfg = ProfilerConfig(rule_actions=("StepOutlier=stop_training", "CPUBottleneck=notify:https://h.example/x"),
                          custom_rules=("my_rules:BusyCpu",), stop_training="asked by hand")
     assert ProfilerConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+# -- hostile config files: each is one ConfigError naming the field (or the file), read within bounds ------------
+
+HOSTILE_FILES = [
+    # (bytes, field named, words of what is allowed)
+    (b'{"sample_interval_ms": ' + b"9" * 5000 + b"}", "sample_interval_ms", "100 to 60000"),
+    (b'{"max_storage_mb": ' + b"9" * 400 + b"}", "max_storage_mb", "at most 1e+09"),
+    (b'{"detailed_profiling": {"start_step": 1, "num_steps": ' + b"1" * 50 + b"}}",
+     "detailed_profiling.num_steps", "at most 100"),
+    (b'{"max_storage_mb": 1e308}', "max_storage_mb", "at most 1e+09"),
+    (b'{"flush_interval_s": 1e999}', "flush_interval_s", "0.2 to 300"),
+    (b'{"out": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "config file", "nests arrays or objects too deeply"),
+    (b'{"out": ' + b"[" * 500 + b"]" * 500 + b"}", "out", "directory path"),
+    (b'{"node": "\xff\xfe"}', "config file", "not UTF-8"),
+    (b"\x00" * 64, "config file", "not valid JSON"),
+    (b" " * (2 << 20), "config file", "larger than 1 MB"),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "allowed"), HOSTILE_FILES,
+                         ids=["huge-int", "huge-int-float-field", "huge-steps", "1e308", "1e999", "deep", "nested-500",
+                              "invalid-utf8", "nul-bytes", "2-MB"])
+def test_a_hostile_config_file_is_one_clear_error(tmp_path, data, field, allowed):
+    """Each raised a traceback (ValueError, OverflowError, RecursionError, UnicodeDecodeError) or was
+    accepted; now each is a ConfigError of one short line naming the field, the value and what is allowed."""
+    path = tmp_path / "config.json"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as err:
+        ProfilerConfig.load(path)
+    message = str(err.value)
+    assert err.value.field == field and allowed in message, message
+    assert "\n" not in message and len(message) < 600, message
+
+
+def test_max_storage_mb_1e308_no_longer_overflows_its_bytes():
+    """max_storage_bytes of 1e308 MB raised OverflowError inside the sampler; such a value is refused now."""
+    with pytest.raises(ConfigError, match="max_storage_mb"):
+        ProfilerConfig(max_storage_mb=1e308)
+    assert ProfilerConfig(max_storage_mb=1e9).max_storage_bytes == int(1e9 * 2**20)
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "fifo"])
+def test_a_config_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path, name):
+    """/dev/zero was read forever; a FIFO blocked the open until someone wrote to it."""
+    import os
+
+    path = name
+    if name == "fifo":
+        path = str(tmp_path / "config.json")
+        os.mkfifo(path)
+    with pytest.raises(ConfigError) as err:
+        ProfilerConfig.load(path)
+    assert err.value.field == "config file" and "not a regular file" in str(err.value)
+
+
+def test_a_huge_integer_in_a_message_does_not_break_the_message():
+    """repr() of a 5,000-digit int raises ValueError: the error about it must not."""
+    with pytest.raises(ConfigError) as err:
+        ProfilerConfig(sample_interval_ms=10**5000)
+    assert "an integer of" in str(err.value) and "bits" in str(err.value)
+
+
+def test_a_detailed_window_is_capped_in_steps_and_seconds():
+    """torch.profiler holds a window's events in the job's memory: 10,000 steps took it past 1.5 GB."""
+    assert ProfilingRange.parse("detailed_profiling", "5:100").num_steps == 100
+    with pytest.raises(ConfigError) as err:
+        ProfilingRange.parse("detailed_profiling", "5:10000")
+    assert err.value.field == "detailed_profiling.num_steps" and "at most 100" in str(err.value)
+    with pytest.raises(ConfigError, match="<= 300 seconds"):
+        ProfilingRange.parse("detailed_profiling", "2026-11-22T06:00:00Z/3600")
+    # the other layers aggregate as they go: long windows stay allowed
+    assert ProfilingRange.parse("python_profiling", "5:10000").num_steps == 10000
+    assert ProfilingRange.parse("dataloader_profiling", "2026-11-22T06:00:00Z/86400").duration_s == 86400
+    with pytest.raises(ConfigError, match="86400"):
+        ProfilingRange.parse("python_profiling", "2026-11-22T06:00:00Z/86401")
+
+
+# -- fuzzing: whatever a config file holds, the answer is a config or one ConfigError ----------------------------
+
+from dataclasses import fields as _fields  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stallwatch.config import ProfilerConfig as _Config  # noqa: E402
+from tests.fuzz import JSON, fuzz, json_bytes  # noqa: E402
+
+_KEYS = st.sampled_from([f.name for f in _fields(_Config)] + ["start_step", "num_steps", "typo_field"])
+_RANGE = st.dictionaries(st.sampled_from(["start_step", "num_steps", "start_time_us", "duration_s", "x"]), JSON,
+                         max_size=4)
+_CONFIGS = st.dictionaries(_KEYS, JSON | _RANGE | st.text(max_size=40), max_size=8)
+
+
+def _one_clear_outcome(data: bytes) -> None:
+    try:
+        cfg = ProfilerConfig.from_json_bytes(data, "fuzz.json")
+    except ConfigError as exc:
+        message = str(exc)
+        assert "\n" not in message and len(message) < 800, message
+        return
+    assert ProfilerConfig.from_json_bytes(cfg.to_json().encode(), "again") == cfg  # what is accepted round-trips
+
+
+@fuzz(120)
+@given(_CONFIGS)
+def test_fuzz_config_objects(data):
+    _one_clear_outcome(json_bytes(data))
+
+
+@fuzz(200)
+@given(st.binary(max_size=200) | JSON.map(json_bytes))
+def test_fuzz_config_bytes(data):
+    _one_clear_outcome(data)
+
+
+@fuzz(200)
+@given(st.sampled_from(["detailed_profiling", "python_profiling", "dataloader_profiling"]),
+       st.text(max_size=40) | st.from_regex(r"\s*-?\d{1,30}(:\d{0,30})?\s*", fullmatch=True)
+       | st.from_regex(r"[-+0-9eE.:TZ]{0,30}/[-+0-9eE.naif]{0,12}s?", fullmatch=True))
+def test_fuzz_range_specs(layer, spec):
+    try:
+        rng = ProfilingRange.parse(layer, spec)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"invalid {layer}")
+        return
+    assert ProfilingRange.parse(layer, rng.to_spec()) == rng

@@ -91,15 +91,39 @@ def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> Profiler
     changes = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k, None) is not None}
     changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
     try:
-        return base.replace(**changes)
+        return check_rules(base.replace(**changes))
     except ConfigError as exc:
         if strict_file or not from_file:
             raise
-        fallback = ProfilerConfig().replace(**changes)  # raises when the flags alone are wrong: a usage error
+        # raises when the flags alone are wrong: a usage error
+        fallback = check_rules(ProfilerConfig().replace(**changes))
         # The file's values clash with the flags (e.g. its flush_interval_s is shorter than --interval).
         logger.error("%s (from %s together with the command-line flags) — running with the default "
                      "configuration and the flags instead", exc, args.config)
         return fallback
+
+
+def check_rules(config: ProfilerConfig) -> ProfilerConfig:
+    """The rules a config names must exist before a job starts: each custom rule loads (a bad one would
+    otherwise stop every rule, built-ins included, for the whole run) and each rule action names a rule."""
+    if not config.custom_rules and not config.rule_actions:
+        return config
+    from stallwatch.analyze.rules.base import ParameterError
+    from stallwatch.analyze.rules.registry import all_rules, load_custom
+
+    for spec in config.custom_rules:
+        try:
+            load_custom([spec])
+        except ParameterError as exc:
+            raise ConfigError("custom_rules", spec, f"{exc}; give module.path:Class or path/to/file.py:Class "
+                              "of a stallwatch.analyze.rules.Rule subclass") from None
+    names = {cls.name.lower(): cls.name for cls in all_rules()}
+    for text in config.rule_actions:
+        rule = text.partition("=")[0].strip()
+        if rule.lower() not in names:
+            raise ConfigError("rule_actions", text, f"there is no rule named {rule!r}; rules: "
+                              f"{', '.join(sorted(names.values()))}")
+    return config
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -241,6 +265,15 @@ def _open(command: str, uri: str) -> Any:
     except RunNotFoundError as exc:
         print(f"stallwatch {command}: {exc}", file=sys.stderr)
         return None
+    except (OSError, ValueError) as exc:  # an unreachable endpoint, a location that is not one
+        print(f"stallwatch {command}: cannot open {uri}: {_one_line(exc)}", file=sys.stderr)
+        return None
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """An error as one short line (pyarrow's S3 errors run over several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -314,8 +347,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         current = run_files.read_config(run.location)
     except FileNotFoundError:
         current = ProfilerConfig()
-    except ConfigError as exc:
-        print(f"stallwatch config: the run's configuration is invalid ({exc}); fix or replace it", file=sys.stderr)
+    except (ConfigError, OSError) as exc:
+        print(f"stallwatch config: the run's config.json is invalid ({_one_line(exc)}); fix or replace it",
+              file=sys.stderr)
         return 2
     changes = {k: getattr(args, k) for k in LIVE_FIELDS if getattr(args, k, None) is not None}
     clears = {name: None for name in (args.clear or [])}
@@ -457,11 +491,14 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stallwatch.present.trace_export import export_timeline, resolve_time, run_origin_us
+    from stallwatch.store import layout
 
     run = _open("timeline", args.run)
     if run is None:
         return 2
-    out = args.output or f"{run.info.get('run_id') or Path(args.run.rstrip('/')).name}-timeline.json.gz"
+    # The run id is data from the run: only a plain name goes into a path (never "../x" or "/etc/x").
+    name = layout.plain_name(run.info.get("run_id")) or layout.plain_name(Path(args.run.rstrip("/")).name) or "run"
+    out = args.output or f"{name}-timeline.json.gz"
     try:
         origin = run_origin_us(run)
         start = None if args.start is None else resolve_time(args.start, origin, "--start")
@@ -625,7 +662,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         progress.QUIET = True
         logger.setLevel(logging.WARNING)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except OSError as exc:  # a store that stopped answering halfway (S3 down, a disk gone): one line, no traceback
+        print(f"stallwatch {args.cmd}: {_one_line(exc)}", file=sys.stderr)
+        return 2
 
 
 def _complete(parser: argparse.ArgumentParser) -> None:

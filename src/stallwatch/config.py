@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
-from dataclasses import dataclass, field, fields
+import stat
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -22,6 +24,14 @@ LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling",
                "stop_training")
 ACTION_KINDS = ("log", "stop_training", "command:", "notify:")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_STORAGE_MB = 1e9  # a petabyte: anything above is a typo, and its bytes would not fit an int64
+# torch.profiler keeps every event of a window in the job's memory until the window ends (10,000 steps of a
+# small model: 1.5 GB), so a detailed window is a few steps or seconds, never an open-ended recording.
+MAX_DETAILED_STEPS = 100
+MAX_DETAILED_SECONDS = 300.0
+# Reading a config file (or a run's config.json) is bounded: a config is a few hundred bytes of flat JSON.
+MAX_CONFIG_BYTES = 1 << 20
+_MAX_INT_DIGITS = 40  # far beyond any allowed value; a longer literal is refused before it is converted
 
 
 class ConfigError(ValueError):
@@ -31,7 +41,23 @@ class ConfigError(ValueError):
         self.field = field_name
         self.value = value
         self.allowed = allowed
-        super().__init__(f"invalid {field_name}={value!r}: {allowed}")
+        name = field_name if isinstance(field_name, str) and field_name.isprintable() and len(field_name) <= 100 \
+            else _shown(field_name)
+        # One line, whatever the file held (a key may be any text, newlines included).
+        super().__init__(" ".join(f"invalid {name}={_shown(value)}: {allowed}".splitlines()))
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    """The value as it appears in a message: one short line, whatever it is (a megabyte of JSON, a 5,000-digit
+    integer, a list nested a thousand deep)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<an integer of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<a {type(value).__name__} that cannot be shown>"
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -52,15 +78,24 @@ class ProfilingRange:
         by_time = self.start_time_us is not None or self.duration_s is not None
         if by_step and by_time:
             raise ConfigError(name, self.to_spec(), "give either steps (START:NUM) or a time window (TIME/SECONDS), not both")
+        detailed = name == "detailed_profiling"
         if by_step:
-            if not _is_int(self.start_step) or self.start_step < 0:
+            if not _is_int(self.start_step) or not 0 <= self.start_step < 2**63:
                 raise ConfigError(f"{name}.start_step", self.start_step, "must be an integer >= 0")
-            if not _is_int(self.num_steps) or self.num_steps < 1:
+            if detailed and not (_is_int(self.num_steps) and 1 <= self.num_steps <= MAX_DETAILED_STEPS):
+                raise ConfigError(f"{name}.num_steps", self.num_steps,
+                                  f"must be an integer >= 1 and at most {MAX_DETAILED_STEPS} (torch.profiler holds every "
+                                  "event of the window in the job's memory: profile a few representative steps)")
+            if not _is_int(self.num_steps) or not 1 <= self.num_steps < 2**63:
                 raise ConfigError(f"{name}.num_steps", self.num_steps, "must be an integer >= 1")
         if by_time:
             if not _is_int(self.start_time_us) or not 0 <= self.start_time_us < MAX_TIME_US:
                 raise ConfigError(f"{name}.start_time_us", self.start_time_us,
                                   "must be an integer of µs since the Unix epoch (>= 0, before the year 10000)")
+            if detailed and not (_is_number(self.duration_s) and 0 < self.duration_s <= MAX_DETAILED_SECONDS):
+                raise ConfigError(f"{name}.duration_s", self.duration_s,
+                                  f"must be > 0 and <= {MAX_DETAILED_SECONDS:g} seconds (torch.profiler holds every "
+                                  "event of the window in the job's memory)")
             if not _is_number(self.duration_s) or not 0 < self.duration_s <= 86_400:
                 raise ConfigError(f"{name}.duration_s", self.duration_s, "must be > 0 and <= 86400 seconds")
 
@@ -154,8 +189,9 @@ class ProfilerConfig:
         if self.flush_interval_s * 1000 < iv:
             raise ConfigError("flush_interval_s", self.flush_interval_s,
                               f"must not be shorter than the sampling interval ({iv} ms)")
-        if not _is_number(self.max_storage_mb) or self.max_storage_mb <= 0:
-            raise ConfigError("max_storage_mb", self.max_storage_mb, "must be a number of megabytes > 0")
+        if not _is_number(self.max_storage_mb) or not 0 < self.max_storage_mb <= MAX_STORAGE_MB:
+            raise ConfigError("max_storage_mb", self.max_storage_mb,
+                              f"must be a number of megabytes > 0 and at most {MAX_STORAGE_MB:.0e} (a petabyte)")
         if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
             raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
         if self.node is not None and not (isinstance(self.node, str) and _NODE_NAME.match(self.node)):
@@ -238,21 +274,87 @@ class ProfilerConfig:
 
     @classmethod
     def load(cls, path: str | Path, *, base: ProfilerConfig | None = None) -> ProfilerConfig:
+        """A config file, read within bounds (a regular file of at most MAX_CONFIG_BYTES: a FIFO or /dev/zero
+        is refused, not waited on); any problem is a ConfigError naming the file."""
+        return cls.from_json_bytes(read_config_file(path), str(path), base=base)
+
+    @classmethod
+    def from_json_bytes(cls, data: bytes, source: str, *, base: ProfilerConfig | None = None) -> ProfilerConfig:
+        """A config file's or a run's config.json bytes: every way they can be wrong is a ConfigError."""
+        value = parse_config_json(data, source)
         try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError("config file", str(path), f"cannot be read ({exc.strerror or exc})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError("config file", str(path), f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        try:
-            return cls.from_dict(data, base=base)
-        except TypeError as exc:  # a value of the wrong type that comparison choked on
-            raise ConfigError("config file", str(path), f"has a value of the wrong type ({exc})") from None
+            return cls.from_dict(value, base=base)
+        except (TypeError, OverflowError) as exc:  # a value of the wrong type that comparison choked on
+            raise ConfigError("config file", source, f"has a value of the wrong type ({exc})") from None
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")
+
+
+def read_config_file(path: str | Path) -> bytes:
+    """At most MAX_CONFIG_BYTES of a regular file. Opened without blocking (a FIFO would wait for a writer
+    forever) and checked before reading (a device such as /dev/zero never ends)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        raise ConfigError("config file", str(path), f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError("config file", str(path), "is not a regular file (a FIFO, a device or a directory): "
+                              "give a JSON file")
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError("config file", str(path), f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("config file", str(path), f"is larger than {MAX_CONFIG_BYTES // 2**20} MB; a config is a "
+                          "few hundred bytes of JSON")
+    return b"".join(chunks)
+
+
+def parse_config_json(data: bytes, source: str) -> Any:
+    """JSON config bytes -> their value, bounded in size, depth (json's own recursion guard) and integer length
+    (a long literal is refused before its quadratic conversion), whatever the bytes are."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("config file", source, f"is larger than {MAX_CONFIG_BYTES // 2**20} MB; a config is a "
+                          "few hundred bytes of JSON")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config file", source, f"is not UTF-8 text (byte {exc.start}); write it as UTF-8 JSON") \
+            from None
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("config file", source, f"is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise ConfigError("config file", source, "nests arrays or objects too deeply; a config is a flat JSON "
+                          "object") from None
+    except ValueError as exc:
+        raise ConfigError("config file", source, f"is not valid JSON ({exc})") from None
+
+
+class _LongInteger:
+    """An integer literal too long to be any allowed value, kept unconverted (a 5,000-digit literal costs
+    quadratic time to convert, and more raises): every field refuses it by type, naming itself."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _bounded_int(text: str) -> int | _LongInteger:
+    digits = len(text.lstrip("-"))
+    return _LongInteger(digits) if digits > _MAX_INT_DIGITS else int(text)
 
 
 def _valid_action(action: str) -> bool:
@@ -287,4 +389,7 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 
 def _is_number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (an int of any size is finite: math.isfinite would overflow converting it)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

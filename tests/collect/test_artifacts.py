@@ -212,7 +212,7 @@ def test_a_trace_that_cannot_be_summarized_is_still_stored(location, staging, st
     d = location.local_path(str(window_dir(0, "detailed")))
     assert sorted(os.listdir(d)) == ["trace.json.gz", "window.json"]
     record = json.loads((d / "window.json").read_text())
-    assert record["files"] == ["trace.json.gz"] and "JSONDecodeError" in record["summary_error"]
+    assert record["files"] == ["trace.json.gz"] and "the trace is cut off" in record["summary_error"]
     assert len([line for line in stallwatch_log.lines() if "operators.parquet" in line]) == 1
 
 
@@ -405,3 +405,54 @@ def test_a_huge_trace_is_stored_without_a_summary(real, location, staging, monke
     assert sorted(os.listdir(d)) == ["trace.json.gz", "window.json"]
     assert "larger than" in json.loads((d / "window.json").read_text())["summary_error"]
     assert len([line for line in stallwatch_log.lines() if "without operators.parquet" in line]) == 1
+
+
+def _big_trace(real: RealOutputs, staging: Path, megabytes: int) -> tuple[Path, int]:
+    """The real trace with its operators repeated (shifted in time) to about `megabytes` of JSON."""
+    doc = json.loads(real.trace.read_text())
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    span = max(e["ts"] + e["dur"] for e in ops) - min(e["ts"] for e in ops) + 1
+    copies = (megabytes << 20) // len(json.dumps(ops))
+    for k in range(1, copies + 1):
+        doc["traceEvents"] += [{**e, "ts": e["ts"] + k * span} for e in ops]
+    path = staging / "big.json"
+    path.write_text(json.dumps(doc))
+    return path, copies + 1
+
+
+def test_a_big_trace_is_summarized_in_bounded_memory(real, location, staging):
+    """The summary parsed the whole trace (json.load): a 400 MB trace took the sampler to 2.6 GB. Streamed,
+    it holds 24 bytes per operator; the totals are the original's times the copies."""
+    import tracemalloc
+
+    path, copies = _big_trace(real, staging, 40)
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        store = ArtifactStore(location, NODE, str(staging))
+        store.submit(0, artifact("detailed", {"trace.json": str(path)}))
+        store.close(HANG_GUARD_S)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 2, f"peak {peak / 2**20:.0f} MB for a {size / 2**20:.0f} MB trace"
+    d = location.local_path(str(window_dir(0, "detailed")))
+    ops = {(r["operator"], r["device"]): r for r in pq.read_table(d / "operators.parquet").to_pylist()}
+    assert ops[("aten::linear", "cpu")]["calls"] == LINEAR_CALLS * copies
+
+
+def test_a_trace_past_the_byte_cap_is_not_stored_and_the_window_says_why(real, location, staging, monkeypatch,
+                                                                         stallwatch_log):
+    from stallwatch.collect import artifacts
+
+    monkeypatch.setattr(artifacts, "MAX_TRACE_BYTES", 4 << 20, raising=False)
+    path, _ = _big_trace(real, staging, 8)
+    store = ArtifactStore(location, NODE, str(staging))
+    store.submit(0, artifact("detailed", {"trace.json": str(path)}))
+    store.close(HANG_GUARD_S)
+    d = location.local_path(str(window_dir(0, "detailed")))
+    assert sorted(os.listdir(d)) == ["window.json"]
+    record = json.loads((d / "window.json").read_text())
+    assert record["files"] == [] and "more than 4 MB of JSON and was not stored" in record["summary_error"]
+    assert len([line for line in stallwatch_log.lines() if "was not stored" in line]) == 1
+    assert not path.exists()  # the staged file is gone all the same

@@ -184,3 +184,96 @@ def test_identity_defaults_outside_a_distributed_launcher(monkeypatch):
     assert process_identity() == {"rank": 0, "local_rank": 0, "world_size": 1, "pid": os.getpid()}
     monkeypatch.setenv("RANK", "not-a-number")
     assert process_identity()["rank"] == 0
+
+
+# -- fuzzing the decoder: any line is events or one ignored line, never an exception into the sampler -------------
+
+import base64  # noqa: E402
+import json  # noqa: E402
+import marshal  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stallwatch.collect.events import decode_batch  # noqa: E402
+from tests.fuzz import JSON, NASTY_INTS, SCALARS, fuzz, json_bytes  # noqa: E402
+
+_FIELD = SCALARS | st.sampled_from(["step", "forward", "TRAIN", ""]) | NASTY_INTS
+_EVENTS = st.lists(st.lists(_FIELD, min_size=7, max_size=9)
+                   | st.tuples(*[_FIELD] * 8, st.lists(st.lists(_FIELD, min_size=4, max_size=6), max_size=3)),
+                   max_size=5)
+
+
+def _marshal_line(value) -> bytes | None:
+    try:
+        return b"M" + base64.b64encode(marshal.dumps(value))
+    except ValueError:  # marshal cannot write it (an int past its range): not a line a sender makes
+        return None
+
+
+def _check(events) -> None:
+    for e in events:
+        assert isinstance(e, FrameworkEvent)
+        assert all(isinstance(v, str) for v in (e.kind, e.name, e.mode, e.args))
+        assert all(isinstance(v, int) and -(2**63) <= v < 2**63 for v in (e.start_us, e.end_us, e.pid))
+
+
+@fuzz(300)
+@given(_EVENTS | JSON, st.booleans())
+def test_fuzz_decode_batch(batch, as_marshal):
+    line = _marshal_line(batch) if as_marshal else json_bytes(batch)
+    if line is None:
+        return
+    try:
+        events = decode_batch(line)
+    except ValueError:
+        return
+    _check(events)
+
+
+_HELLO = st.dictionaries(st.sampled_from(["rank", "local_rank", "world_size", "pid", "x"]), _FIELD, max_size=5)
+
+
+@fuzz(60)
+@given(hello=_HELLO | JSON, lines=st.lists(_EVENTS.map(json_bytes) | JSON.map(json_bytes) | st.binary(max_size=40)
+                                           .filter(lambda b: b"\n" not in b), max_size=4))
+def test_fuzz_the_server(address_for_fuzz, hello, lines):
+    """Whatever a process sends (its hello included), receive() returns typed events from a sane identity and
+    never raises into the sampler's loop."""
+    import socket
+
+    server = address_for_fuzz
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(server.address)
+        s.sendall(json_bytes({"hello": hello}) + b"\n" + b"\n".join(lines) + b"\n")
+        s.shutdown(socket.SHUT_WR)
+        got = _until_dropped(server)
+    finally:
+        s.close()
+    for identity, item in got:
+        assert set(identity) == {"rank", "local_rank", "world_size", "pid"}
+        assert all(isinstance(v, int) and 0 <= v < 2**31 for v in identity.values())
+        if isinstance(item, FrameworkEvent):
+            _check([item])
+
+
+def _until_dropped(server: EventServer, timeout_s: float = 10) -> list:
+    """What the server received until it saw the connection end (it then holds only its listener)."""
+    import select
+
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select(server.fds(), [], [], 0.05)
+        got += server.receive(ready)
+        if len(server.fds()) == 1 and not ready:
+            return got
+    raise AssertionError("the server did not finish reading a connection")
+
+
+@pytest.fixture
+def address_for_fuzz(address):
+    server = EventServer(address)
+    yield server
+    server.close()

@@ -250,6 +250,38 @@ def test_invalid_config_file_still_runs_the_command(tmp_path, content, field):
     assert json.loads((run / "config.json").read_text())["flush_interval_s"] == 5.0  # the defaults
 
 
+@pytest.mark.parametrize("content, field", [
+    (b'{"sample_interval_ms": ' + b"9" * 5000 + b"}", "sample_interval_ms"),  # ValueError in json
+    (b'{"out": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "config file"),  # RecursionError
+    (b'{"node": "\xff\xfe"}', "config file"),  # UnicodeDecodeError
+    (b'{"max_storage_mb": 1e308}', "max_storage_mb"),  # OverflowError in the sampler
+    ("/dev/zero", "config file"),  # read forever
+    ("fifo", "config file"),  # blocked in open()
+], ids=["huge-int", "deep", "invalid-utf8", "1e308", "dev-zero", "fifo"])
+def test_a_hostile_config_file_still_runs_the_command_with_the_defaults(tmp_path, content, field):
+    """What the README promises for any bad config file: one line naming the field, the value and what is
+    allowed; the job runs with the defaults. Each of these tracebacked or hung before."""
+    if content == "/dev/zero":
+        cfg = Path("/dev/zero")
+    elif content == "fifo":
+        cfg = tmp_path / "stallwatch.json"
+        os.mkfifo(cfg)
+    else:
+        cfg = tmp_path / "stallwatch.json"
+        cfg.write_bytes(content)
+    run = tmp_path / "run"
+    p = stallwatch(tmp_path, "run", "--config", str(cfg), "--interval", "1s", "--out", str(run), "--node", "n",
+                   "--rules-interval", "0", "--", *job(tmp_path, "time.sleep(0.5)", exit_code=3), timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout == PAYLOAD
+    assert "Traceback" not in p.stderr, p.stderr
+    errors = lines_matching(p.stderr, r"invalid ")
+    assert len(errors) == 1, p.stderr
+    assert field in errors[0] and "default configuration" in errors[0] and len(errors[0]) < 400, errors[0]
+    assert node_record(run, "n")["exit_code"] == 3
+    assert json.loads((run / "config.json").read_text())["max_storage_mb"] == 10240  # the defaults
+
+
 @pytest.mark.parametrize("with_file", [False, True])
 def test_invalid_flag_is_a_usage_error(tmp_path, with_file):
     marker = tmp_path / "ran"

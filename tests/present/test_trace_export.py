@@ -486,3 +486,100 @@ def test_an_unreadable_profiler_trace_is_left_out_with_a_line(torch_run, tmp_pat
     assert summary.profiler_windows == 0 and len(summary.skipped_windows) == 1 and summary.framework_events > 0
     assert doc["otherData"]["skipped_profiler_windows"] == summary.skipped_windows
     assert any("left out profiling window" in r.getMessage() for r in caplog.records)
+
+
+def test_a_gzip_bomb_trace_is_refused_without_being_loaded(torch_run, tmp_path, caplog, monkeypatch):
+    """A 0.5 MB trace.json.gz that expands to 1.1 GB was decompressed and parsed whole (2.2 GB of memory);
+    now its size is counted while decompressing and it is left out with a line, in bounded memory. Here a
+    65 KB gzip of 64 MB against a 32 MB limit, so the test stays small."""
+    import shutil
+    import tracemalloc
+
+    from stallwatch.present import trace_export
+
+    monkeypatch.setattr(trace_export, "MAX_TRACE_JSON_BYTES", 32 << 20, raising=False)
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    copy = tmp_path / "run"
+    shutil.copytree(torch_run, copy)
+    (trace,) = copy.glob("traces/*/*/*/trace.json.gz")
+    trace.write_bytes(_whitespace_bomb(64 << 20))
+    run = open_run(str(copy))
+    tracemalloc.start()
+    try:
+        summary = export_timeline(run, tmp_path / "out.json.gz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, f"peak {peak / 2**20:.0f} MB"
+    assert summary.profiler_windows == 0 and len(summary.skipped_windows) == 1 and summary.framework_events > 0
+    assert_valid_trace_event_format(_load(tmp_path / "out.json.gz"))
+    (line,) = [r.getMessage() for r in caplog.records if "left out profiling window" in r.getMessage()]
+    assert "more than 32 MB of JSON" in line
+
+
+def test_a_trace_is_streamed_not_loaded(torch_run, tmp_path, monkeypatch):
+    """A big real-looking trace (its events repeated to 40 MB) is merged whole, holding one event at a time."""
+    import shutil
+    import tracemalloc
+
+    copy = tmp_path / "run"
+    shutil.copytree(torch_run, copy)
+    (trace,) = copy.glob("traces/*/*/*/trace.json.gz")
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    ops = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
+    doc["traceEvents"] += ops * ((40 << 20) // len(json.dumps(ops)))
+    raw = json.dumps(doc).encode()
+    trace.write_bytes(gzip.compress(raw, 1))
+    tracemalloc.start()
+    try:
+        summary = export_timeline(open_run(str(copy)), tmp_path / "out.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert summary.profiler_windows == 1 and summary.profiler_events >= len(doc["traceEvents"]) - 100
+    # a buffer of a megabyte or two and the output's; loaded whole it was 275 MB
+    assert peak < 32 << 20, f"peak {peak / 2**20:.0f} MB for {len(raw) / 2**20:.0f} MB of JSON"
+
+
+def _whitespace_bomb(json_bytes: int) -> bytes:
+    """A gzip of a Chrome trace whose event list is `json_bytes` of whitespace (about 1000:1)."""
+    import zlib
+
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [co.compress(b'{"traceEvents": [')]
+    for _ in range(json_bytes >> 20):
+        parts.append(co.compress(b" " * (1 << 20)))
+    return b"".join(parts + [co.compress(b"]}"), co.flush()])
+
+
+# -- fuzzing: whatever a window's trace holds, the export writes valid JSON and leaves out what it cannot use ------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzz import JSON, NASTY_FLOATS, NASTY_INTS, fuzz, json_bytes  # noqa: E402
+
+_TORCH_EVENT = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "i", "I", "C", "s", "t", "f", "M", "B"]) | JSON},
+    optional={"ts": st.integers() | NASTY_INTS | NASTY_FLOATS | JSON, "dur": st.integers(-5, 10**6) | NASTY_FLOATS
+              | JSON, "name": JSON, "cat": JSON, "pid": JSON, "tid": JSON, "id": JSON, "args": JSON})
+
+
+@fuzz(40)
+@given(events=st.lists(_TORCH_EVENT, max_size=8), base=JSON)
+def test_fuzz_torch_events_in_a_window(tmp_path_factory, events, base):
+    root = tmp_path_factory.mktemp("fz") / "run"
+    (root / "nodes").mkdir(parents=True)
+    (root / "nodes" / "n.json").write_text(json.dumps({"node": "n", "start_us": T0, "end_us": T0 + S}))
+    window = root / "traces" / "n" / "0" / "detailed-0001763790000000"
+    window.mkdir(parents=True)
+    (window / "window.json").write_text(json.dumps({"layer": "detailed", "start_us": T0, "end_us": T0 + S,
+                                                    "rank": 0, "pid": 7}))
+    (window / "trace.json.gz").write_bytes(gzip.compress(json_bytes({"traceEvents": events,
+                                                                     "baseTimeNanoseconds": base})))
+    out = root.parent / "out.json"
+    summary = export_timeline(open_run(str(root)), out)
+    doc = json.loads(out.read_text())  # valid JSON, whatever went in
+    assert summary.profiler_windows + len(summary.skipped_windows) == 1
+    assert all(isinstance(e.get("ts"), (int, float)) for e in doc["traceEvents"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -399,6 +400,30 @@ def test_location_create_exclusive_never_overwrites(tmp_path):
     assert [p.name for p in (tmp_path / "run" / "nodes").iterdir()] == ["a.json"]  # no temporary left
 
 
+def test_location_writes_never_leave_the_run(tmp_path):
+    """A directory link inside a run (`rules -> /etc`) made `stallwatch rules` write there; writes, creates
+    and deletes now stay inside the run's real directory. A run reached through a link the user names works."""
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.json").write_text("mine")
+    root = tmp_path / "run"
+    root.mkdir()
+    os.symlink(outside, root / "rules")
+    loc = RunLocation(str(root))
+    with pytest.raises(OSError, match="outside the run"):
+        loc.write_atomic("rules/CPUBottleneck.json", b"{}")
+    with pytest.raises(OSError, match="outside the run"):
+        loc.create_exclusive("rules/new.json", b"{}")
+    with pytest.raises(OSError, match="outside the run"):
+        loc.delete("rules/keep.json")
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.json"]
+    os.symlink(root, tmp_path / "latest")
+    RunLocation(str(tmp_path / "latest")).write_atomic("nodes/n.json", b"{}")
+    assert (root / "nodes" / "n.json").read_bytes() == b"{}"
+
+
 def test_location_file_uri_and_unsupported_scheme(tmp_path):
     """file:// URIs are local paths; other schemes than s3 are refused with a hint."""
     loc = RunLocation(f"file://{tmp_path}/r")
@@ -436,3 +461,325 @@ def test_system_wide_filters_time_and_metrics(run_dir):
     assert part.column_names[0] == "timestamp_us"
     assert part.column_names[1:] and all(n.endswith("/cpu_util") for n in part.column_names[1:])
     assert run.system_wide("no-such-node").num_rows == 0
+
+
+# -- hostile run directories: every reader survives them ---------------------------------------------------------
+
+def _flip_silently(path: Path, column: str) -> int:
+    """Flip one bit inside `column`'s pages of a Parquet file so that a reader that does not check page
+    checksums returns other values without an error (a bit rotted on disk); returns the byte offset."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    data = path.read_bytes()
+    original = pq.read_table(io.BytesIO(data))
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    chunk = meta.row_group(0).column(names.index(column))
+    for offset in range(chunk.data_page_offset + chunk.total_compressed_size - 1, chunk.data_page_offset, -1):
+        flipped = bytearray(data)
+        flipped[offset] ^= 0x04
+        try:
+            changed = not pq.read_table(io.BytesIO(bytes(flipped))).equals(original)
+        except Exception:  # this flip breaks decoding: not a silent one
+            continue
+        if changed:
+            path.write_bytes(bytes(flipped))
+            return offset
+    raise AssertionError(f"no silent flip found in {path}:{column}")
+
+
+def test_a_flipped_bit_in_a_segment_is_reported_and_skipped(run_dir, caplog):
+    """Parquet pages carry CRC32 checksums, checked on read: a flipped bit made values change without a
+    word; now the file is named in one warning and skipped, and every other file still reads."""
+    root, nodes = run_dir
+    victim = _chunks(root, "seg", "algo-1")[1]
+    _flip_silently(root / victim.path, "memory/mem_used_bytes")
+    run = open_run(str(root))
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        t = run.system()
+    (warning,) = _warnings(caplog)
+    assert victim.path in warning and "checksum" in warning.lower(), warning
+    lost = {(ts, "algo-1") for ts in range(victim.start_us, victim.end_us + 1, S)}
+    assert _rows(t) == [r for r in all_rows(nodes) if (r[0], r[1]) not in lost]  # nothing else changed
+
+
+def test_a_flipped_bit_in_a_framework_segment_is_reported_and_skipped(tmp_path, caplog):
+    from stallwatch.records import FrameworkEvent
+    from stallwatch.store.framework_writer import FrameworkWriter
+
+    root = tmp_path / "run"
+    make_run(root, nodes=("algo-1",), seconds=5)
+    location = RunLocation(str(root))
+    for rank in (0, 1):
+        w = FrameworkWriter(location, "algo-1", rank, flush_interval_us=600 * S, max_bytes=1 << 30)
+        for i in range(500):
+            w.append(FrameworkEvent("step", "train_step", T0 + i * 10_000, T0 + i * 10_000 + 9_000, "TRAIN", i, 7))
+        w.close()
+    (victim,) = (root / "framework" / "algo-1" / "1").glob("seg-*.parquet")
+    _flip_silently(victim, "end_us")
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        events = open_run(str(root)).framework()
+    (warning,) = _warnings(caplog)
+    assert victim.name in warning and "checksum" in warning.lower(), warning
+    assert set(events["rank"].to_pylist()) == {0} and events.num_rows == 500
+    assert events["end_us"].to_pylist() == [T0 + i * 10_000 + 9_000 for i in range(500)]
+
+
+# (file, field) -> wrong values; every field of docs/format.md's run.json, nodes/<node>.json and window.json
+WRONG_VALUES = [None, True, -1, 2**70, 1.5, float("nan"), "x", [], [1, "a"], {}, {"a": [1]}]
+
+
+def _window(root: Path, node: str) -> Path:
+    d = root / layout.trace_window_dir(node, 0, "detailed-0001763790000000")
+    d.mkdir(parents=True)
+    (d / "window.json").write_text(json.dumps({
+        "layer": "detailed", "start_us": T0, "end_us": T0 + S, "mode": "TRAIN", "first_step": 1, "last_step": 2,
+        "pid": 42, "status": "complete", "range": "1:2", "profiler": "torch.profiler", "activities": ["cpu"],
+        "timer": None, "node": node, "rank": 0, "window": "detailed-0001763790000000", "files": [],
+        "summary_error": None}))
+    return d / "window.json"
+
+
+# May be null (docs/format.md); every other field has the type of the value the writers give it.
+OPTIONAL = {"end_us", "exit_code", "cpu_cores_physical", "gpu_driver", "gpu_absent_reason", "first_step", "last_step",
+            "range", "timer", "summary_error"}
+
+
+def _sane(field: str, value, good) -> bool:
+    if value is None:
+        return field in OPTIONAL
+    if good is None:  # null in the writer's record: text or a time when set
+        return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+    if isinstance(good, (int, float)) and not isinstance(good, bool):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+        return ok and -(2**63) <= value < 2**63 and (value >= 0 or field == "exit_code")
+    if isinstance(good, list):
+        return isinstance(value, list) and all(isinstance(x, (str if field != "gpus" else dict)) for x in value)
+    if isinstance(good, dict):
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    return type(value) is type(good)
+
+
+@pytest.mark.parametrize("which", ["run.json", "node", "window.json"])
+def test_fields_of_the_wrong_type_are_left_out_and_info_renders(tmp_path, caplog, which):
+    """`stallwatch info` raised on 41 wrong-typed values (a bool as the command, a bool for gpus, a 2**70
+    start...); the store now leaves each such field out with one line, so nothing downstream meets it."""
+    from stallwatch.log import forget
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present.info import render_info
+
+    root = tmp_path / "run"
+    make_run(root, nodes=("algo-1",), seconds=3)
+    path = {"run.json": root / "run.json", "node": root / "nodes" / "algo-1.json",
+            "window.json": _window(root, "algo-1")}[which]
+    good = json.loads(path.read_text())
+    good.setdefault("end_us", T0)
+    for field in sorted(good):
+        for wrong in WRONG_VALUES:
+            path.write_text(json.dumps({**good, field: wrong}))
+            run = open_run(str(root))
+            info = run.info
+            windows = run.profiles()
+            record = {"run.json": info, "node": info["nodes"].get("algo-1", {}),
+                      "window.json": (windows or [{}])[0]}[which]
+            assert "algo-1" in render_info(RunAnalysis(run))
+            if field in record:
+                assert _sane(field, record[field], good[field]), (field, wrong, record[field])
+            for key in (f"bad-fields-{root}/{path.relative_to(root)}", f"bad-window-{root}-{path.parent.relative_to(root)}"):
+                forget(key)
+
+
+def test_a_fifo_named_run_json_does_not_hang_the_reader(tmp_path, caplog):
+    """open() of a FIFO waits for a writer forever: `stallwatch info` hung on one named run.json."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path / "run"
+    make_run(root, nodes=("algo-1",), seconds=3)
+    (root / "run.json").unlink()
+    os.mkfifo(root / "run.json")
+    os.mkfifo(root / "nodes" / "algo-2.json")
+    p = subprocess.run([sys.executable, "-m", "stallwatch.cli", "info", str(root)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "algo-1" in p.stdout and "not a regular file" in p.stderr
+
+
+def test_a_rank_beyond_int32_is_skipped_with_a_line(tmp_path, caplog):
+    """A rank directory named 4294967296 overflowed the int32 rank column: summary, rules and report raised."""
+    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.rules.registry import all_rules
+    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.steps import step_stats
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present.info import render_info
+    from tests.present.generated_run import training_run
+
+    root = training_run(tmp_path / "run", n=300, gpus=0)
+    shutil.copytree(root / "framework" / "algo-1" / "0", root / "framework" / "algo-1" / str(2**32))
+    shutil.copytree(root / "framework" / "algo-1" / "0", root / "framework" / "algo-1" / "-3")
+    run = open_run(str(root))
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        events = run.framework()
+        assert set(events["rank"].to_pylist()) == {0}
+        assert run.ranks() == {"algo-1": ["0"]}
+        assert step_stats(events)
+        results = evaluate(all_rules(), iter_run(run, all_rules()))
+        assert {r.name for r in results} >= {"StepOutlier", "CPUBottleneck"}
+        assert "algo-1" in render_info(RunAnalysis(run))
+    said = [w for w in _warnings(caplog) if "4294967296" in w]
+    assert len(said) == 1 and "0 … 2147483647" in said[0], _warnings(caplog)
+
+
+def _rename_chunk(path: Path, start_us: int, end_us: int) -> Path:
+    kind = path.name.split("-")[0]
+    target = path.with_name(layout.chunk_name(kind, start_us, end_us))
+    path.rename(target)
+    return target
+
+
+def test_a_file_named_in_1970_does_not_stretch_the_run(run_dir, caplog):
+    """A segment named from 1970 made the batch rules step through 56 years an hour at a time (4 minutes)
+    and put the timeline's origin in 1970: a name that cannot be true is checked against the data."""
+    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.present.trace_export import run_origin_us
+
+    root, nodes = run_dir
+    victim = _chunks(root, "seg", "algo-1")[1]
+    _rename_chunk(root / victim.path, 1, victim.end_us)
+    run = open_run(str(root))
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        assert run.time_range()[0] == T0
+        chunks = list(itertools.islice(iter_run(run), 10))
+        assert run_origin_us(run) == T0
+        assert _rows(run.system()) == all_rows(nodes)  # its rows are still read, once
+        assert _rows(run.system(start_us=victim.start_us, end_us=victim.end_us + 1)) == \
+            [r for r in all_rows(nodes) if victim.start_us <= r[0] <= victim.end_us]
+    assert len(chunks) == 1
+    said = [w for w in _warnings(caplog) if "do not match its data" in w]
+    assert len(said) == 1 and victim.path.rsplit("/", 1)[0] in said[0]
+
+
+def test_data_from_1970_is_a_slice_of_its_own_not_56_years(tmp_path):
+    """Snapshots really stamped 1970 next to this year's: the rules read the slices that hold data, not
+    every hour between (the data exists; the gap does not)."""
+    from stallwatch.analyze.rules.feed import iter_run
+
+    root = tmp_path / "run"
+    make_run(root, nodes=("algo-1",), seconds=5)
+    old = NodeData("algo-1")
+    w = writer_for(RunLocation(str(root)), "algo-1")
+    feed(w, old, 0, 0, 3, t0=5 * S)
+    w.close()
+    run = open_run(str(root))
+    chunks = list(itertools.islice(iter_run(run), 10))
+    assert len(chunks) == 2 and chunks[-1].final
+    assert sum(len(f) for c in chunks for f in c.system.values()) == 8
+
+
+# -- fuzzing the readers: any JSON in the run's records, any damage to its files ---------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.fuzz import JSON, fuzz, json_bytes  # noqa: E402
+
+_FIELD_NAMES = ["format_version", "run_id", "created_us", "command", "versions", "config", "node", "hostname",
+                "start_us", "end_us", "gpus", "ranks", "metrics", "exit_code", "status", "cpu_cores_logical",
+                "sample_interval_ms", "samples_written", "layer", "first_step", "last_step", "files", "rank",
+                "window", "pid", "summary_error"]
+_RECORDS = st.dictionaries(st.sampled_from(_FIELD_NAMES), JSON, max_size=10)
+_FILE = st.one_of(_RECORDS.map(json_bytes), JSON.map(json_bytes), st.binary(max_size=64))
+
+
+@pytest.fixture(scope="module")
+def fuzz_base(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz") / "run"
+    make_run(root, nodes=("algo-1",), seconds=3)
+    _window(root, "algo-1")
+    return root
+
+
+@fuzz(60)
+@given(run_json=_FILE, node_json=_FILE, window_json=_FILE)
+def test_fuzz_json_records(fuzz_base, tmp_path_factory, run_json, node_json, window_json):
+    """Whatever run.json, a node record and a window.json hold, info, profiles and `stallwatch info` answer;
+    every field that comes out has a JSON type a renderer can take."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present.info import render_info
+
+    root = tmp_path_factory.mktemp("case") / "run"
+    shutil.copytree(fuzz_base, root)
+    (root / "run.json").write_bytes(run_json)
+    (root / "nodes" / "algo-1.json").write_bytes(node_json)
+    (next(root.glob("traces/*/*/*")) / "window.json").write_bytes(window_json)
+    run = open_run(str(root))
+    info = run.info
+    assert isinstance(info["nodes"], dict) and all(isinstance(n, dict) for n in info["nodes"].values())
+    for record in [info, *info["nodes"].values(), *run.profiles()]:
+        for key, value in record.items():
+            if key != "nodes":
+                json.dumps(value, allow_nan=False)  # plain, finite JSON: nothing a renderer could choke on
+    assert "algo-1" in render_info(RunAnalysis(run))
+    shutil.rmtree(root.parent)
+
+
+def _damage(data: bytes, how: str, where: int, bits: int) -> bytes:
+    if how == "truncate":
+        return data[: where % max(1, len(data))]
+    if how == "append":
+        return data + bytes([bits]) * (where % 64 + 1)
+    pos = len(data) - 1 - (where % min(len(data), 2048)) if how == "footer" else where % len(data)
+    out = bytearray(data)
+    out[pos] ^= bits or 1
+    return bytes(out)
+
+
+@pytest.fixture(scope="module")
+def damage_base(tmp_path_factory) -> Path:
+    from stallwatch.records import FrameworkEvent
+    from stallwatch.store.framework_writer import FrameworkWriter
+
+    root = tmp_path_factory.mktemp("damage") / "run"
+    make_run(root, nodes=("algo-1",), seconds=30)
+    w = FrameworkWriter(RunLocation(str(root)), "algo-1", 0, flush_interval_us=600 * S, max_bytes=1 << 30)
+    for i in range(200):
+        w.append(FrameworkEvent("step", "train_step", T0 + i * 100_000, T0 + i * 100_000 + 90_000, "TRAIN", i, 7))
+    w.close()
+    return root
+
+
+@fuzz(80)
+@given(which=st.sampled_from(["system-seg", "framework-seg"]), how=st.sampled_from(["flip", "footer", "truncate",
+                                                                                    "append"]),
+       where=st.integers(0, 1 << 20), bits=st.integers(0, 255))
+def test_fuzz_damaged_files(damage_base, tmp_path_factory, which, how, where, bits):
+    """A damaged Parquet file (a flipped bit anywhere, the footer included; cut short; garbage after it) costs
+    at most its own rows: every reader answers, the other files read whole."""
+    root = tmp_path_factory.mktemp("case") / "run"
+    shutil.copytree(damage_base, root)
+    victims = sorted(root.glob("system/algo-1/seg-*.parquet" if which == "system-seg"
+                               else "framework/algo-1/0/seg-*.parquet"))
+    victim = victims[0]
+    victim.write_bytes(_damage(victim.read_bytes(), how, where, bits))
+    run = open_run(str(root))
+    system = run.system()
+    run.system_wide("algo-1")
+    run.system_overview()
+    run.system_keys("algo-1")
+    events = run.framework()
+    run.time_range()
+    run.time_slices(3_600_000_000)
+    intact = open_run(str(damage_base))
+    if which == "framework-seg":
+        assert _rows(system) == _rows(intact.system())
+        assert events.num_rows <= 200
+    else:
+        assert events.num_rows == 200
+        lost = layout.parse_chunk(f"system/algo-1/{victim.name}")
+        outside = [r for r in _rows(intact.system()) if not lost.start_us <= r[0] <= lost.end_us]
+        assert [r for r in _rows(system) if not lost.start_us <= r[0] <= lost.end_us] == outside
+    shutil.rmtree(root.parent)

@@ -116,3 +116,56 @@ def test_a_python_window_never_replaces_the_users_own_profiler(tmp_path):
         mine.disable()
     assert sent == []
     assert mine.getstats()  # the user's profile kept recording
+
+
+# -- what a live change that can never run says, and the cap on a detailed window ---------------------------------
+
+def _said(caplog, words: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+def test_a_live_time_window_already_past_is_said_so(tmp_path, caplog):
+    """A step window already past was said so; a time window already past was dropped without a word."""
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    c, events, _ = _controller(tmp_path)
+    _steps(c, [TRAIN] * 2)
+    past = ProfilingRange(start_time_us=now_us() - 120_000_000, duration_s=30)
+    c.set_config(c.config.replace(dataloader_profiling=past), train_steps_done=2)
+    _steps(c, [TRAIN] * 2)
+    (line,) = _said(caplog, "already past")
+    assert "dataloader_profiling" in line and "ended 90 s ago" in line
+    assert [e for e in events if e[0] == "profiling"] == []
+
+
+def test_a_live_window_that_ran_already_is_said_so(tmp_path, caplog):
+    """Cleared, then set again to the range that already ran: nothing happened, and nothing said why."""
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    c, events, _ = _controller(tmp_path, dataloader_profiling=ProfilingRange(5, 1))
+    _steps(c, [TRAIN] * 7)
+    c.set_config(c.config.replace(dataloader_profiling=None), train_steps_done=7)
+    c.set_config(c.config.replace(dataloader_profiling=ProfilingRange(5, 1)), train_steps_done=7)
+    (line,) = _said(caplog, "ran already")
+    assert "dataloader_profiling 5:1" in line and "give another range" in line
+    assert len([e for e in events if e[0] == "profiling"]) == 1
+
+
+def test_a_detailed_time_window_stops_after_the_step_cap(tmp_path, caplog):
+    """A time window holds any number of steps; torch.profiler keeps them all in the job's memory (10,000
+    steps: 1.5 GB), so a detailed window stops at MAX_DETAILED_STEPS, said in one line."""
+    torch = pytest.importorskip("torch")
+    from stallwatch.config import MAX_DETAILED_STEPS
+
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    window = ProfilingRange(start_time_us=now_us(), duration_s=300)
+    c, _, sent = _controller(tmp_path, detailed_profiling=window)
+    x = torch.randn(4, 4)
+    _steps(c, [TRAIN] * (MAX_DETAILED_STEPS + 20), work=lambda: x @ x)
+    (msg,) = sent
+    assert msg["artifact"]["meta"]["status"] == "capped"
+    text = open(msg["artifact"]["files"]["trace.json"]).read()
+    assert text.count('"ProfilerStep#') == MAX_DETAILED_STEPS
+    (line,) = _said(caplog, "detailed profiling stopped after")
+    assert f"after {MAX_DETAILED_STEPS} steps" in line

@@ -20,11 +20,12 @@ from typing import Any
 
 from stallwatch.collect import profile_summary
 from stallwatch.log import logger, warn_once
-from stallwatch.store import layout, profiles_codec
+from stallwatch.store import layout, profiles_codec, trace_codec
 from stallwatch.store.chunk_writer import Sink, StorageBudget
 
 QUEUE_SIZE = 16
-MAX_SUMMARY_BYTES = 512 * 2**20  # a bigger trace is stored but not summarized (json would need GBs)
+MAX_SUMMARY_BYTES = 512 * 2**20  # a bigger trace is stored but not summarized (it would take minutes)
+MAX_TRACE_BYTES = trace_codec.MAX_TRACE_JSON_BYTES  # a bigger one is not stored: nothing could read it back
 GZIP_LEVEL = 6
 _READ_CHUNK = 1 << 20
 # The staged files each layer may send, under the names they are stored with (or turned into).
@@ -232,7 +233,14 @@ class ArtifactStore:
 
     def _prepare_detailed(self, w: Window) -> None:
         path = w.staged["trace.json"]
-        raw, compressed, was_gzipped = _read_and_gzip(path)
+        try:
+            raw, compressed, _ = _read_and_gzip(path)
+        except _TooBig as exc:
+            w.summary_error = (f"its trace holds more than {MAX_TRACE_BYTES / 2**20:.0f} MB of JSON and was not "
+                               "stored; profile fewer steps")
+            warn_once("artifact-trace-too-big-to-store", "profiling window %s: %s (%s)", w.window, w.summary_error,
+                      exc)
+            return
         w.files[layout.TRACE_JSON_GZ] = compressed
         if raw > MAX_SUMMARY_BYTES:
             w.summary_error = f"trace of {raw / 2**20:.0f} MB is larger than {MAX_SUMMARY_BYTES / 2**20:.0f} MB"
@@ -241,9 +249,10 @@ class ArtifactStore:
             return
 
         def operators() -> bytes:
-            with (gzip.GzipFile(fileobj=io.BytesIO(compressed)) if was_gzipped else _open_staged(path)) as fh:
-                trace = json.load(fh)
-            return profiles_codec.encode_operators(profile_summary.operator_rows(trace))
+            # Streamed one event at a time: json.load of a 500 MB trace took the sampler past 1.5 GB.
+            with io.BytesIO(compressed) as fh:
+                events = trace_codec.iter_events(fh, max_bytes=MAX_SUMMARY_BYTES)
+                return profiles_codec.encode_operators(profile_summary.operator_rows(events))
 
         self._summarize(w, layout.OPERATORS_PARQUET, operators)
 
@@ -363,13 +372,20 @@ def _read_staged(path: str) -> bytes:
         return fh.read()
 
 
+class _TooBig(Exception):
+    """A staged trace past MAX_TRACE_BYTES."""
+
+
 def _read_and_gzip(path: str) -> tuple[int, bytes, bool]:
     """(size of the JSON, its gzip, whether it came gzipped) read in chunks; an already gzipped trace
-    (torch writes one for a `.gz` name) is kept as it is."""
+    (torch writes one for a `.gz` name) is kept as it is. _TooBig past MAX_TRACE_BYTES of JSON: memory
+    holds the compressed trace, and nothing could read a bigger one back (the timeline's limit)."""
     with _open_staged(path) as fh:
         head = fh.read(2)
         if head == b"\x1f\x8b":
-            data = head + fh.read()
+            data = head + fh.read(MAX_TRACE_BYTES)
+            if len(data) > MAX_TRACE_BYTES:
+                raise _TooBig(f"{len(data) / 2**20:.0f} MB gzipped")
             return _gunzipped_size(data), data, True
         buf = io.BytesIO()
         raw = len(head)
@@ -378,12 +394,13 @@ def _read_and_gzip(path: str) -> tuple[int, bytes, bool]:
             while chunk := fh.read(_READ_CHUNK):
                 gz.write(chunk)
                 raw += len(chunk)
+                if raw > MAX_TRACE_BYTES:
+                    raise _TooBig(f"{raw / 2**20:.0f} MB read so far")
         return raw, buf.getvalue(), False
 
 
 def _gunzipped_size(data: bytes) -> int:
-    with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
-        size = 0
-        while chunk := gz.read(_READ_CHUNK):
-            size += len(chunk)
-        return size
+    size = trace_codec.json_size(io.BytesIO(data), MAX_TRACE_BYTES)
+    if size > MAX_TRACE_BYTES:
+        raise _TooBig("gzipped by the job")
+    return size

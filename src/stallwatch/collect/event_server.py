@@ -99,8 +99,7 @@ class EventServer:
             return
         try:
             if conn.identity is None:
-                hello = json.loads(line)["hello"]
-                conn.identity = {k: int(hello[k]) for k in ("rank", "local_rank", "world_size", "pid")}
+                conn.identity = _identity(json.loads(line)["hello"])
                 self.identities.append(conn.identity)
                 if self._greeting is not None:
                     self._send(fd, conn, self._greeting)
@@ -115,8 +114,9 @@ class EventServer:
             events = decode_batch(value)
             out.extend((conn.identity, e) for e in events)
             conn.events += len(events)
-        except (ValueError, KeyError, TypeError) as exc:
-            warn_once(f"events-bad-{type(exc).__name__}", "ignoring a malformed framework event (%s)", exc)
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            warn_once(f"events-bad-{type(exc).__name__}", "ignoring a malformed framework event (%s)",
+                      str(exc)[:200])
 
     def _accept(self) -> None:
         while True:
@@ -143,3 +143,20 @@ class EventServer:
             os.unlink(self.address)
         except OSError:
             pass
+
+
+_IDENTITY = (("rank", 0), ("local_rank", 0), ("world_size", 1), ("pid", 0))
+_MAX_ID = 2**31 - 1  # ranks and pids are stored as int32
+
+
+def _identity(hello: object) -> dict[str, int]:
+    """A process's introduction: rank, local_rank, world_size and pid, each an integer that fits the store."""
+    if not isinstance(hello, dict):
+        raise ValueError("a hello is an object of rank, local_rank, world_size and pid")
+    out = {}
+    for key, low in _IDENTITY:
+        value = hello[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_ID:
+            raise ValueError(f"hello: {key} must be an integer from {low} to {_MAX_ID}")
+        out[key] = value
+    return out

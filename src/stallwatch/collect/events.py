@@ -39,9 +39,10 @@ def process_identity() -> dict[str, int]:
     """Rank, local rank and world size as torchrun (and most launchers) set them; 0/0/1 otherwise."""
     def num(name: str, default: int) -> int:
         try:
-            return int(os.environ.get(name, default))
+            value = int(os.environ.get(name, default))
         except ValueError:
             return default
+        return value if 0 <= value < 2**31 else default  # the sampler takes int32 ranks only
     return {"rank": num("RANK", 0), "local_rank": num("LOCAL_RANK", 0), "world_size": num("WORLD_SIZE", 1),
             "pid": os.getpid()}
 
@@ -222,7 +223,10 @@ def decode_line(line: bytes) -> Any:
             return marshal.loads(base64.b64decode(line[1:], validate=True))
         except (EOFError, TypeError, binascii.Error) as exc:
             raise ValueError(f"undecodable event batch ({exc})") from None
-    return json.loads(line)
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise ValueError("a line nested too deeply") from None
 
 
 def decode_batch(line: bytes | list) -> list[FrameworkEvent]:

@@ -9,9 +9,10 @@ import json
 import threading
 from typing import Any
 
-from stallwatch.config import LIVE_FIELDS, ConfigError, ProfilerConfig
+from stallwatch.config import LIVE_FIELDS, MAX_CONFIG_BYTES, ConfigError, ProfilerConfig
 from stallwatch.log import logger
 from stallwatch.store import layout
+from stallwatch.store.location import FileTooLargeError, UnsafeFileError
 
 POLL_LOCAL_S = 0.5
 POLL_REMOTE_S = 2.0
@@ -25,6 +26,7 @@ class ConfigWatcher:
         self.running = running
         self._poll_s = poll_s if poll_s is not None else (POLL_REMOTE_S if location.remote else POLL_LOCAL_S)
         self._last_text: bytes | None = None
+        self._last_valid: ProfilerConfig | None = None  # the file's last valid content: edits are told from it
         self._accepted: ProfilerConfig | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -49,22 +51,28 @@ class ConfigWatcher:
 
     def check(self) -> None:
         try:
-            text = self._location.read(layout.CONFIG_JSON)
+            text = self._location.read(layout.CONFIG_JSON, MAX_CONFIG_BYTES)
+        except (UnsafeFileError, FileTooLargeError) as exc:
+            if self._last_text != str(exc).encode():
+                self._last_text = str(exc).encode()
+                self._refuse(str(exc))
+            return
         except Exception:
             return  # not there (yet), or unreachable now: the running configuration stays
         if text == self._last_text:
             return
-        first = self._last_text is None
         self._last_text = text
         proposed = self._validate(text)
         if proposed is None:
             return
+        previous, self._last_valid = self._last_valid, proposed
+        if previous is not None:  # an edit of the file (the first read is what the run started with)
+            fixed = [f for f in proposed.to_dict() if f not in LIVE_FIELDS
+                     and getattr(proposed, f) != getattr(previous, f)]
+            if fixed:
+                logger.warning("config.json: %s cannot change while the job runs (only %s can); ignored",
+                               ", ".join(fixed), ", ".join(LIVE_FIELDS))
         changes = {f: getattr(proposed, f) for f in LIVE_FIELDS if getattr(proposed, f) != getattr(self.running, f)}
-        fixed = [f for f in proposed.to_dict() if f not in LIVE_FIELDS
-                 and getattr(proposed, f) != getattr(self.running, f) and f not in ("out", "node", "runs_dir")]
-        if fixed and not first:
-            logger.warning("config.json: %s cannot change while the job runs (only %s can); ignored",
-                           ", ".join(fixed), ", ".join(LIVE_FIELDS))
         if not changes:
             return
         updated = self.running.replace(**changes)
@@ -76,14 +84,17 @@ class ConfigWatcher:
 
     def _validate(self, text: bytes) -> ProfilerConfig | None:
         try:
-            return ProfilerConfig.from_dict(json.loads(text))
-        except json.JSONDecodeError as exc:
-            problem = f"is not valid JSON ({exc.msg} at line {exc.lineno})"
-        except (ConfigError, TypeError) as exc:
+            return ProfilerConfig.from_json_bytes(text, layout.CONFIG_JSON)
+        except ConfigError as exc:
             problem = str(exc)
+        except Exception as exc:  # nothing in the file may end the watch, or pass unsaid
+            problem = f"{type(exc).__name__}: {exc}"
+        self._refuse(problem)
+        return None
+
+    def _refuse(self, problem: str) -> None:
         logger.warning("the run's config.json change is refused: %s; the running configuration "
                        "stays in force (fix the file, or use `stallwatch config RUN`)", problem)
-        return None
 
 
 def _show(value: Any) -> str:

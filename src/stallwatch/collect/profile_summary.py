@@ -3,8 +3,11 @@ operator from a torch.profiler Chrome trace, per function from cProfile stats or
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 # Host-side operators (aten::*, autograd nodes) of torch.profiler's Chrome trace. In torch 2.13 a CPU
 # trace also holds `python_function` (with_stack), `user_annotation` (ProfilerStep#N, record_function),
@@ -18,12 +21,16 @@ _NEST_EPS_US = 0.01
 
 
 def operator_rows(trace: Any) -> list[dict[str, Any]]:
-    """One row per (operator name, device): calls, self_us, total_us, largest self time first."""
+    """One row per (operator name, device): calls, self_us, total_us, largest self time first. `trace` is the
+    trace's JSON object, or its events (a list, or an iterator that streams them)."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else trace
-    if not isinstance(events, list):
+    if events is None or isinstance(events, (str, bytes, dict)) or not hasattr(events, "__iter__"):
         raise ValueError("not a Chrome trace: no traceEvents list")
-    threads: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
+    # Per thread: start, duration and name index of each host operator, in arrays (24 bytes an operator, not
+    # ~150 as tuples: a 400 MB trace holds millions); one string per distinct name.
+    threads: dict[tuple[Any, Any], tuple[array, array, array]] = {}
     totals: dict[tuple[str, str], list[float]] = {}
+    name_ids: dict[str, int] = {}
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -35,32 +42,46 @@ def operator_rows(trace: Any) -> list[dict[str, Any]]:
         except (KeyError, TypeError, ValueError):
             continue
         if cat in HOST_CATEGORIES:
-            threads.setdefault((ev.get("pid"), ev.get("tid")), []).append((ts, dur, name))
+            key = (ev.get("pid"), ev.get("tid"))
+            try:
+                ops = threads.get(key)
+            except TypeError:  # a list or an object as a thread id: data, not a key
+                key = (repr(key[0]), repr(key[1]))
+                ops = threads.get(key)
+            if ops is None:
+                ops = threads[key] = (array("d"), array("d"), array("q"))
+            ops[0].append(ts)
+            ops[1].append(dur)
+            ops[2].append(name_ids.setdefault(name, len(name_ids)))
         else:
             _add(totals, name, "cuda", dur, dur)
-    for ops in threads.values():
-        for name, self_us, total_us in _self_times(ops):
-            _add(totals, name, "cpu", self_us, total_us)
+    names = list(name_ids)
+    for ts_a, dur_a, ids_a in threads.values():
+        for name_id, self_us, total_us in _self_times(ts_a, dur_a, ids_a):
+            _add(totals, names[name_id], "cpu", self_us, total_us)
     rows = [{"operator": name, "device": device, "calls": int(t[0]), "self_us": t[1], "total_us": t[2]}
             for (name, device), t in totals.items()]
     rows.sort(key=lambda r: (r["device"], -r["self_us"], r["operator"]))
     return rows
 
 
-def _self_times(ops: list[tuple[float, float, str]]) -> Iterable[tuple[str, float, float]]:
+def _self_times(starts: array, durations: array, names: array) -> Iterable[tuple[int, float, float]]:
     """(name, self, total) per operator of one thread. Self is its duration minus its direct child
     operators'; total is 0 inside an operator of the same name (aten::sum calls aten::sum), so a name's
     summed total never counts the same time twice."""
-    ops.sort(key=lambda o: (o[0], -o[1]))
+    ts_all = np.frombuffer(starts, dtype=np.float64)
+    dur_all = np.frombuffer(durations, dtype=np.float64)
+    order = np.lexsort((-dur_all, ts_all))  # by start, the enclosing one first
     # Open operators: [end, name, duration, time taken by direct children, inside the same name].
     stack: list[list[Any]] = []
-    open_names: dict[str, int] = {}
+    open_names: dict[int, int] = {}
 
-    def finish(entry: list[Any]) -> tuple[str, float, float]:
+    def finish(entry: list[Any]) -> tuple[int, float, float]:
         open_names[entry[1]] -= 1
         return entry[1], max(0.0, entry[2] - entry[3]), 0.0 if entry[4] else entry[2]
 
-    for ts, dur, name in ops:
+    for ts, dur, name in zip(ts_all[order].tolist(), dur_all[order].tolist(),
+                             np.frombuffer(names, dtype=np.int64)[order].tolist()):
         end = ts + dur
         while stack and (stack[-1][0] <= ts or end > stack[-1][0] + _NEST_EPS_US):
             yield finish(stack.pop())  # ended before this one starts, or overlaps it without containing it

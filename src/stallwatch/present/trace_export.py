@@ -59,6 +59,7 @@ DEFAULT_MAX_POINTS = 10_000  # per counter series: 5,000 min/max buckets
 # Perfetto's UI stays responsive up to a few million slices; about 150 bytes of JSON each before gzip.
 DEFAULT_MAX_EVENTS = 1_000_000
 MAX_TRACE_GZ_BYTES = 128 * 2**20  # a bigger torch.profiler trace is left out (open it on its own)
+MAX_TRACE_JSON_BYTES = 1 << 30  # and one that expands to more (streamed, but a bigger one takes minutes)
 _COUNT_SLICE_US = 600 * 1_000_000  # the counting pass reads this much time at once (one segment)
 _CLOCK_TOLERANCE_US = 60 * 1_000_000  # a torch trace further off its window is realigned to it
 _BUFFER = 4096  # events joined per write
@@ -149,20 +150,10 @@ def run_origin_us(run: Run, info: dict[str, Any] | None = None) -> int:
     info = run.info if info is None else info
     candidates = [info.get("start_us"), info.get("created_us")]
     candidates += [n.get("start_us") for n in (info.get("nodes") or {}).values()]
-    candidates += [_first_chunk_us(run, top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)]
+    candidates.append(run.time_range()[0])
     candidates += [w.get("start_us") for w in run.profiles()]
     found = [c for c in candidates if isinstance(c, int) and not isinstance(c, bool)]
     return min(found) if found else 0
-
-
-def _first_chunk_us(run: Run, top: str) -> int | None:
-    starts = [c.start_us for e in run.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
-    return min(starts) if starts else None
-
-
-def _last_chunk_us(run: Run, top: str) -> int | None:
-    ends = [c.end_us for e in run.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
-    return max(ends) if ends else None
 
 
 def resolve_time(text: str, origin_us: int, flag: str = "time") -> int:
@@ -354,21 +345,18 @@ def _event_cut(run: Run, start_us: int | None, end_us: int | None, cap: int) -> 
     """The time before which at most `cap` framework events of the window start, or None when all fit. Reads
     the events slice by slice in time order and stops once the cap is passed, so a long run costs only what
     is kept."""
-    first, last = _first_chunk_us(run, layout.FRAMEWORK_DIR), _last_chunk_us(run, layout.FRAMEWORK_DIR)
-    if first is None or last is None:
-        return None
-    lo = max(first, start_us) if start_us is not None else first
-    hi = min(last + 1, end_us) if end_us is not None else last + 1
-    seen, a = 0, lo
-    while a < hi:
-        b = min(a + _COUNT_SLICE_US, hi)
-        starts = run.framework(start_us=start_us if a == lo else a, end_us=b)["start_us"].to_numpy()
-        if a != lo:
+    slices = [(a, b) for a, b in run.time_slices(_COUNT_SLICE_US, (layout.FRAMEWORK_DIR,))
+              if (end_us is None or a < end_us) and (start_us is None or b > start_us)]  # gaps are skipped
+    seen = 0
+    for i, (a, b) in enumerate(slices):
+        a = a if start_us is None else max(a, start_us)
+        b = b if end_us is None else min(b, end_us)
+        starts = run.framework(start_us=start_us if i == 0 else a, end_us=b)["start_us"].to_numpy()
+        if i:
             starts = starts[starts >= a]  # the ones that started earlier were counted in an earlier slice
         if seen + len(starts) > cap:
             return int(np.sort(starts)[cap - seen])
         seen += len(starts)
-        a = b
     return None
 
 
@@ -527,62 +515,72 @@ def _merge_window(trace: TraceFile, threads: _Threads, run: Run, window: dict[st
                   index: int) -> int | None:
     """A detailed-profiling window's torch.profiler events on the node's time axis, as extra threads of its
     rank ("rank 0 · torch.profiler"); None, with a log line, when its trace cannot be read."""
-    path = f"{window.get('path')}/{layout.TRACE_JSON_GZ}"
+    path = str(window.get("path"))
+    top: dict[str, Any] = {}
+    meta: list[dict[str, Any]] = []
+    first_slice: float | None = None
     try:
-        sizes = [e.size for e in run.location.list(str(window.get("path"))) if e.path.endswith(layout.TRACE_JSON_GZ)]
+        sizes = [e.size for e in run.location.list(path) if e.path.endswith(layout.TRACE_JSON_GZ)]
         if not sizes:
             raise ValueError("the window has no trace.json.gz")
         if sizes[0] > MAX_TRACE_GZ_BYTES:
             raise ValueError(f"its trace is {sizes[0] / 2**20:.0f} MB gzipped, more than "
                              f"{MAX_TRACE_GZ_BYTES / 2**20:.0f} MB: open it on its own")
-        raw = run.location.read(path)
-        data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        events = data.get("traceEvents") if isinstance(data, dict) else data
-        if not isinstance(events, list):
-            raise ValueError("not a Chrome trace (no traceEvents list)")
+        size = run.trace_size(path, MAX_TRACE_JSON_BYTES)
+        if size > MAX_TRACE_JSON_BYTES:
+            raise ValueError(f"its trace holds more than {MAX_TRACE_JSON_BYTES / 2**20:.0f} MB of JSON: open it "
+                             "on its own")
+        # Streamed twice, never held: first what places it on the time axis (its clock's base is often the
+        # file's last field), then the events themselves.
+        for e in run.trace_events(path, top):
+            if isinstance(e, dict) and e.get("ph") == "M":
+                meta.append(e)
+            elif _kept(e) and e["ph"] == "X":
+                first_slice = float(e["ts"]) if first_slice is None else min(first_slice, float(e["ts"]))
     except Exception as exc:
         logger.warning("timeline: left out profiling window %s (%s)", window.get("path"), exc)
         return None
-    base_ns = data.get("baseTimeNanoseconds") if isinstance(data, dict) else None
-    if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool):
+    base_ns = top.get("baseTimeNanoseconds")
+    if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) and math.isfinite(base_ns):
         offset = (int(base_ns) - origin * 1000) / 1000  # wall time = baseTimeNanoseconds / 1000 + ts
     else:
         offset = float(-origin)  # older traces: ts already µs since the epoch
-    kept = [e for e in events if isinstance(e, dict) and e.get("ph") in _TORCH_PHASES and _number(e.get("ts"))
-            and (e["ph"] != "X" or (_number(e.get("dur")) and e["dur"] >= 0))]
-    slices = [float(e["ts"]) for e in kept if e.get("ph") == "X"]
-    if slices and isinstance(window.get("start_us"), int):
-        first = min(slices) + offset
-        if abs(first - (window["start_us"] - origin)) > _CLOCK_TOLERANCE_US:
+    if first_slice is not None and isinstance(window.get("start_us"), int):
+        if abs(first_slice + offset - (window["start_us"] - origin)) > _CLOCK_TOLERANCE_US:
             logger.warning("timeline: the trace of %s is on another clock than its window; aligned to the "
                            "window's start", window.get("path"))
-            offset = window["start_us"] - origin - min(slices)
-    kept.sort(key=lambda e: (float(e["ts"]), -_dur(e)))
-    names = _torch_names(events)
+            offset = window["start_us"] - origin - first_slice
+    names = _torch_names(meta)
     rank = window.get("rank")
     written = 0
-    for e in kept:
-        out = dict(e)
-        out["pid"] = threads.pid
-        out["tid"] = threads.tid(_torch_label(rank, window.get("pid"), e.get("pid"), e.get("tid"), names))
-        out["ts"] = round(float(e["ts"]) + offset, 3)
-        if e.get("ph") in ("s", "t", "f") and "id" in e:
-            out["id"] = trace.flow_id((index, str(e.get("cat")), str(e["id"])))
-        try:
-            trace.add(json.dumps(_finite(out)))
-        except (TypeError, ValueError):
-            continue
-        written += 1
+    try:
+        for e in run.trace_events(path):
+            if not _kept(e):
+                continue
+            out = dict(e)
+            out["pid"] = threads.pid
+            out["tid"] = threads.tid(_torch_label(rank, window.get("pid"), e.get("pid"), e.get("tid"), names))
+            out["ts"] = round(float(e["ts"]) + offset, 3)
+            if e.get("ph") in ("s", "t", "f") and "id" in e:
+                out["id"] = trace.flow_id((index, str(e.get("cat")), str(e["id"])))
+            try:
+                trace.add(json.dumps(_finite(out)))
+            except (TypeError, ValueError):
+                continue
+            written += 1
+    except Exception as exc:  # it read whole a moment ago: changed under us
+        logger.warning("timeline: profiling window %s was cut short after %d events (%s)", path, written, exc)
     return written
+
+
+def _kept(e: Any) -> bool:
+    """A torch.profiler event the timeline shows: a slice, instant, counter or flow with a finite time."""
+    return (isinstance(e, dict) and e.get("ph") in _TORCH_PHASES and _number(e.get("ts"))
+            and (e["ph"] != "X" or (_number(e.get("dur")) and e["dur"] >= 0)))
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _dur(event: dict[str, Any]) -> float:
-    d = event.get("dur")
-    return float(d) if _number(d) else 0.0
 
 
 def _torch_names(events: list[Any]) -> dict[tuple[str, str], str]:

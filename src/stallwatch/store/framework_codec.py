@@ -38,18 +38,26 @@ def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
     else:
-        pq.write_table(table, sink, compression="zstd",
+        pq.write_table(table, sink, compression="zstd", write_page_checksum=True,
                        column_encoding={"start_us": "DELTA_BINARY_PACKED", "end_us": "DELTA_BINARY_PACKED"},
                        use_dictionary=["kind", "name", "mode", "args", "pid", "step"])
     return sink.getvalue()
 
 
 def read(source: Any, kind: str, columns: list[str] | None = None) -> pa.Table:
-    """A stored file's rows: every column, or only `columns` (a segment then decodes only those)."""
+    """A stored file's rows: every column, or only `columns` (a segment then decodes only those). ValueError
+    for a file whose columns are not the stored schema's (a damaged footer can rename or retype one)."""
     if kind == PART:
         table = pa.ipc.open_file(source).read_all()
-        return table if columns is None else table.select(columns)
-    return pq.read_table(source, columns=columns, use_threads=False)  # small files: threads cost more than they save
+        table = table if columns is None else table.select(columns)
+    else:
+        # small files: threads cost more than they save; a page whose checksum fails is an error, not other values
+        table = pq.read_table(source, columns=columns, use_threads=False, page_checksum_verification=True)
+    for name in columns if columns is not None else STORED_SCHEMA.names:
+        if name not in table.column_names or table[name].type != STORED_SCHEMA.field(name).type:
+            raise ValueError(f"not a framework events file: its column {name!r} is missing or not "
+                             f"{STORED_SCHEMA.field(name).type}")
+    return table
 
 
 def stored_columns(fields: Iterable[str] | None, kinds: bool, times: bool) -> list[str] | None:

@@ -30,6 +30,34 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{now:%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def plain_name(text: object) -> str | None:
+    """`text` when it is one plain path segment (letters, digits, '.', '_', '-', not starting with a dot, at
+    most 128 characters), else None: names read from a run (its id) may go into a file name, nothing else."""
+    return text if isinstance(text, str) and _PLAIN_NAME.match(text) else None
+
+
+def readable_node(name: object) -> bool:
+    """A node directory or record name a reader takes: one printable path segment (what the writers make is
+    stricter, see ProfilerConfig.node; an odd name read from a run is only data, and renderers escape it)."""
+    return (isinstance(name, str) and 0 < len(name) <= 255 and name not in (".", "..") and name.isprintable()
+            and "/" not in name)
+
+
+MAX_RANK = 2**31 - 1  # ranks are stored as int32
+
+
+def rank_number(rank: str) -> int | None:
+    """A rank directory's number (0 … 2**31-1), or None for a name that is not one (a crafted
+    `framework/n/4294967296/` must not reach an int32 column)."""
+    if not (isinstance(rank, str) and rank.isdigit() and rank.isascii() and len(rank) <= 10):
+        return None
+    value = int(rank)
+    return value if value <= MAX_RANK else None
+
+
 def node_json(node: str) -> str:
     return f"{NODES_DIR}/{node}.json"
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,15 @@ _TMP_SEQ = itertools.count()
 class FileEntry:
     path: str  # relative to the run root, '/'-separated
     size: int
+
+
+class UnsafeFileError(OSError):
+    """A path inside a run that is not a plain file of the run: a symbolic link, a FIFO or device, or a
+    directory link leading out of the run. A run directory is data; stallwatch reads and writes only inside it."""
+
+
+class FileTooLargeError(OSError):
+    """A file bigger than its reader allows (a run's JSON is kilobytes; a crafted one could be gigabytes)."""
 
 
 def is_remote(uri: str) -> bool:
@@ -74,6 +85,7 @@ class RunLocation:
             self.fs = pafs.LocalFileSystem()
             self.root = str(Path(local).expanduser().absolute())
             self.remote = False
+        self._inside: set[str] = set()  # local directories (relative) checked to lie inside the run
 
     def _abs(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
@@ -94,10 +106,12 @@ class RunLocation:
         tmp = os.path.join(parent, f".{os.path.basename(target)}.{os.getpid()}.{next(_TMP_SEQ)}.tmp")
         try:
             try:
-                fh = open(tmp, "wb")
+                self._check_dir(rel)
+                fh = open(tmp, "xb")
             except FileNotFoundError:  # first file of its directory (cheaper than makedirs on every write)
                 os.makedirs(parent, exist_ok=True)
-                fh = open(tmp, "wb")
+                self._check_dir(rel)
+                fh = open(tmp, "xb")
             with fh:
                 fh.write(data)
             os.replace(tmp, target)
@@ -115,6 +129,7 @@ class RunLocation:
             return self._s3_create_exclusive(rel, data)
         target = self._abs(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        self._check_dir(rel)
         tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "wb") as fh:
@@ -164,15 +179,28 @@ class RunLocation:
             raise OSError(f"cannot create {rel} in {self.uri}: {exc}") from None
         return True
 
-    def read(self, rel: str) -> bytes:
-        with self.fs.open_input_stream(self._abs(rel)) as fh:
-            return fh.read()
+    def read(self, rel: str, max_bytes: int | None = None) -> bytes:
+        """The file's bytes; FileTooLargeError past `max_bytes`. Locally only a regular file inside the run
+        is opened (never through a symbolic link, never a FIFO that would block)."""
+        if self.remote:
+            with self.fs.open_input_stream(self._abs(rel)) as fh:
+                data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        else:
+            fd = self._open_local(rel)
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise FileTooLargeError(f"{rel} is larger than {max_bytes} bytes")
+        return data
 
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound
 
     def list(self, rel_dir: str, recursive: bool = True) -> list[FileEntry]:
-        """Files under `rel_dir` (hidden and temporary files left out); empty when it does not exist."""
+        """Files under `rel_dir` (hidden and temporary files left out); empty when it does not exist. Locally
+        only the run's own regular files: links and FIFOs are skipped with one line, never followed."""
+        if not self.remote:
+            return self._list_local(rel_dir, recursive)
         base = self._abs(rel_dir)
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=recursive))
@@ -204,20 +232,110 @@ class RunLocation:
         base, sep, query = self.uri.partition("?")
         return RunLocation(f"{base.rstrip('/')}/{name}{sep}{query}")
 
+    def _list_local(self, rel_dir: str, recursive: bool) -> list[FileEntry]:
+        """os.scandir's file types come with the directory entries: telling links and FIFOs from files costs
+        no system call, and a linked directory is never entered."""
+        rel_dir = rel_dir.strip("/")
+        if rel_dir:
+            try:
+                self._check_dir(f"{rel_dir}/-")
+            except OSError as exc:
+                warn_once(f"unsafe-{self.root}/{rel_dir}", "skipping %s/%s: %s", self.root, rel_dir, exc)
+                return []
+        out = []
+        todo = [rel_dir]
+        while todo:
+            current = todo.pop()
+            try:
+                entries = os.scandir(self._abs(current))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with entries:
+                for entry in entries:
+                    rel = f"{current}/{entry.name}" if current else entry.name
+                    if entry.is_symlink() or not (entry.is_dir(follow_symlinks=False)
+                                                  or entry.is_file(follow_symlinks=False)):
+                        what = "a symbolic link" if entry.is_symlink() else "not a regular file (a FIFO, a socket…)"
+                        warn_once(f"unsafe-{self.root}/{rel}", "skipping %s/%s: it is %s; a run holds only regular "
+                                  "files", self.root, rel, what)
+                    elif entry.is_dir(follow_symlinks=False):
+                        if recursive:
+                            todo.append(rel)
+                    elif not (entry.name.startswith(".") or entry.name.endswith(".tmp")):
+                        try:
+                            out.append(FileEntry(rel, entry.stat(follow_symlinks=False).st_size))
+                        except FileNotFoundError:  # gone since it was listed (a part compacted)
+                            pass
+        out.sort(key=lambda e: e.path)
+        return out
+
     def delete(self, rel: str) -> None:
+        if not self.remote:
+            self._check_dir(rel)
         try:
             self.fs.delete_file(self._abs(rel))
         except FileNotFoundError:
             pass
 
     def open_input_file(self, rel: str):
-        """A random-access file, so a Parquet reader fetches only the needed columns and row groups."""
+        """A random-access file, so a Parquet reader fetches only the needed columns and row groups. Locally
+        only a regular file inside the run (see `read`)."""
+        if not self.remote:
+            self._check_local(rel)
         return self.fs.open_input_file(self._abs(rel))
 
     def open_input_stream(self, rel: str):
         """A sequential stream of the file's bytes as stored (a .gz file is not decompressed), read in blocks:
         a large file is never held whole in memory."""
         return self.fs.open_input_stream(self._abs(rel), compression=None)
+
+    # -- staying inside the run (local) -----------------------------------------------------------------
+    def _real_root(self) -> str:
+        return os.path.realpath(self.root)
+
+    def _check_dir(self, rel: str) -> None:
+        """`rel`'s directory lies inside the run: no component between the run and it is a link leading
+        elsewhere (a crafted `rules -> /etc` must not make `stallwatch rules` write there)."""
+        rel_dir = os.path.dirname(rel)
+        if rel_dir in self._inside:
+            return
+        if os.path.realpath(self._abs(rel_dir)) != os.path.join(self._real_root(), rel_dir).rstrip("/"):
+            raise UnsafeFileError(f"{rel_dir}/ leads outside the run directory {self.root} (a symbolic link); "
+                                  "a run holds only plain directories and files")
+        self._inside.add(rel_dir)
+
+    def _check_local(self, rel: str) -> os.stat_result:
+        """`rel` is a regular file inside the run, not a symbolic link (checked without opening it)."""
+        self._check_dir(rel)
+        st = os.lstat(self._abs(rel))
+        _check_regular(rel, st)
+        return st
+
+    def _open_local(self, rel: str) -> int:
+        """A file descriptor of `rel`, opened without following a link and without blocking on a FIFO."""
+        self._check_dir(rel)
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._abs(rel), flags)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeFileError(f"{rel} is a symbolic link; a run holds only regular files") from None
+            raise
+        try:
+            _check_regular(rel, os.fstat(fd))
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _check_regular(rel: str, st: os.stat_result) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeFileError(f"{rel} is a symbolic link; a run holds only regular files")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileError(f"{rel} is not a regular file (a FIFO, a socket or a device); a run holds only "
+                              "regular files")
 
 
 def _endpoint_from_env() -> str | None:

@@ -48,7 +48,7 @@ def decode(source: Any, stored: pa.Schema) -> pa.Table:
     """A stored summary (bytes, a path or a file) as a table of `stored`'s columns, in its types."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         source = pa.BufferReader(source)
-    table = pq.read_table(source)
+    table = pq.read_table(source, page_checksum_verification=True)
     return pa.Table.from_arrays([table[f.name].cast(f.type) for f in stored], schema=stored)
 
 
@@ -71,5 +71,6 @@ def _encode(rows: list[dict[str, Any]], schema: pa.Schema) -> bytes:
         columns.append(pa.array(values, pa.string()).dictionary_encode() if f.type == _TEXT
                        else pa.array(values, f.type))
     sink = io.BytesIO()
-    pq.write_table(pa.Table.from_arrays(columns, schema=schema), sink, compression="zstd")
+    pq.write_table(pa.Table.from_arrays(columns, schema=schema), sink, compression="zstd",
+                   write_page_checksum=True)
     return sink.getvalue()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +15,10 @@ import pyarrow.compute as pc
 
 from stallwatch.log import warn_once
 from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_schema
-from stallwatch.store import framework_codec, layout, profiles_codec
+from stallwatch.store import framework_codec, layout, profiles_codec, trace_codec
 from stallwatch.store.location import FileEntry, RunLocation
-from stallwatch.store.system_codec import count_rows, read_columns, read_schema, to_tidy
+from stallwatch.store.records_check import MAX_TIME_US, NODE_FIELDS, RUN_FIELDS, WINDOW_FIELDS, checked
+from stallwatch.store.system_codec import column_span, count_rows, read_columns, read_schema, to_tidy
 
 
 _LIST_ATTEMPTS = 3  # a live run's parts can be compacted between listing and reading: list again
@@ -24,6 +26,12 @@ _LIST_ATTEMPTS = 3  # a live run's parts can be compacted between listing and re
 
 _READERS = min(4, (os.cpu_count() or 1) + 1)  # threads reading a run's files
 _PARALLEL_FROM = 8  # files: fewer are read on the caller's thread
+MAX_JSON_BYTES = 16 << 20  # a run's JSON files are kilobytes; a bigger one is not read
+# A file's name gives its span (nothing is read to plan a query). A name that cannot be true (before 2000, past
+# the year 9999, backwards, or over a week for one file) is checked against the file's data, whose span is used.
+MIN_PLAUSIBLE_US = 946_684_800_000_000  # 2000-01-01T00:00:00Z
+MAX_NAME_SPAN_US = 7 * 86_400 * 1_000_000
+_LONG_CHUNK_US = 86_400 * 1_000_000  # a longer file's time slices come from its data, not from its span
 
 
 class RunNotFoundError(FileNotFoundError):
@@ -92,14 +100,21 @@ class Run:
     # -- metadata ---------------------------------------------------------------------------------------
     @property
     def info(self) -> dict[str, Any]:
-        """run.json merged with every node's record; start/end span all nodes (end from data if a node died)."""
-        info: dict[str, Any] = dict(self._read_json(layout.RUN_JSON) or {})
+        """run.json merged with every node's record; start/end span all nodes (end from data if a node died).
+        Every field has its documented type (docs/format.md); one of the wrong type is left out, said once."""
+        info = checked(self._read_json(layout.RUN_JSON) or {}, RUN_FIELDS, f"{self.uri}/{layout.RUN_JSON}")
         nodes: dict[str, Any] = {}
-        for entry in self.location.list(layout.NODES_DIR, recursive=False):
-            if entry.path.endswith(".json"):
-                data = self._read_json(entry.path)
-                if data is not None:
-                    nodes[data.get("node") or entry.path.rsplit("/", 1)[-1][:-5]] = data
+        for name in self._node_names():
+            rel = layout.node_json(name)
+            data = self._read_json(rel)
+            if data is None:
+                continue
+            record = checked(data, NODE_FIELDS, f"{self.uri}/{rel}")
+            if record.get("node", name) != name:
+                warn_once(f"node-name-{self.uri}-{rel}", "%s/%s names node %r; it is node %r (its file's name)",
+                          self.uri, rel, record["node"], name)
+            record["node"] = name
+            nodes[name] = record
         chunks = self._system_chunks()
         for name, node in nodes.items():
             if node.get("end_us") is None:
@@ -116,16 +131,24 @@ class Run:
     @property
     def nodes(self) -> list[str]:
         names = {c.node for c in self._system_chunks()}
-        names.update(e.path.rsplit("/", 1)[-1][:-5] for e in self.location.list(layout.NODES_DIR, recursive=False)
-                     if e.path.endswith(".json"))
+        names.update(self._node_names())
         return sorted(names)
+
+    def _node_names(self) -> list[str]:
+        """Nodes with a record: nodes/<node>.json for a valid node name."""
+        names = []
+        for entry in self.location.list(layout.NODES_DIR, recursive=False):
+            name = entry.path.rsplit("/", 1)[-1][:-5] if entry.path.endswith(".json") else None
+            if name is not None and layout.readable_node(name):
+                names.append(name)
+        return names
 
     def ranks(self) -> dict[str, list[str]]:
         """Ranks with framework data, per node (empty until framework profiling writes some)."""
         out: dict[str, set[str]] = {}
         for entry in self.location.list(layout.FRAMEWORK_DIR):
             parts = entry.path.split("/")
-            if len(parts) >= 4:
+            if len(parts) >= 4 and layout.readable_node(parts[1]) and layout.rank_number(parts[2]) is not None:
                 out.setdefault(parts[1], set()).add(parts[2])
         return {node: sorted(r, key=_rank_key) for node, r in sorted(out.items())}
 
@@ -177,11 +200,43 @@ class Run:
 
     def time_range(self) -> tuple[int | None, int | None]:
         """Earliest and latest timestamp (µs) of any stored snapshot or framework event, from the file names
-        (nothing is read); (None, None) for an empty run."""
+        (checked against the data where a name cannot be true); (None, None) for an empty run."""
         chunks = self._system_chunks() + self._chunks(layout.FRAMEWORK_DIR)
         if not chunks:
             return None, None
         return min(c.start_us for c in chunks), max(c.end_us for c in chunks)
+
+    def time_slices(self, slice_us: int, tops: tuple[str, ...] = (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)
+                    ) -> list[tuple[int, int]]:
+        """The consecutive [start, end) slices of `slice_us` from the earliest stored time that hold data
+        (snapshots by timestamp, events by start), the last one ending just after the latest time. Slices over
+        gaps are left out: a year between two files costs nothing, where stepping through it took minutes."""
+        chunks = [c for top in tops for c in self._chunks(top)]
+        if not chunks:
+            return []
+        lo, hi = min(c.start_us for c in chunks), max(c.end_us for c in chunks)
+        occupied: set[int] = set()
+        for c in chunks:
+            if c.end_us - c.start_us <= _LONG_CHUNK_US:
+                occupied.update(range((c.start_us - lo) // slice_us, (c.end_us - lo) // slice_us + 1))
+            else:
+                occupied.update(self._occupied(c, lo, slice_us))
+        return [(lo + k * slice_us, min(lo + (k + 1) * slice_us, hi + 1)) for k in sorted(occupied)]
+
+    def _occupied(self, chunk: layout.Chunk, lo: int, slice_us: int) -> set[int]:
+        """The slices a long file's rows fall in (read from its time column), all of its span if unreadable."""
+        column = "start_us" if chunk.rank is not None else TIMESTAMP
+        try:
+            if chunk.rank is not None:
+                table = framework_codec.read(self.location.open_input_file(chunk.path), chunk.kind, [column])
+            else:
+                table = read_columns(self.location.open_input_file(chunk.path), chunk.kind, set())
+            values = table[column].drop_null().to_numpy()
+        except Exception:
+            return set(range((chunk.start_us - lo) // slice_us, (chunk.end_us - lo) // slice_us + 1))
+        import numpy as np
+
+        return set(np.unique((values - lo) // slice_us).tolist())
 
     def framework_files(self) -> set[str]:
         """The paths of the framework files stored now (immutable once written; parts vanish when compacted)."""
@@ -232,10 +287,18 @@ class Run:
         out = []
         for (node, rank, window), names in self._profile_windows().items():
             rel = layout.trace_window_dir(node, rank, window)
-            record = self._read_json(f"{rel}/{layout.WINDOW_JSON}")
-            if record is None or (layer is not None and record.get("layer") != layer):
+            data = self._read_json(f"{rel}/{layout.WINDOW_JSON}")
+            if data is None:
                 continue
-            out.append({**record, "path": rel})
+            record = checked(data, WINDOW_FIELDS, f"{self.uri}/{rel}/{layout.WINDOW_JSON}")
+            if record.get("layer") not in layout.PROFILE_LAYERS or "start_us" not in record:
+                warn_once(f"bad-window-{self.uri}-{rel}", "skipping window %s/%s: its window.json has no valid "
+                          "layer (%s) or start_us", self.uri, rel, ", ".join(layout.PROFILE_LAYERS))
+                continue
+            if layer is not None and record["layer"] != layer:
+                continue
+            # Where it is stored is the path's word, not the file's.
+            out.append({**record, "node": node, "rank": layout.rank_number(rank), "window": window, "path": rel})
         out.sort(key=lambda r: (str(r.get("node")), _rank_key(str(r.get("rank"))), _int_or(r.get("start_us")),
                                 str(r.get("window"))))
         return out
@@ -251,6 +314,20 @@ class Run:
         function, file, line, calls, self_us, total_us."""
         return self._summaries(layout.FUNCTIONS_PARQUET, profiles_codec.FUNCTIONS_STORED,
                                profiles_codec.functions_schema(), window, nodes)
+
+    def trace_events(self, window_path: str, top: dict[str, Any] | None = None,
+                     max_bytes: int = trace_codec.MAX_TRACE_JSON_BYTES) -> Iterator[Any]:
+        """The torch.profiler events of a detailed window (`path` of a `profiles()` record), streamed one at a
+        time, never loaded whole; its other top-level fields go into `top`. TraceError (a ValueError) for a
+        trace that is not one, cut off, or past `max_bytes` of JSON (a 1 MB gzip can hold gigabytes)."""
+        with self.location.open_input_file(f"{window_path}/{layout.TRACE_JSON_GZ}") as fh:
+            yield from trace_codec.iter_events(fh, top=top, max_bytes=max_bytes)
+
+    def trace_size(self, window_path: str, limit: int = trace_codec.MAX_TRACE_JSON_BYTES) -> int:
+        """Bytes of JSON in a detailed window's trace, counted by decompressing it (fast: nothing is parsed),
+        up to just past `limit`: check this before streaming a trace that may be a gzip bomb."""
+        with self.location.open_input_file(f"{window_path}/{layout.TRACE_JSON_GZ}") as fh:
+            return trace_codec.json_size(fh, limit)
 
     def tail_system(self, nodes: Iterable[str] | None = None, metrics: Iterable[str] | None = None) -> SystemTail:
         """A follower whose `read()` returns only rows newer than what it returned before."""
@@ -289,8 +366,14 @@ class Run:
         found: dict[tuple[str, str, str], set[str]] = {}
         for entry in self.location.list(layout.TRACES_DIR):
             f = layout.parse_window_file(entry.path)
-            if f is not None:
-                found.setdefault((f.node, f.rank, f.window), set()).add(f.name)
+            if f is None:
+                continue
+            if not (layout.readable_node(f.node) and layout.rank_number(f.rank) is not None
+                    and layout.valid_window_name(f.window)):
+                warn_once(f"bad-window-{self.uri}-{f.directory}", "skipping %s/%s: not traces/<node>/<rank>/<window> "
+                          "(a node name, a rank of 0 … %d, a window name)", self.uri, f.directory, layout.MAX_RANK)
+                continue
+            found.setdefault((f.node, f.rank, f.window), set()).add(f.name)
         keys = sorted(found, key=lambda k: (k[0], _rank_key(k[1]), k[2]))
         return {k: found[k] for k in keys if layout.WINDOW_JSON in found[k]}
 
@@ -367,8 +450,50 @@ class Run:
         return self._list_chunks(top)
 
     def _list_chunks(self, top: str) -> list[layout.Chunk]:
-        chunks = [c for e in self.location.list(top) if (c := layout.parse_chunk(e.path, e.size)) is not None]
+        chunks = []
+        for e in self.location.list(top):
+            c = layout.parse_chunk(e.path, e.size)
+            if c is not None and (c := self._checked_chunk(top, c)) is not None:
+                chunks.append(c)
         return layout.live_chunks(chunks)
+
+    def _checked_chunk(self, top: str, c: layout.Chunk) -> layout.Chunk | None:
+        """The chunk if its path is one the writers make (a node name; a rank of 0 … 2**31-1), with a span
+        its data bears out; None (said once) for anything else."""
+        depth = 4 if top == layout.FRAMEWORK_DIR else 3
+        if (c.path.count("/") != depth - 1 or not layout.readable_node(c.node)
+                or (top == layout.FRAMEWORK_DIR and (c.rank is None or layout.rank_number(c.rank) is None))):
+            warn_once(f"bad-path-{self.uri}-{c.stream}", "skipping %s/%s: not %s/<node>%s/<file> (a node name "
+                      "of printable characters; ranks 0 … %d)", self.uri, c.stream, top,
+                      "/<rank>" if top == layout.FRAMEWORK_DIR else "", layout.MAX_RANK)
+            return None
+        if MIN_PLAUSIBLE_US <= c.start_us <= c.end_us < MAX_TIME_US and c.end_us - c.start_us <= MAX_NAME_SPAN_US:
+            return c
+        key = (c.path, c.size)
+        spans = self.__dict__.setdefault("_spans", {})
+        if key not in spans:
+            spans[key] = self._data_span(c)
+            if spans[key] is not None:
+                warn_once(f"name-span-{self.uri}-{c.path}", "%s/%s: its name's times do not match its data; the "
+                          "data's span is used", self.uri, c.path)
+        span = spans[key]
+        return None if span is None else dataclasses.replace(c, start_us=span[0], end_us=span[1])
+
+    def _data_span(self, c: layout.Chunk) -> tuple[int, int] | None:
+        low, high = ("start_us", "end_us") if c.rank is not None else (TIMESTAMP, TIMESTAMP)
+        try:
+            span = column_span(self.location.open_input_file(c.path), c.kind, low, high)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            warn_once(f"bad-file-{self.uri}-{c.path}", "skipping unreadable file %s/%s (%s)", self.uri, c.path,
+                      _first_line(exc))
+            return None
+        if span is None or not (0 <= span[0] <= span[1] < MAX_TIME_US):
+            warn_once(f"bad-span-{self.uri}-{c.path}", "skipping %s/%s: it holds no rows with times in range",
+                      self.uri, c.path)
+            return None
+        return span
 
     def _system_chunks(self, nodes: Iterable[str] | None = None) -> list[layout.Chunk]:
         wanted = None if nodes is None else set(nodes)
@@ -395,7 +520,7 @@ class Run:
 
     def _read_json(self, rel: str) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.location.read(rel))
+            data = json.loads(self.location.read(rel, MAX_JSON_BYTES))
         except FileNotFoundError:
             return None
         except Exception as exc:
@@ -409,6 +534,10 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.uri!r})"
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
 def _in_order(column: pa.ChunkedArray) -> bool:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from stallwatch.config import ConfigError, ProfilerConfig
+from stallwatch.config import MAX_CONFIG_BYTES, ConfigError, ProfilerConfig
 from stallwatch.log import warn_once
 from stallwatch.store import layout
 
@@ -22,17 +22,7 @@ _RULE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 def read_config(location: Any) -> ProfilerConfig:
     """The run's configuration. Raises FileNotFoundError when it has none and ConfigError (naming the field)
     when it is not a valid one."""
-    data = location.read(layout.CONFIG_JSON)
-    if len(data) > MAX_JSON_BYTES:
-        raise ConfigError(layout.CONFIG_JSON, f"{len(data)} bytes", f"is larger than {MAX_JSON_BYTES} bytes")
-    try:
-        parsed = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError(layout.CONFIG_JSON, "(file)", f"is not valid JSON ({exc})") from None
-    try:
-        return ProfilerConfig.from_dict(parsed)
-    except TypeError as exc:
-        raise ConfigError(layout.CONFIG_JSON, "(file)", f"has a value of the wrong type ({exc})") from None
+    return ProfilerConfig.from_json_bytes(location.read(layout.CONFIG_JSON, MAX_CONFIG_BYTES), layout.CONFIG_JSON)
 
 
 def config_or_default(location: Any) -> ProfilerConfig:

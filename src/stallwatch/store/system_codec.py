@@ -68,7 +68,8 @@ def encode(kind: str, keys: list[MetricKey], timestamps: np.ndarray, values: np.
     dict_cols = [k.column for k in keys if k.metric in _DICTIONARY_METRICS]
     encodings = {TIMESTAMP: "DELTA_BINARY_PACKED"}
     encodings.update({k.column: "BYTE_STREAM_SPLIT" for k in keys if k.metric not in _DICTIONARY_METRICS})
-    pq.write_table(table, sink, compression="zstd", use_dictionary=dict_cols or False,
+    # Page checksums (CRC32): a flipped bit is a read error naming the file, never a silently different value.
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dict_cols or False, write_page_checksum=True,
                    column_encoding=encodings, write_statistics=[TIMESTAMP], row_group_size=1 << 20)
     return sink.getvalue()
 
@@ -86,21 +87,65 @@ def count_rows(source: Any, kind: str) -> int:
     return pq.ParquetFile(source).metadata.num_rows
 
 
+def column_span(source: Any, kind: str, low: str, high: str) -> tuple[int, int] | None:
+    """(min of column `low`, max of column `high`) of a stored file, from a segment's statistics when it has
+    them, else from the columns; None when the file holds no rows."""
+    import pyarrow.compute as pc
+
+    if kind != PART:
+        pf = pq.ParquetFile(source, page_checksum_verification=True)  # statistics: from the footer alone
+        meta = pf.metadata
+        names = pf.schema_arrow.names
+        lows, highs = [], []
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            stats = [group.column(names.index(c)).statistics for c in (low, high)]
+            if group.num_rows == 0:
+                continue
+            if not all(st is not None and st.has_min_max for st in stats):
+                break
+            lows.append(stats[0].min)
+            highs.append(stats[1].max)
+        else:
+            return (int(min(lows)), int(max(highs))) if lows else None
+        table = pf.read(columns=sorted({low, high}))
+    else:
+        table = pa.ipc.open_file(source).read_all().select(sorted({low, high}))
+    if table.num_rows == 0:
+        return None
+    lo, hi = pc.min(table[low]).as_py(), pc.max(table[high]).as_py()
+    return None if lo is None or hi is None else (int(lo), int(hi))
+
+
 def read_columns(source: Any, kind: str, metrics: set[str] | None) -> pa.Table:
     """The timestamp and the columns of `metrics` (all when None); a segment reads only those columns."""
     if kind == PART:
         table = pa.ipc.open_file(source).read_all()
         names = table.column_names
     else:
-        pf = pq.ParquetFile(source)
+        pf = pq.ParquetFile(source, page_checksum_verification=True)
         names = pf.schema_arrow.names
         table = None
     columns = None
     if metrics is not None:
         columns = [TIMESTAMP] + [n for n in names if n != TIMESTAMP and MetricKey.from_column(n).metric in metrics]
     if table is not None:
-        return table if columns is None else table.select(columns)
-    return pf.read(columns=columns)
+        table = table if columns is None else table.select(columns)
+    else:
+        table = pf.read(columns=columns)
+    _check_columns(table)
+    return table
+
+
+def _check_columns(table: pa.Table) -> None:
+    """A snapshot file's shape: an int64 timestamp and float columns named device/metric (a damaged footer can
+    rename or retype a column: that is an unreadable file, not a new series)."""
+    names = table.column_names
+    if TIMESTAMP not in names or table.schema.field(TIMESTAMP).type != pa.int64():
+        raise ValueError(f"not a system snapshots file: no int64 {TIMESTAMP} column")
+    for field in table.schema:
+        if field.name != TIMESTAMP and not (pa.types.is_floating(field.type) and "/" in field.name):
+            raise ValueError(f"not a system snapshots file: column {field.name!r} ({field.type})")
 
 
 def to_tidy(table: pa.Table, node: str, metrics: set[str] | None = None,

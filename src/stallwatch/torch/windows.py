@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from stallwatch.config import ProfilerConfig, ProfilingRange
+from stallwatch.config import MAX_DETAILED_STEPS, ProfilerConfig, ProfilingRange
 from stallwatch.log import logger, warn_once
 from stallwatch.records import GLOBAL, TRAIN
 from stallwatch.torch import dataloader as dl
@@ -143,6 +143,7 @@ class _Window:
     profiler: _Profiler
     start_us: int
     steps: list[int] = field(default_factory=list)
+    stepped: int = 1  # steps begun inside the window (the first one opened it)
 
     @property
     def name(self) -> str:
@@ -171,13 +172,22 @@ class WindowController:
         self.idle = not pending and not self._active
 
     def set_config(self, config: ProfilerConfig, train_steps_done: int) -> None:
-        """A new configuration (live): applies from the next step; a step window already past is said so."""
+        """A new configuration (live): applies from the next step. A window that will never run is said so:
+        a step or time window already past, or one that ran already (each configured window runs once)."""
+        now = now_us()
         for layer in LAYERS:
             rng = getattr(config, f"{layer}_profiling")
-            if rng != getattr(self.config, f"{layer}_profiling") and rng is not None and rng.by_steps \
-                    and rng.start_step + rng.num_steps <= train_steps_done:
+            if rng == getattr(self.config, f"{layer}_profiling") or rng is None:
+                continue
+            if (layer, rng) in self._done:
+                logger.warning("%s_profiling %s ran already in this job (each window runs once); give another "
+                               "range to profile again", layer, rng.to_spec())
+            elif rng.by_steps and rng.start_step + rng.num_steps <= train_steps_done:
                 logger.warning("%s_profiling %s is already past (%d training steps done); nothing to profile",
                                layer, rng.to_spec(), train_steps_done)
+            elif not rng.by_steps and _time_end(rng) <= now:
+                logger.warning("%s_profiling %s is already past (it ended %.0f s ago); nothing to profile",
+                               layer, rng.to_spec(), (now - _time_end(rng)) / 1e6)
         self.config = config
         self._update_idle()
 
@@ -190,8 +200,14 @@ class WindowController:
             if active is not None:
                 if not active.range.by_steps and now >= _time_end(active.range):
                     self._stop(active, "complete")
+                elif layer == DETAILED and active.stepped >= MAX_DETAILED_STEPS:
+                    logger.warning("detailed profiling stopped after %d steps, the most one window may hold "
+                                   "(torch.profiler keeps every event in the job's memory); profile a shorter "
+                                   "window to see all of it", active.stepped)
+                    self._stop(active, "capped")
                 else:
                     active.profiler.next_step()
+                    active.stepped += 1
                 continue
             rng = getattr(config, f"{layer}_profiling")
             if rng is None or (layer, rng) in self._done:

@@ -79,8 +79,8 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
         yield Chunk({node: node_frame(node, pa.table({TIMESTAMP: pa.array([], pa.int64())}), nodes.get(node))
                      for node in run.nodes}, framework_schema().empty_table(), info, final=True)
         return
-    edges = list(range(lo, hi + 1, slice_us)) + [hi + 1]
-    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+    slices = run.time_slices(slice_us)  # only those that hold data: gaps (a file named 1970) cost nothing
+    for i, (a, b) in enumerate(slices):
         for _ in range(_ATTEMPTS):
             vanished = run.vanished_files()
             system = {node: node_frame(node, run.system_wide(node, start_us=a, end_us=b, metrics=metrics),
@@ -89,7 +89,7 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
             if run.vanished_files() == vanished:
                 break
             run = run.pinned()  # a running job's parts were compacted meanwhile: list again, read the slice again
-        chunk = Chunk(system, events, info, final=i == len(edges) - 2)
+        chunk = Chunk(system, events, info, final=i == len(slices) - 1)
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk
 

@@ -1,0 +1,88 @@
+"""The sampler's watch on a run's config.json: every edit it does not take is refused with one line saying
+why, whatever the file holds; the running configuration stays in force. (The whole path, from an edit to
+the job's next step, is tested with a real job in tests/torch/test_live_config.py.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+from stallwatch.collect.live_config import ConfigWatcher
+from stallwatch.config import ProfilerConfig, ProfilingRange
+from stallwatch.store.location import RunLocation
+
+
+@pytest.fixture
+def watched(tmp_path, caplog):
+    """A run whose config.json the watcher has read once (as at the job's start); checked by hand."""
+    caplog.set_level(logging.WARNING, logger="stallwatch")
+    logging.getLogger("stallwatch").propagate = True
+    running = ProfilerConfig(node="n1", out=str(tmp_path / "run"))
+    location = RunLocation(str(tmp_path / "run"))
+    location.write_atomic("config.json", running.to_json().encode())
+    watcher = ConfigWatcher(location, running, poll_s=3600)
+    watcher.check()
+    yield watcher, location, tmp_path / "run" / "config.json"
+    watcher.close()
+
+
+def _refusals(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "change is refused" in r.getMessage()]
+
+
+HOSTILE = [
+    (b'{"detailed_profiling": "\xff\xfe"}', "not UTF-8"),
+    (b'{"sample_interval_ms": ' + b"9" * 5000 + b"}", "sample_interval_ms=<an integer of 5000 digits>"),
+    (b'{"detailed_profiling": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "too deeply"),
+    (b'{"detailed_profiling": "1:2", "x": "' + b"y" * (2 << 20) + b'"}', "larger than"),
+]
+
+
+@pytest.mark.parametrize("data, words", HOSTILE, ids=["invalid-utf8", "huge-int", "deep", "2-MB"])
+def test_an_edit_that_cannot_be_parsed_is_refused_with_a_line(watched, caplog, data, words):
+    """These escaped the watcher's validation (UnicodeDecodeError, ValueError, RecursionError) and were
+    logged at debug level only: refused without a word."""
+    watcher, _, path = watched
+    path.write_bytes(data)
+    watcher.check()
+    (line,) = _refusals(caplog)
+    assert words in line and "running configuration stays in force" in line, line
+    assert len(line) < 600
+    assert watcher.take() is None and watcher.running.detailed_profiling is None
+
+
+def test_an_edit_of_a_field_fixed_at_start_is_said_to_be_ignored(watched, caplog):
+    """Edits of `out`, `node` or `runs_dir` were ignored without a word (other fixed fields were said)."""
+    watcher, _, path = watched
+    data = json.loads(path.read_text())
+    data.update(node="elsewhere", runs_dir="other-runs", detailed_profiling="30:2")
+    path.write_text(json.dumps(data))
+    watcher.check()
+    (line,) = [r.getMessage() for r in caplog.records if "cannot change while the job runs" in r.getMessage()]
+    assert "node" in line and "runs_dir" in line
+    assert watcher.take().detailed_profiling == ProfilingRange(30, 2)  # the live field is taken
+    assert watcher.running.node == "n1"
+
+
+def test_the_file_as_the_run_started_is_not_an_edit(watched, caplog):
+    watcher, _, path = watched
+    watcher.check()
+    assert watcher.take() is None and not caplog.records
+
+
+def test_a_config_json_that_is_a_fifo_or_a_link_is_refused_not_waited_on(watched, caplog, tmp_path):
+    watcher, _, path = watched
+    path.unlink()
+    os.mkfifo(path)
+    watcher.check()  # returned at once: the FIFO is not opened for reading
+    (line,) = _refusals(caplog)
+    assert "not a regular file" in line
+    path.unlink()
+    (tmp_path / "elsewhere.json").write_text('{"detailed_profiling": "1:1"}')
+    os.symlink(tmp_path / "elsewhere.json", path)
+    watcher.check()
+    assert "symbolic link" in _refusals(caplog)[-1]
+    assert watcher.take() is None
