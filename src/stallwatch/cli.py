@@ -45,6 +45,8 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flush-interval", dest="flush_interval_s", type=float, metavar="SECONDS",
                    help="how often buffered samples are written (default 5)")
     g.add_argument("--max-storage-mb", type=float, metavar="MB", help="storage cap for this node's data (default 10240)")
+    g.add_argument("--price-per-hour", dest="price_per_hour", type=float, metavar="AMOUNT",
+                   help="what one node costs per hour (any currency): the summary and report show the run's cost")
     g.add_argument("--upload-timeout", dest="upload_timeout_s", type=float, metavar="SECONDS",
                    help="how long to keep uploading to S3 after the job ended (default 30)")
     g.add_argument("--rules-interval", dest="rules_interval_s", type=float, metavar="SECONDS",
@@ -72,7 +74,7 @@ def _add_live_flags(g: argparse._ArgumentGroup) -> None:
 _CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
                  "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
                  "python_profiler", "cprofile_timer", "rules_interval_s", "rule_actions", "custom_rules",
-                 "stop_training")
+                 "stop_training", "price_per_hour")
 
 
 def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:
@@ -249,6 +251,10 @@ def _print_run_summary(result: Any, config: ProfilerConfig) -> None:
                            sample_interval_ms=config.sample_interval_ms, steps=analysis.step_stats(result.node),
                            windows=windows, exit_signal=result.exit_signal, interrupted=result.interrupted,
                            notes=analysis.notes)
+        if config.price_per_hour is not None and analysis.cost is not None:
+            from stallwatch.present.summary import cost_text
+
+            text += "\n" + cost_text(analysis.cost)
     except Exception as exc:
         text = f"stallwatch: run {result.run_uri} (exit code {result.exit_code}); summary unavailable: {exc}"
     if result.local_copy:
@@ -303,8 +309,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         from stallwatch.present.progress import Progress
         from stallwatch.present.report import build_report
 
+        baseline = None
+        if args.baseline:
+            base_run = _open("report", args.baseline)
+            if base_run is None:
+                return 2
+            baseline = RunAnalysis(base_run, rules=custom)
         with Progress("report", unit="sections") as bar:
-            where = build_report(RunAnalysis(run, rules=custom), args.output, progress=bar.update)
+            where = build_report(RunAnalysis(run, rules=custom, price_per_hour=args.price_per_hour, baseline=baseline),
+                                 args.output, progress=bar.update)
     except ImportError as exc:
         print(f"stallwatch report: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
               file=sys.stderr)
@@ -313,6 +326,60 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"stallwatch report: the report could not be written ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 1
     print(where)
+    return 0
+
+
+def _add_price_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--price-per-hour", type=_price, metavar="AMOUNT",
+                   help="what one node costs per hour (any currency; default: the run's price_per_hour): adds the "
+                        "run's cost and right-sizing advice")
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (what one node costs per hour)") from None
+    if not 0 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text} must be from 0 to 1000000")
+    return value
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """A run against a baseline, as text or JSON; exit 1 with --fail-if-slower when steps regressed."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present import json_out
+    from stallwatch.present.compare import comparison_text
+
+    base_run = _open("compare", args.baseline)
+    if base_run is None:
+        return 2
+    run = _open("compare", args.run)
+    if run is None:
+        return 2
+    baseline = RunAnalysis(base_run, price_per_hour=args.price_per_hour)
+    analysis = RunAnalysis(run, price_per_hour=args.price_per_hour, baseline=baseline)
+    comparison = analysis.comparison
+    slower = comparison.slower_pct(args.mode, args.quantile)
+    failed = args.fail_if_slower is not None and slower is not None and slower > args.fail_if_slower
+    if args.json:
+        doc = json_out.compare_json(analysis)
+        doc["cost"] = {"baseline": baseline.cost.to_json() if baseline.cost else None,
+                       "run": analysis.cost.to_json() if analysis.cost else None}
+        doc["regression"] = {"mode": args.mode, "quantile": args.quantile, "slower_pct": slower,
+                             "fail_if_slower": args.fail_if_slower, "failed": failed}
+        print(json_out.dumps(doc))
+    else:
+        print(comparison_text(comparison, baseline.cost, analysis.cost))
+    if args.fail_if_slower is not None:
+        if slower is None:
+            print(f"stallwatch compare: no {args.mode} steps in both runs: cannot tell whether it is slower",
+                  file=sys.stderr)
+            return 2
+        if failed:
+            print(f"stallwatch compare: {args.mode} step time p{round(args.quantile * 100)} is {slower:.1f} % slower "
+                  f"than the baseline's (limit {args.fail_if_slower:g} %)", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -599,6 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", metavar="NAME", help="only this node's usage and steps")
     p.add_argument("--fail-on", choices=["any", "low", "medium", "high"], metavar="SEVERITY",
                    help="exit 1 when a finding of this severity or higher was found (any, low, medium, high)")
+    _add_price_flag(p)
     _add_custom_rule_flag(p)
     _add_json_flag(p, "one JSON document on stdout")
     p.set_defaults(func=cmd_summary)
@@ -613,8 +681,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write the run's interactive HTML report (one file that opens offline)")
     p.add_argument("run", help="run directory or s3:// URI")
     p.add_argument("-o", "--output", metavar="FILE", help="write it here instead of report.html in the run")
+    p.add_argument("--baseline", metavar="RUN", help="add a comparison with this run (e.g. before a change)")
+    _add_price_flag(p)
     _add_custom_rule_flag(p)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="compare a run with a baseline run: step times, phases, utilization, "
+                                       "findings, operators")
+    p.add_argument("baseline", help="the baseline run (directory or s3:// URI)")
+    p.add_argument("run", help="the run to compare with it")
+    p.add_argument("--fail-if-slower", type=float, metavar="PCT",
+                   help="exit 1 when the run's training steps are more than PCT %% slower than the baseline's at "
+                        "--quantile (for CI pipelines)")
+    p.add_argument("--quantile", type=float, default=0.5, choices=[0.5, 0.9, 0.99], metavar="Q",
+                   help="the step-time quantile --fail-if-slower compares: 0.5 (default), 0.9 or 0.99")
+    p.add_argument("--mode", default="TRAIN", choices=["TRAIN", "EVAL", "GLOBAL"],
+                   help="the steps --fail-if-slower compares (default TRAIN)")
+    _add_price_flag(p)
+    _add_json_flag(p, "one JSON document on stdout")
+    p.set_defaults(func=cmd_compare)
     p = sub.add_parser("config", help="show a run's profiling config, or change it while the job runs")
     p.add_argument("run", help="run directory or s3:// URI")
     _add_live_flags(p.add_argument_group("live profiling configuration"))
@@ -699,7 +783,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from stallwatch.present import json_out
     from stallwatch.present.summary import summary_text
 
-    analysis = RunAnalysis(run, rules=custom)
+    analysis = RunAnalysis(run, rules=custom, price_per_hour=args.price_per_hour)
     if args.node and args.node not in analysis.nodes:
         print(f"stallwatch summary: no node {args.node!r} in {run.uri}; its nodes: {', '.join(analysis.nodes)}",
               file=sys.stderr)

@@ -172,6 +172,8 @@ class ProfilerConfig:
     custom_rules: tuple[str, ...] = ()
     # Set (live) to stop training at the next step boundary; the text is the reason, recorded in the run
     stop_training: str | None = None
+    # What one node costs per hour (any currency): the report and summary turn the run into a cost
+    price_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -192,6 +194,10 @@ class ProfilerConfig:
         if not _is_number(self.max_storage_mb) or not 0 < self.max_storage_mb <= MAX_STORAGE_MB:
             raise ConfigError("max_storage_mb", self.max_storage_mb,
                               f"must be a number of megabytes > 0 and at most {MAX_STORAGE_MB:.0e} (a petabyte)")
+        if self.price_per_hour is not None and not (_is_number(self.price_per_hour)
+                                                    and 0 <= self.price_per_hour <= 1_000_000):
+            raise ConfigError("price_per_hour", self.price_per_hour,
+                              "must be what one node costs per hour, a number from 0 to 1000000 (or null)")
         if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
             raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
         if self.node is not None and not (isinstance(self.node, str) and _NODE_NAME.match(self.node)):

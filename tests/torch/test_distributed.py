@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.records import COLLECTIVE, STEP, TRAIN
 from stallwatch.store.reader import open_run
 
@@ -42,3 +43,13 @@ def test_two_ranks_under_torchrun(tmp_path):
         assert "avg_backward_comm_time_us" in json.loads(ddp[0]["args"])
         assert len({e["pid"] for e in mine if e["kind"] == STEP}) == 1
     assert list(r.ranks().values()) == [["0", "1"]]
+    # DDP's all-reduce inside backward, per step: its time, the part behind backward, the exposed part
+    sync = RunAnalysis(str(run)).gradient_sync
+    assert [(g.rank, g.train_steps) for g in sync] == [(0, 16), (1, 16)]
+    for g in sync:
+        assert g.comm_ms > 0 and 0 <= g.overlap_ms <= g.comm_ms and g.samples >= 1
+        assert abs(g.exposed_ms - (g.comm_ms - g.overlap_ms)) < 1e-9
+    from stallwatch.present.report.sections import framework
+
+    (main, *_) = framework.build(RunAnalysis(str(run)))
+    assert any(getattr(b, "caption", None) == "Gradient all-reduce per step (DDP)" for b in main.blocks)

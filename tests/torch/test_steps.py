@@ -3,8 +3,8 @@ taking over, the optimizer fallback. Times come from the real clock; the order o
 
 from __future__ import annotations
 
-from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, OPTIMIZER, STEP, TRAIN
-from stallwatch.torch.steps import StepTracker, expand, now_us
+from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN
+from stallwatch.torch.steps import MAX_UNDECIDED_ITERATIONS, StepTracker, expand, now_us
 
 
 class Listener:
@@ -53,6 +53,16 @@ def _end_of(t: StepTracker, loader: int) -> None:
 
 def steps(events):
     return [(e[4], e[5]) for e in events if e[0] == STEP]
+
+
+def markers(events):
+    """How the loop's steps were delimited, in the order the tracker decided."""
+    return [e[1] for e in events if e[0] == LOOP]
+
+
+def _pair(t: StepTracker, at: int, grad: bool = True) -> None:
+    t.forward(at, at + 10, "Net", grad)
+    t.backward(at + 10, at + 20)
 
 
 def test_a_train_loop_and_an_eval_loop_give_one_step_per_batch_with_its_phases():
@@ -118,11 +128,12 @@ def test_without_a_data_loader_steps_end_at_optimizer_step(caplog):
         t.forward(100 * i, 100 * i + 10, "Net", True)
         t.backward(100 * i + 10, 100 * i + 20)
         t.optimizer(100 * i + 20, 100 * i + 30, "Adam")
-    t.forward(500, 510, "Net", False)  # an evaluation under no_grad: not a step, still recorded
+    t.forward(500, 510, "Net", False)  # an evaluation under no_grad without a DataLoader: an EVAL step
     t.finish()
-    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2), (EVAL, 0)]
     assert [e for e in events if e[0] == STEP][1][2:4] == (100, 130)
-    assert (FORWARD, "Net", 500, 510, EVAL, None, 7, "") in events
+    assert (FORWARD, "Net", 500, 510, EVAL, 0, 7, "") in events
+    assert markers(events) == ["optimizer"]
 
 
 def test_explicit_marks_take_over_and_keep_the_batch_fetched_before_the_mark():
@@ -159,14 +170,28 @@ def test_explicit_marker_style_puts_the_next_batch_in_the_next_step():
     assert starts == waits
 
 
-def test_unfinished_step_at_exit_ends_at_its_last_phase():
+def test_unfinished_step_at_exit_ends_at_its_last_phase_and_keeps_its_loops_mode():
+    """A training step cut short by a signal in its forward read as an EVAL step (no backward reached)."""
     t, events, _ = _tracker()
     t0 = t.batch_begin(1, True)
     t.batch_end(1, t0, False)
     t.forward(t0, t0 + 10, "Net", True)
     t.finish()
     (step,) = [e for e in events if e[0] == STEP]
-    assert step[3] == t0 + 10 and step[4] == EVAL
+    assert step[3] == t0 + 10 and step[4] == TRAIN
+    t, events, _ = _tracker()
+    _train_batch(t)
+    t0 = t.batch_begin(1, True)
+    t.batch_end(1, t0, False)
+    t.forward(t0, t0 + 10, "Net", True)  # interrupted here
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1)]
+    t, events, _ = _tracker()
+    t0 = t.batch_begin(2, False)  # an evaluation loop cut short stays an evaluation
+    t.batch_end(2, t0, False)
+    t.forward(t0, t0 + 10, "Net", False)
+    t.finish()
+    assert steps(events) == [(EVAL, 0)]
 
 
 def test_phases_outside_any_step_are_recorded_without_a_step_number():
@@ -176,3 +201,86 @@ def test_phases_outside_any_step_are_recorded_without_a_step_number():
     t.forward(1, 2, "Net", True)  # e.g. a forward after the loop, for a sample prediction
     assert (FORWARD, "Net", 1, 2, TRAIN, None, 7, "") in events
     assert GLOBAL not in {e[4] for e in events if e[0] == STEP}
+
+
+# -- loops without a DataLoader ----------------------------------------------------------------------------
+
+def test_a_manual_update_loop_is_one_step_per_forward_backward_pair():
+    """Manual SGD (`p.data.add_(p.grad, alpha=-lr)`, no optimizer.step()) collapsed into one step."""
+    t, events, listener = _tracker()
+    for i in range(5):
+        _pair(t, 100 * i)
+    t.finish()
+    assert steps(events) == [(TRAIN, i) for i in range(5)]
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 100), (100, 200), (200, 300), (300, 400), (400, 420)]
+    assert markers(events) == ["pairs"]
+    assert [c for c in listener.calls if c[0] == "end"] == [("end", TRAIN, i) for i in range(5)]
+
+
+def test_more_pairs_than_are_held_undecided_still_count_exactly():
+    t, events, _ = _tracker()
+    n = MAX_UNDECIDED_ITERATIONS + 8
+    for i in range(n):
+        _pair(t, 100 * i)
+    t.finish()
+    assert steps(events) == [(TRAIN, i) for i in range(n)]
+    assert sum(e[0] == FORWARD for e in events) == n and all(e[5] is not None for e in events if e[0] != LOOP)
+
+
+def test_gradient_accumulation_without_a_data_loader_is_one_step_per_optimizer_step():
+    t, events, _ = _tracker()
+    for i in range(3):
+        base = 1000 * i
+        for k in range(4):
+            _pair(t, base + 100 * k)
+        t.optimizer_begin(base + 500)
+        t.optimizer(base + 500, base + 510, "AdamW")
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
+    assert sum(e[0] == FORWARD and e[5] == 0 for e in events) == 4
+    assert markers(events) == ["optimizer"]
+
+
+def test_an_evaluation_pass_without_a_data_loader_is_one_eval_step_per_forward():
+    """A periodic `estimate_loss()` over tensor slices under no_grad never became EVAL steps (0 of 280)."""
+    t, events, _ = _tracker()
+    at = 0
+    for i in range(4):
+        if i % 2 == 0:
+            for _ in range(3):  # estimate_loss(): three batches under no_grad
+                t.forward(at, at + 5, "GPT", False)
+                at += 10
+        _pair(t, at)
+        at += 100
+    t.finish()
+    assert [s for s in steps(events) if s[0] == TRAIN] == [(TRAIN, i) for i in range(4)]
+    assert [s for s in steps(events) if s[0] == EVAL] == [(EVAL, i) for i in range(6)]
+    # the evaluation's forwards are not charged to training
+    assert not [e for e in events if e[1] == "GPT" and e[4] != EVAL]
+
+
+def test_an_lbfgs_closure_is_one_step_and_its_forward_backward_are_not_optimizer_time():
+    """`optimizer.step(closure)` read "optimizer 100 %": the closure's forward/backward run inside it."""
+    t, events, _ = _tracker()
+    for i in range(2):
+        base = 1000 * i
+        t.optimizer_begin(base)
+        for k in range(5):  # LBFGS evaluates the closure several times per step
+            _pair(t, base + 10 + 100 * k)
+        t.optimizer(base, base + 600, "LBFGS")
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1)]
+    step0 = [e for e in events if e[5] == 0]
+    optimizer_us = sum(e[3] - e[2] for e in step0 if e[0] == OPTIMIZER)
+    inner_us = sum(e[3] - e[2] for e in step0 if e[0] in (FORWARD, BACKWARD))
+    assert inner_us == 5 * 20 and optimizer_us == 600 - inner_us
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 600), (1000, 1600)]
+
+
+def test_forwards_without_backward_or_optimizer_say_the_loop_could_not_be_delimited():
+    t, events, _ = _tracker()
+    for i in range(4):
+        t.forward(100 * i, 100 * i + 10, "Net", True)  # inference with autograd on, nothing else
+    t.finish()
+    assert len(steps(events)) == 1
+    assert markers(events) == ["undetermined"]

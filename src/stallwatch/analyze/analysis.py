@@ -17,15 +17,19 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from stallwatch.analyze import compare as _compare
 from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import nodes as _nodes
+from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
+from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
 from stallwatch.analyze.frames import NodeFrame, node_frame
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import Rule
@@ -33,7 +37,7 @@ from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLUMN_SEP, DATA_WAIT, STEP, TRAIN
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, STEP, TRAIN
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 
@@ -44,8 +48,13 @@ class RunAnalysis:
     a run directory never makes stallwatch load code)."""
 
     def __init__(self, run: Run | str, *, rule_results: Sequence[RuleResult] | None = None,
-                 rules: Sequence[type[Rule]] | None = None, params: dict[str, dict[str, Any]] | None = None) -> None:
+                 rules: Sequence[type[Rule]] | None = None, params: dict[str, dict[str, Any]] | None = None,
+                 price_per_hour: float | None = None, baseline: RunAnalysis | None = None) -> None:
+        """`price_per_hour`: what a node costs per hour (else the run's config's, if any): enables `cost`;
+        `baseline`: a run to compare this one with (`comparison`)."""
         self.run = open_run(run) if isinstance(run, str) else run
+        self._price = price_per_hour
+        self.baseline = baseline
         self._given = list(rule_results) if rule_results is not None else None
         self._extra_rules = list(rules or [])
         self._params = params or {}
@@ -183,7 +192,8 @@ class RunAnalysis:
             data_end_us=data_end if data_end is not None else _int(info.get("end_us")), nodes=self.nodes,
             ranks=self.ranks, steps=_steps.steps_per_mode(self.steps), loop=_steps.loop_span(self.steps),
             sample_interval_ms=self.sample_interval_ms,
-            fate=_summary.job_fate(records, self.config.stop_training), notes=self.notes)
+            fate=_summary.job_fate(records, self.config.stop_training), notes=self.notes,
+            loop_undetermined=self.loop_shapes.undetermined)
 
     def _all_ended(self) -> bool:
         recs = (self.info.get("nodes") or {}).values()
@@ -192,7 +202,12 @@ class RunAnalysis:
     @cached_property
     def notes(self) -> list[str]:
         """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
-        return []
+        return self.loop_shapes.notes()
+
+    @cached_property
+    def loop_shapes(self) -> _steps.LoopShapes:
+        """How each rank's steps were delimited (DataLoader, marks, optimizer steps, forward/backward pairs)."""
+        return _steps.loop_shapes(self.run.framework(kinds=[LOOP], fields=["name", "args"]))
 
     @cached_property
     def findings(self) -> _findings.Findings:
@@ -201,7 +216,60 @@ class RunAnalysis:
 
     def write_findings(self) -> str:
         """_findings.json into the run (through the store); its path in the run."""
-        return run_files.write_findings(self.run.location, self.findings.to_json())
+        cost = self.cost
+        return run_files.write_findings(self.run.location, {**self.findings.to_json(),
+                                                            "cost": cost.to_json() if cost is not None else None})
+
+    @cached_property
+    def gradient_sync(self) -> list[GradientSync]:
+        """Per rank, DDP's gradient all-reduce per step: its time, the part overlapping backward, the exposed
+        part (DDP's own sampled timing; empty for a job without DDP)."""
+        samples = self.run.framework(kinds=[COLLECTIVE], fields=["name", "args"])
+        samples = samples.filter(pc.equal(samples["name"].cast(pa.string()), DDP_EVENT))
+        counts: dict[tuple[str, int], int] = {}
+        if samples.num_rows:
+            table = self.steps.table
+            train = table.filter(pc.equal(table["mode"].cast(pa.string()), TRAIN))
+            grouped = pa.table({"node": train["node"].cast(pa.string()), "rank": train["rank"]}) \
+                .group_by(["node", "rank"]).aggregate([([], "count_all")])
+            counts = {(str(r["node"]), int(r["rank"])): int(r["count_all"]) for r in grouped.to_pylist()}
+        return gradient_sync(samples, counts)
+
+    @cached_property
+    def phase_shares(self) -> dict[str, dict[str, float]]:
+        """Per mode, each phase's share of step time, % (all ranks together)."""
+        return _compare.phase_shares(self)
+
+    @cached_property
+    def usage_over_nodes(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Per utilization label (%): the mean of the nodes' means, and the highest max."""
+        means: dict[str, list[float]] = {}
+        peaks: dict[str, float] = {}
+        for node in self.nodes:
+            for stat in self.usage(node):
+                if stat.unit == "%" and stat.count:
+                    means.setdefault(stat.label, []).append(stat.mean)
+                    peaks[stat.label] = max(peaks.get(stat.label, 0.0), stat.max)
+        return {k: float(np.mean(v)) for k, v in means.items()}, peaks
+
+    @cached_property
+    def cost(self) -> _price.RunCost | None:
+        """The run as money (total, per part, waiting) and right-sizing advice; None without a price."""
+        price = self._price if self._price is not None else self.config.price_per_hour
+        if price is None:
+            return None
+        mean, peak = self.usage_over_nodes
+        return _price.run_cost(price, self.summary, self.findings, usage_mean=mean, usage_max=peak,
+                               data_wait_pct=self.phase_shares.get(TRAIN, {}).get(DATA_WAIT))
+
+    def compare_to(self, baseline: RunAnalysis) -> _compare.Comparison:
+        """This run against `baseline`: step times, phases, utilization, findings, operators."""
+        return _compare.compare(baseline, self)
+
+    @cached_property
+    def comparison(self) -> _compare.Comparison | None:
+        """This run against the baseline it was given; None without one."""
+        return None if self.baseline is None else self.compare_to(self.baseline)
 
     def usage(self, node: str) -> list[UsageStat]:
         """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics."""

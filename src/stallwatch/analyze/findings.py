@@ -300,7 +300,8 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
     found = _fold_outliers_into_input(_fold_loader_into_input(found))
     found.sort(key=lambda f: (-(f.time_at_stake_s if f.time_at_stake_s is not None else -1.0),
                               SEVERITIES.index(f.severity), f.id))
-    healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0
+    healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
+        and not summary.loop_undetermined
     return Findings(summary.uri, summary.fate, verdict(summary, found, health or []), healthy, found,
                     summary.loop_s, list(health or []) if healthy else [], list(summary.notes), dict(summary.steps))
 
@@ -355,6 +356,10 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str
         more = f" ({len(found)} findings)" if len(found) > 1 else ""
         prefix = "So far: " if fate.state == "running" else ""
         return f"{prefix}{top.title}{stake}{more}."
+    if summary.loop_undetermined:
+        return (f"Inconclusive: the training loop's steps could not be found ({summary.total_steps:,} recorded is "
+                "not the loop's count), so the rules could not judge it; mark steps with "
+                "stallwatch.torch.profile().step().")
     if fate.state == "running":
         return "So far healthy: no rule has found a problem yet."
     because = f" ({'; '.join(health)})" if health else ""

@@ -4,6 +4,7 @@ histograms the report draws. All from one decoding of the framework columns (`Fr
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,3 +130,47 @@ def node_rank_mode(steps: FrameworkColumns, node: str, rank: int, mode: str) -> 
     """Rows of one node, rank and mode."""
     node_code = steps.nodes.index(node) if node in steps.nodes else -1
     return (steps.node == node_code) & (steps.rank == rank) & steps.mode_is([mode])
+
+
+@dataclass(frozen=True)
+class LoopShapes:
+    """How each rank's steps were delimited, from its `loop` markers: `sources` maps a source (loader,
+    explicit, optimizer, pairs, undetermined) to the node/rank places that used it."""
+    sources: dict[str, list[str]]
+    forwards: int = 0  # top-level forward calls in the loops whose boundary could not be found
+
+    @property
+    def undetermined(self) -> list[str]:
+        return self.sources.get("undetermined", [])
+
+    def notes(self) -> list[str]:
+        """Steps inferred from the model's calls are said; a loop whose iteration boundary could not be found
+        is flagged (its step count means nothing)."""
+        notes = []
+        if self.undetermined:
+            notes.append(f"the training loop's iteration boundary could not be found on {_list(self.undetermined)}: "
+                         f"{self.forwards} top-level forward calls with no backward, no optimizer.step() and no "
+                         "DataLoader, so its step count means nothing; mark steps with "
+                         "stallwatch.torch.profile().step()")
+        if self.sources.get("pairs") and not self.sources.get("loader") and not self.sources.get("explicit"):
+            notes.append("no DataLoader and no optimizer.step(): each top-level forward and its backward was "
+                         f"counted as one training step ({_list(self.sources['pairs'])})")
+        return notes
+
+
+def loop_shapes(markers: pa.Table) -> LoopShapes:
+    """`markers`: the run's `loop` events (node, rank, name, args)."""
+    by_source: dict[str, set[str]] = {}
+    forwards = 0
+    for row in markers.select(["node", "rank", "name", "args"]).to_pylist():
+        by_source.setdefault(str(row["name"]), set()).add(f"{row['node']}/rank {row['rank']}")
+        if row["name"] == "undetermined":
+            try:
+                forwards += int(json.loads(row["args"] or "{}").get("forwards", 0))
+            except (ValueError, TypeError, AttributeError):
+                pass
+    return LoopShapes({k: sorted(v) for k, v in by_source.items()}, forwards)
+
+
+def _list(items: list[str], most: int = 4) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")

@@ -117,6 +117,7 @@ class JobSummary:
     sample_interval_ms: dict[str, float]
     fate: JobFate
     notes: list[str] = field(default_factory=list)  # what the run itself says about its measurements
+    loop_undetermined: list[str] = field(default_factory=list)  # node/rank places whose steps could not be found
 
     @property
     def last_us(self) -> int | None:

@@ -59,7 +59,13 @@ def summary_json(analysis: RunAnalysis, node: str | None = None) -> dict[str, An
             "steps": s.steps, "training_loop_s": s.loop_s,
             "usage": {n: [asdict(u) for u in analysis.usage(n)] for n in nodes},
             "step_stats": [asdict(x) for x in analysis.step_stats(node)],
-            "findings": analysis.findings.to_json()}
+            "findings": analysis.findings.to_json(),
+            "cost": analysis.cost.to_json() if analysis.cost is not None else None}
+
+
+def compare_json(analysis: RunAnalysis) -> dict[str, Any]:
+    """This run against its baseline (`stallwatch compare --json`)."""
+    return {**_header("compare"), **analysis.comparison.to_json()} if analysis.comparison else _header("compare")
 
 
 def rules_json(uri: str, results: Sequence[RuleResult]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ fate and usage, its steps, the rules' summary and what to fix first."""
 from __future__ import annotations
 
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.price import RunCost, money
 from stallwatch.analyze.usage import NodeSpan
 from stallwatch.present.console import findings_text, run_summary
 from stallwatch.present.rules_table import rules_table
@@ -27,4 +28,17 @@ def summary_text(analysis: RunAnalysis, node: str | None = None) -> str:
                        exit_signal=s.fate.signal, interrupted=s.fate.interrupted, notes=s.notes)
     if s.fate.state == "running":
         head = head.replace(f"command exit code {-1}", "command still running", 1)
-    return "\n\n".join([head, rules_table(analysis.rule_results), findings_text(analysis.findings)])
+    parts = [head, rules_table(analysis.rule_results), findings_text(analysis.findings)]
+    if analysis.cost is not None:
+        parts.append(cost_text(analysis.cost))
+    return "\n\n".join(parts)
+
+
+def cost_text(cost: RunCost) -> str:
+    """The cost line and the right-sizing advice, for the terminal."""
+    lines = [f"Cost: {cost.line()}"]
+    for advice in cost.advice:
+        saving = (f" — saves about {money(advice.saving)} per run ({advice.saving_pct:.0f} %)"
+                  if advice.saving is not None and advice.saving_pct is not None else "")
+        lines.append(f"  • {advice.title}{saving}\n    evidence: {advice.evidence}")
+    return "\n".join(lines)

@@ -64,6 +64,28 @@ def _config(v: Any) -> bool:
     return True
 
 
+def _json_object(v: Any) -> bool:
+    """A JSON object of plain values, nested at most 6 deep and 100,000 values in all (an importer's
+    provenance: where the data came from, what was counted)."""
+    budget = [_MAX_ITEMS]
+
+    def ok(x: Any, depth: int) -> bool:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if x is None or isinstance(x, (bool, int)) or _text(x):
+            return True
+        if isinstance(x, float):
+            return math.isfinite(x)
+        if depth >= 6:
+            return False
+        if isinstance(x, dict):
+            return all(_text(k) and ok(y, depth + 1) for k, y in x.items())
+        return isinstance(x, list) and all(ok(y, depth + 1) for y in x)
+
+    return isinstance(v, dict) and ok(v, 0)
+
+
 TIME = _int(0, MAX_TIME_US - 1)
 COUNT = _int(0, _INT64)
 PID = _int(0, _INT32)
@@ -77,7 +99,7 @@ _RANK = _record({"rank": _int(0, _INT32), "local_rank": _int(0, _INT32), "world_
 
 RUN_FIELDS: dict[str, Check] = {
     "format_version": _int(0, 1 << 16), "run_id": _text, "created_us": TIME, "created_by_node": _text,
-    "command": TEXT_LIST, "versions": _dict_of(_text), "config": lambda v: _config(v),
+    "command": TEXT_LIST, "versions": _dict_of(_text), "config": lambda v: _config(v), "imported": _json_object,
 }
 NODE_FIELDS: dict[str, Check] = {
     "node": _text, "hostname": _text, "start_us": TIME, "end_us": _optional(TIME), "command": TEXT_LIST,
@@ -87,13 +109,15 @@ NODE_FIELDS: dict[str, Check] = {
     "gpu_absent_reason": _optional(_text), "sample_interval_ms": _int(1, 86_400_000), "metrics": TEXT_LIST,
     "ranks": _list_of(_RANK), "samples_written": COUNT, "samples_dropped": COUNT, "ticks_missed": COUNT,
     "sampler_cpu_s": SECONDS, "sampler_max_rss_bytes": COUNT, "platform": _text, "python": _text,
-    "sampler_pid": PID, "sampler_end_us": TIME,
+    "sampler_pid": PID, "sampler_end_us": TIME, "exit_signal": _optional(_int(1, 255)),
+    "interrupted": lambda v: isinstance(v, bool), "imported": _json_object,
 }
 WINDOW_FIELDS: dict[str, Check] = {
     "layer": _text, "start_us": TIME, "end_us": _optional(TIME), "mode": _text,
     "first_step": _optional(COUNT), "last_step": _optional(COUNT), "pid": PID, "status": _text,
     "range": _optional(_text), "profiler": _text, "activities": TEXT_LIST, "timer": _optional(_text),
     "node": _text, "rank": _int(0, _INT32), "window": _text, "files": TEXT_LIST, "summary_error": _optional(_text),
+    "imported": _json_object,
 }
 
 

@@ -357,6 +357,11 @@ class TorchHooks:
 
     def _optim_pre(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
         self._optim_start = now_us()  # a step that raised never reaches the post hook: the next one overwrites
+        if self.enabled:
+            try:
+                self.tracker.optimizer_begin(self._optim_start)
+            except Exception as exc:
+                _failed("optimizer", exc)
 
     def _optim_post(self, opt: Any, _args: Any, _kwargs: Any) -> None:
         t0, self._optim_start = self._optim_start, 0

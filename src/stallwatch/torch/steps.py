@@ -3,7 +3,11 @@ start, end, number and mode, with its phases. Pure Python, no torch: the hooks f
 
 Where steps come from, best first: explicit marks (`prof.step()`, the Lightning and Transformers callbacks);
 the data loader (a step runs from asking for a batch to asking for the next one); and, when the loop never
-iterates a DataLoader, `optimizer.step()` (a coarser step, said once)."""
+iterates a DataLoader, whatever repeats: `optimizer.step()`, else top-level forward/backward pairs (a manual
+update such as `p.data.add_(p.grad, alpha=-lr)`). Until an optimizer step is seen the loop's first iterations
+are held undecided (a gradient-accumulation loop is one step per optimizer step, not per micro-batch). Without
+a DataLoader, each top-level forward pass under `no_grad` outside a training step is one EVAL step. How a
+rank's steps were delimited is recorded as a `loop` marker, and a loop whose boundary cannot be found says so."""
 
 from __future__ import annotations
 
@@ -11,9 +15,12 @@ import time
 from typing import Protocol
 
 from stallwatch.log import warn_once
-from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, OPTIMIZER, STEP, TRAIN
+from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN
 
-LOADER, EXPLICIT, OPTIMIZER_SOURCE = "loader", "explicit", "optimizer"
+LOADER, EXPLICIT, OPTIMIZER_SOURCE, PAIRS = "loader", "explicit", "optimizer", "pairs"
+UNDETERMINED = "undetermined"
+INFERRED = (None, OPTIMIZER_SOURCE, PAIRS)  # sources under which steps are inferred from the model's calls
+MAX_UNDECIDED_ITERATIONS = 32  # forward/backward pairs held before deciding there is no optimizer step
 MAX_EVENTS_PER_STEP = 10_000  # a step that records more (a loop inside one step) keeps its first ones
 MAX_PENDING_WAITS = 64
 STEP_NAMES = {TRAIN: "train_step", EVAL: "eval_step", GLOBAL: "step"}
@@ -45,7 +52,7 @@ class StepListener(Protocol):
 
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
-                 "predicted_mode", "predicted_step")
+                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -59,6 +66,9 @@ class _Step:
         self.loader = loader
         self.predicted_mode = predicted_mode
         self.predicted_step = predicted_step
+        self.cuts: list[tuple[int, int]] = []  # undecided loop: (time, index in events) where an iteration began
+        self.backward_since_cut = False
+        self.forwards = 0
 
 
 class StepTracker:
@@ -75,6 +85,7 @@ class StepTracker:
         self._pending: list[tuple] = []  # data waits seen outside an explicit step: they belong to the next
         self._loader_modes: dict[int, str] = {}
         self._last_end = 0  # steps never overlap: a step starts no earlier than the previous one ended
+        self._optimizing = False  # inside optimizer.step(): a closure's forward/backward belong to this step
 
     @property
     def in_step(self) -> bool:
@@ -87,6 +98,9 @@ class StepTracker:
         if self.source == EXPLICIT:
             return t0
         step = self._open
+        if step is not None and step.cuts:
+            self._decide(PAIRS, t0)  # iterations before the first DataLoader were forward/backward pairs
+            step = self._open
         if step is not None and step.work:
             self._close(t0)
             step = None
@@ -104,7 +118,8 @@ class StepTracker:
                 self._pending.append((t0, t1))
                 del self._pending[:-MAX_PENDING_WAITS]
             return
-        self.source = LOADER
+        if self.source != LOADER:
+            self._decide(LOADER, t1)
         step = self._open
         if step is None:
             return
@@ -119,12 +134,32 @@ class StepTracker:
     def forward(self, t0: int, t1: int, name: str, grad_enabled: bool) -> None:
         step = self._open
         if step is None:
-            if self.source in (None, OPTIMIZER_SOURCE) and grad_enabled:
-                step = self._optimizer_step(t0)
-            else:
+            if self.source not in INFERRED:
                 self._standalone(FORWARD, name, t0, t1, TRAIN if grad_enabled else EVAL)
                 return
+            if not grad_enabled:
+                self._eval_step(name, t0, t1)
+                return
+            step = self._inferred_step(t0)
+        elif step.backward_since_cut and step.mode is None and self.source in (None, PAIRS) \
+                and step.loader is None and not self._optimizing:
+            # Training work done and no optimizer step ended it: this forward starts the next iteration.
+            if not grad_enabled:  # an evaluation after a manual update: there is no optimizer step
+                self._decide(PAIRS, t0)
+                self._close(t0)
+                self._eval_step(name, t0, t1)
+                return
+            if self.source == PAIRS:
+                self._close(t0)
+                step = self._inferred_step(t0)
+            else:
+                step.cuts.append((t0, len(step.events)))
+                step.backward_since_cut = False
+                if len(step.cuts) >= MAX_UNDECIDED_ITERATIONS:
+                    self._decide(PAIRS, t0)
+                    step = self._open or self._inferred_step(t0)
         step.work = step.forward = True
+        step.forwards += 1
         if t1 > step.last_us:
             step.last_us = t1
         if len(step.events) < MAX_EVENTS_PER_STEP:
@@ -133,21 +168,51 @@ class StepTracker:
     def backward(self, t0: int, t1: int) -> None:
         self._train_phase(BACKWARD, "backward", t0, t1)
 
+    def optimizer_begin(self, t0: int) -> None:
+        """optimizer.step() starts: a loop with an optimizer is delimited by it (the iterations held undecided
+        become this one step); an LBFGS-style closure's forward and backward happen inside it."""
+        self._optimizing = True
+        if self.source is None:
+            self._decide(OPTIMIZER_SOURCE, t0)
+        if self._open is None and self.source == OPTIMIZER_SOURCE:
+            self._inferred_step(t0)
+
     def optimizer(self, t0: int, t1: int, name: str) -> None:
-        self._train_phase(OPTIMIZER, name, t0, t1)
+        self._optimizing = False
+        if self.source is None:
+            self._decide(OPTIMIZER_SOURCE, t0)
+        step = self._open
+        if step is None:
+            if self.source in INFERRED:
+                step = self._inferred_step(t0)
+            else:
+                self._standalone(OPTIMIZER, name, t0, t1, TRAIN)
+                return
+        step.work = step.backward = True
+        # A closure's forward and backward ran inside the optimizer's call: only the time around them is the
+        # optimizer's own (else LBFGS, or Lightning's automatic optimization, reads "optimizer 100 %").
+        inner = sorted((e[2], e[3]) for e in step.events if e[0] in (FORWARD, BACKWARD) and e[2] >= t0 and e[3] <= t1)
+        at, pieces = t0, 0
+        for s0, s1 in inner:
+            if s0 > at:
+                self._add(step, OPTIMIZER, name, at, s0, "")
+                pieces += 1
+            at = max(at, s1)
+        if t1 > at or not pieces:
+            self._add(step, OPTIMIZER, name, min(at, t1), t1, "")
         if self.source == OPTIMIZER_SOURCE:
             self._close(t1)
 
     def _train_phase(self, kind: str, name: str, t0: int, t1: int) -> None:
-        """Backward or an optimizer step: the step it is in becomes a TRAIN step."""
+        """Backward: the step it is in becomes a TRAIN step."""
         step = self._open
         if step is None:
-            if self.source in (None, OPTIMIZER_SOURCE):
-                step = self._optimizer_step(t0)
+            if self.source in INFERRED:
+                step = self._inferred_step(t0)
             else:
                 self._standalone(kind, name, t0, t1, TRAIN)
                 return
-        step.work = step.backward = True
+        step.work = step.backward = step.backward_since_cut = True
         if t1 > step.last_us:
             step.last_us = t1
         if len(step.events) < MAX_EVENTS_PER_STEP:
@@ -170,7 +235,9 @@ class StepTracker:
             if not self._open.work:
                 self._pending = [(e[2], e[3]) for e in self._open.events if e[0] == DATA_WAIT]
                 self._open = None
-        self.source = EXPLICIT
+            elif self._open.cuts:
+                self._decide(PAIRS, t)
+        self._decide(EXPLICIT, t)
         if self._open is not None:
             # Marker style: the step before ended when the batch for this one was asked for.
             fetched = self._pending[0][0] if self._pending else t
@@ -188,21 +255,77 @@ class StepTracker:
             self._close(now_us())
 
     def finish(self) -> None:
-        """At exit: a step with work in it ends where its last phase ended; an empty one is dropped."""
+        """At exit: a step with work in it ends where its last phase ended; an empty one is dropped. A step cut
+        short (a signal, an exception) keeps the mode its loop had, not the mode of the phases it reached."""
         step = self._open
         if step is not None and step.work:
-            self._close(step.last_us)
+            if step.cuts:
+                self._decide(PAIRS, step.last_us)
+                step = self._open
+            elif self.source is None and not step.backward and step.forwards > 1:
+                self._marker(UNDETERMINED, step.last_us, f'{{"forwards": {step.forwards}}}')
+            if step is not None:
+                if step.mode is None and not step.backward:
+                    step.mode = (self._loader_modes.get(step.loader) if step.loader is not None else None) \
+                        or step.predicted_mode
+                self._close(step.last_us)
         self._open = None
 
     # -- internals ------------------------------------------------------------------------------------
-    def _optimizer_step(self, t0: int) -> _Step:
-        if self.source is None:
+    def _decide(self, source: str, at_us: int) -> None:
+        """The loop's steps are delimited by `source` from now on (recorded as a marker). Iterations held
+        undecided become steps of their own when they were forward/backward pairs."""
+        if source == self.source:
+            return
+        if source == OPTIMIZER_SOURCE:
             warn_once("steps-from-optimizer", "no DataLoader iteration seen: steps are delimited by "
-                      "optimizer.step() (coarser; use stallwatch.torch.profile().step() for exact steps)")
-            self.source = OPTIMIZER_SOURCE
-        step = _Step(t0, None, TRAIN, self.counts[TRAIN])
+                      "optimizer.step() (use stallwatch.torch.profile().step() to mark them yourself)")
+        elif source == PAIRS:
+            warn_once("steps-from-pairs", "no DataLoader and no optimizer.step() seen: each top-level forward "
+                      "and its backward is one step (use stallwatch.torch.profile().step() to mark them yourself)")
+        self.source = source
+        self._marker(source, at_us)
+        step = self._open
+        if step is None or not step.cuts:
+            return
+        cuts, step.cuts = step.cuts, []
+        if source != PAIRS:
+            return  # one step, as the optimizer (or an explicit mark) will end it
+        self._open = None
+        starts = [step.start_us, *(t for t, _ in cuts)]
+        first = 0
+        for i, (t_cut, index) in enumerate(cuts):
+            piece = _Step(starts[i], None, TRAIN, self.counts[TRAIN])
+            piece.events = step.events[first:index]
+            piece.work = piece.backward = piece.forward = True
+            self._open = piece
+            self._close(t_cut)
+            first = index
+        rest = _Step(starts[-1], None, TRAIN, self.counts[TRAIN])
+        rest.events = step.events[first:]
+        rest.work = bool(rest.events)
+        rest.forward = any(e[0] == FORWARD for e in rest.events)
+        rest.backward = rest.backward_since_cut = step.backward_since_cut
+        rest.forwards = sum(1 for e in rest.events if e[0] == FORWARD)
+        rest.last_us = max([starts[-1], *(e[3] for e in rest.events)])
+        self._begin(rest)
+
+    def _marker(self, name: str, at_us: int, args: str = "") -> None:
+        self._emit((LOOP, name, at_us, at_us, GLOBAL, None, self.pid, args))
+
+    def _inferred_step(self, t0: int) -> _Step:
+        """A training step without a DataLoader or marks: begins with the model's (or optimizer's) first call."""
+        step = _Step(max(t0, self._last_end), None, TRAIN, self.counts[TRAIN])
         self._begin(step)
         return step
+
+    def _eval_step(self, name: str, t0: int, t1: int) -> None:
+        """A top-level forward under no_grad outside a training step, without a DataLoader: one EVAL step."""
+        step = _Step(t0, EVAL, EVAL, self.counts[EVAL])
+        step.events.append((FORWARD, name, t0, t1, ""))
+        step.work = step.forward = True
+        self._begin(step)
+        self._close(t1)
 
     def _begin(self, step: _Step) -> None:
         self._open = step

@@ -12,7 +12,7 @@ from stallwatch.analyze.rules.steps import framework_columns, mode_order, rank_k
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
-INSTANT = ("dataloader", "profiling")  # markers, not time the loop spent
+INSTANT = ("dataloader", "profiling", "loop")  # markers, not time the loop spent
 OTHERS = "others"
 MAX_NAMES = 20  # event names listed per kind
 MAX_OPERATORS = 50  # operators listed per device

@@ -140,7 +140,7 @@ class InputBound(Rule):
             entry["windows_above"] = above
             fires = above > 0
             entry["triggered"] = fires
-            cause, evidence, named = self._cause(node, rank, wait, dur, number)
+            cause, evidence, named = self._cause(node, rank, wait, dur, number, warmup=body.start if body.start < n else 0)
             entry.update(cause=cause if fires else None, **evidence)
             if named:
                 entry["stall_steps"] = named
@@ -174,10 +174,11 @@ class InputBound(Rule):
         keep = [(k, s) for k, s in self._ranks.items() if s.step.n and (k[2] == TRAIN or k[:2] not in with_train)]
         return sorted(keep, key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))
 
-    def _cause(self, node: str, rank: int, wait: np.ndarray, dur: np.ndarray,
-               number: np.ndarray) -> tuple[str, dict[str, Any], list[int]]:
+    def _cause(self, node: str, rank: int, wait: np.ndarray, dur: np.ndarray, number: np.ndarray,
+               warmup: int = 0) -> tuple[str, dict[str, Any], list[int]]:
         """Why this rank waits: loading in the main process, fewer workers than its share of the cores, a slow
-        per-batch fetch despite enough workers, or a few long stalls (named)."""
+        per-batch fetch despite enough workers, or a few long stalls (named; the first `warmup` steps, where
+        workers start, are start-up, not stalls)."""
         evidence: dict[str, Any] = {}
         workers = self._loaders.get((node, rank))
         num_workers = float(np.median(workers)) if workers else None
@@ -190,6 +191,7 @@ class InputBound(Rule):
         if waiting.size:
             median = float(np.median(waiting))
             stalls = (wait > STALL_FACTOR * median) & (wait > 0.05 * np.median(dur))
+            stalls[:warmup] = False
             stall_wait = float(wait[stalls].sum())
             evidence.update(median_wait_ms=median / 1000.0, stalls=int(stalls.sum()),
                             stall_wait_s=stall_wait / US)

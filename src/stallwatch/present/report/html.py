@@ -11,8 +11,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from stallwatch.log import logger
-from stallwatch.present.report.model import (GOOD, INFO, ISSUE, WARN, Block, Chart, NotApplicable, Paragraph,
-                                             Section, Table, Verdict)
+from stallwatch.present.report.model import (
+    GOOD,
+    INFO,
+    ISSUE,
+    WARN,
+    Block,
+    Chart,
+    NotApplicable,
+    Paragraph,
+    Section,
+    Table,
+    Verdict,
+)
 
 LEVEL_LABELS = {GOOD: "Good", INFO: "Note", WARN: "Warning", ISSUE: "Issue"}
 _CODE = re.compile(r"`([^`\n]+)`")

@@ -9,6 +9,8 @@ from typing import Any
 
 ORDER = (
     "findings",         # What to fix first: the verdict and the findings ranked by time at stake
+    "comparison",       # with --baseline: this run against the baseline
+    "cost",             # with a price per node-hour: the cost, what waiting cost, right-sizing advice
     "summary",          # 1. Training job summary
     "system_usage",     # 2. System usage statistics
     "framework",        # 3. Framework metrics summary (+ CPU / GPU operators)

@@ -7,17 +7,7 @@ from __future__ import annotations
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.findings import Finding, Findings
 from stallwatch.present.console import where_text
-from stallwatch.present.report.model import (
-    GOOD,
-    INFO,
-    ISSUE,
-    WARN,
-    Block,
-    Paragraph,
-    Section,
-    Table,
-    Verdict,
-)
+from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Block, Paragraph, Section, Table, Verdict
 from stallwatch.timeutil import format_duration
 
 SECTION_ID = "findings"

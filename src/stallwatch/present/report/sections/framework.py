@@ -10,6 +10,7 @@ from typing import Any
 from bokeh.layouts import row
 
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.collectives import DDP_EVENT
 from stallwatch.analyze.rules.steps import mode_order
 from stallwatch.present.report.breakdowns import pie
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
@@ -44,6 +45,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
     blocks: list[Block] = []
     blocks += _phases(details)
     blocks += _general(details)
+    blocks += _gradient_sync(analysis)
     blocks += _ranks(details)
     blocks += _ratio(details)
     return [Section(SECTION_ID, TITLE, blocks), *operator_sections(analysis, details)]
@@ -91,11 +93,15 @@ def _general(details: Mapping[str, Any]) -> list[Block]:
                              f"operations. The largest share, {share:.0f} %, was {GENERAL_LABELS.get(event, event)}."))
         out.append(Chart(pie(_seconds(general, GENERAL_LABELS), unit="seconds", title="General framework events"),
                          "General framework events"))
-    collectives = (details.get("events") or {}).get(COLLECTIVE) or {}
+    collectives = {name: v for name, v in ((details.get("events") or {}).get(COLLECTIVE) or {}).items()
+                   if name != DDP_EVENT}  # DDP's samples of its own timing are not calls
     if collectives:
         total = sum(v["total_us"] for v in collectives.values()) / 1e6
-        out.append(Paragraph(f"Collective operations (all-reduce, broadcast, barriers …) took {total:,.1f} s in all "
-                             f"ranks together, over {sum(v['count'] for v in collectives.values()):,} calls."))
+        out.append(Paragraph(f"Collective operations called through torch.distributed (all-reduce, broadcast, "
+                             f"barriers …) took {total:,.1f} s in all ranks together, over "
+                             f"{sum(v['count'] for v in collectives.values()):,} calls."))
+    elif (details.get("events") or {}).get(COLLECTIVE):
+        pass  # only DDP's gradient all-reduce: said per step below
     else:
         out.append(Paragraph("No collective operations were recorded: a single-process job has none; a distributed "
                              "job's collectives are recorded when they run through torch.distributed."))
@@ -123,6 +129,27 @@ def _ranks(details: Mapping[str, Any]) -> list[Block]:
                      (r.get("general_us") or {}).get(DATA_WAIT, 0) / 1e6])
     return [Table(["rank", "steps", *(f"{p} %" for p in phases), "forward %", "backward %", "waiting for data (s)"],
                   rows, "Per rank")]
+
+
+def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
+    """DDP's gradient all-reduce runs inside backward on every step: per step, its time, the part hidden
+    behind backward and the exposed part."""
+    sync = analysis.gradient_sync
+    if not sync:
+        return []
+    rows = [[f"{g.node}/{g.rank}", g.train_steps, g.comm_ms, g.overlap_ms, g.exposed_ms, g.backward_ms,
+             g.comm_total_s, g.exposed_total_s, g.samples] for g in sync]
+    worst = max(sync, key=lambda g: g.exposed_total_s)
+    text = (f"DistributedDataParallel synchronises gradients with an all-reduce inside backward on every training "
+            f"step. Per step it took {worst.comm_ms:,.1f} ms on rank {worst.rank} ({worst.node}), "
+            f"{worst.overlap_pct:.0f} % of it hidden behind backward's computation; the exposed "
+            f"{worst.exposed_ms:,.1f} ms per step, about {worst.exposed_total_s:,.1f} s over {worst.train_steps:,} "
+            "steps, is time the step waited for the network. These are DDP's own averages over the iterations it "
+            "samples (the first ones, then every 100th), scaled to the steps.")
+    return [Paragraph(text),
+            Table(["node/rank", "train steps", "all-reduce per step (ms)", "overlapping backward (ms)",
+                   "exposed (ms)", "backward compute (ms)", "all-reduce total (s, est.)", "exposed total (s, est.)",
+                   "DDP samples"], rows, "Gradient all-reduce per step (DDP)")]
 
 
 def _ratio(details: Mapping[str, Any]) -> list[Block]:

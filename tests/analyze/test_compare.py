@@ -1,0 +1,97 @@
+"""Run comparison and cost on real PyTorch runs: a starved loader against its fixed version (more workers) —
+the finding goes away, steps get faster, the data wait's share drops; `--fail-if-slower` fails a CI job on the
+regression; the report gains the comparison and the cost; the cost splits off what waiting cost."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.compare import compare
+from stallwatch.records import DATA_WAIT, TRAIN
+from tests.analyze.test_accuracy import _script
+from tests.collect._support import stallwatch as run_cli
+
+STARVED = dict(sample_s=0.001, compute_s=0.005, stalls=[], steps=200, workers=0)
+FIXED = dict(STARVED, sample_s=0.0)  # the fix: the samples cached in memory once, not loaded at every step
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for name, settings in (("starved", STARVED), ("fixed", FIXED)):
+        tmp = tmp_path_factory.mktemp(name)
+        p = run_cli(tmp, "run", "--out", str(tmp / "run"), "--", sys.executable, str(_script(tmp, **settings)),
+                    str(tmp / "onset.json"), timeout=240)
+        assert p.returncode == 0, p.stderr
+        out[name] = tmp / "run"
+    return out
+
+
+def test_the_fixed_run_against_the_starved_one(runs):
+    starved, fixed = RunAnalysis(str(runs["starved"])), RunAnalysis(str(runs["fixed"]))
+    c = compare(starved, fixed)
+    assert c.step_times[TRAIN][0].steps == c.step_times[TRAIN][1].steps == 200
+    assert c.slower_pct() < -20  # the fixed loop's median step is much faster
+    wait = next(p for p in c.phases[TRAIN] if p.name == DATA_WAIT)
+    assert wait.baseline > 25 and wait.run < wait.baseline / 2
+    assert any("waits for data" in t for t in c.findings_gone) and not c.findings_appeared
+    assert c.notes == []  # same shape: nothing to warn about
+    back = compare(fixed, starved)
+    assert back.slower_pct() > 20 and back.findings_appeared == c.findings_gone
+
+
+def test_compare_cli_text_json_and_fail_if_slower(run_stallwatch, runs):
+    p = run_stallwatch("compare", str(runs["starved"]), str(runs["fixed"]))
+    assert p.returncode == 0, p.stderr
+    assert "faster than the baseline's" in p.stdout and "went away" in p.stdout
+    p = run_stallwatch("compare", str(runs["fixed"]), str(runs["starved"]), "--json", "--fail-if-slower", "10")
+    assert p.returncode == 1, p.stderr  # the starved run regressed against the fixed baseline
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == "stallwatch.compare/1" and doc["regression"]["failed"] is True
+    assert doc["regression"]["slower_pct"] > 10
+    assert "slower than the baseline's (limit 10 %)" in p.stderr
+    p = run_stallwatch("compare", str(runs["starved"]), str(runs["fixed"]), "--fail-if-slower", "10",
+                       "--quantile", "0.9")
+    assert p.returncode == 0, p.stderr
+
+
+def test_cost_splits_off_the_waiting_and_advises(run_stallwatch, runs):
+    starved = RunAnalysis(str(runs["starved"]), price_per_hour=32.77)
+    cost = starved.cost
+    assert cost.total == pytest.approx(32.77 * starved.summary.duration_s / 3600)
+    assert sum(cost.parts.values()) == pytest.approx(cost.total, rel=1e-6)
+    assert 0 < cost.waiting["data wait"] < cost.parts["Training loop"]
+    assert any("fix the data pipeline" in a.title or "CPU-bound" in a.title for a in cost.advice)
+    assert RunAnalysis(str(runs["starved"])).cost is None  # no price, no cost
+    p = run_stallwatch("summary", str(runs["starved"]), "--price-per-hour", "32.77", "--json")
+    doc = json.loads(p.stdout)
+    assert doc["cost"]["total"] == pytest.approx(cost.total, rel=1e-3) and doc["cost"]["waiting"]["data wait"] > 0
+    p = run_stallwatch("summary", str(runs["starved"]), "--price-per-hour", "32.77")
+    assert "Cost: " in p.stdout and "per node-hour" in p.stdout
+    p = run_stallwatch("summary", str(runs["starved"]), "--price-per-hour", "cheap")
+    assert p.returncode == 2 and "is not a number" in p.stderr
+
+
+def test_the_report_gains_the_comparison_and_the_cost(run_stallwatch, runs, tmp_path):
+    out = tmp_path / "report.html"
+    p = run_stallwatch("report", str(runs["fixed"]), "--baseline", str(runs["starved"]), "--price-per-hour", "4.1",
+                       "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    assert 'id="comparison"' in html and "Compared with the baseline" in html
+    assert 'id="cost"' in html and "Cost and right-sizing" in html
+    assert "faster than the baseline" in html
+
+
+def test_run_with_a_price_prints_the_cost_and_keeps_it_in_the_run(run_stallwatch, tmp_path):
+    run = tmp_path / "run"
+    p = run_stallwatch("run", "--out", str(run), "--price-per-hour", "3.06", "--", sys.executable, "-c",
+                       "import time; time.sleep(1)")
+    assert p.returncode == 0, p.stderr
+    assert "Cost: " in p.stderr and "at 3.06 per node-hour" in p.stderr
+    findings = json.loads((run / "findings.json").read_text())
+    assert findings["cost"]["price_per_hour"] == 3.06 and findings["cost"]["total"] > 0

@@ -1,0 +1,96 @@
+"""Loop shapes seen on real public scripts, run as real jobs under `stallwatch run`: exact step counts per
+phase, and phase times that add up (a closure's forward/backward are not optimizer time)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+import pytest
+
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.records import BACKWARD, EVAL, FORWARD, LOOP, OPTIMIZER, STEP, TRAIN
+from stallwatch.store.reader import open_run
+
+from ..collect._support import stallwatch as run_cli
+from . import loop_shapes
+
+
+def _profile(tmp_path, source: str):
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    out = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--out", str(out), "--flush-interval", "1", "--",
+                sys.executable, str(script), str(tmp_path / "ran.json"))
+    ran = json.loads((tmp_path / "ran.json").read_text())
+    events = open_run(str(out)).framework().to_pylist()
+    return p, out, ran, events
+
+
+def _steps(events) -> Counter:
+    return Counter(e["mode"] for e in events if e["kind"] == STEP)
+
+
+def _phase_sums_fit_their_steps(events) -> None:
+    """Per step, the phases' time is within the step's (nothing counted twice)."""
+    steps = {(e["mode"], e["step"]): e["end_us"] - e["start_us"] for e in events if e["kind"] == STEP}
+    phases: Counter = Counter()
+    for e in events:
+        if e["kind"] in (FORWARD, BACKWARD, OPTIMIZER) and e["step"] is not None:
+            phases[(e["mode"], e["step"])] += e["end_us"] - e["start_us"]
+    for key, total in phases.items():
+        assert total <= steps[key] + 2, (key, total, steps[key])
+
+
+def test_manual_sgd_with_a_periodic_estimate_loss(tmp_path):
+    p, out, ran, events = _profile(tmp_path, loop_shapes.MANUAL_SGD)
+    assert p.returncode == 0, p.stderr
+    assert _steps(events) == {TRAIN: ran["train"], EVAL: ran["eval"]} == {TRAIN: 20, EVAL: 12}
+    train_forwards = [e for e in events if e["kind"] == FORWARD and e["mode"] == TRAIN]
+    assert len(train_forwards) == 20  # the evaluation's forwards are not charged to training
+    assert {e["step"] for e in events if e["kind"] == BACKWARD} == set(range(20))
+    assert [e["name"] for e in events if e["kind"] == LOOP] == ["pairs"]
+    _phase_sums_fit_their_steps(events)
+    notes = RunAnalysis(str(out)).notes
+    assert any("forward and its backward was counted as one training step" in n for n in notes), notes
+
+
+def test_lbfgs_closure_is_one_step_per_optimizer_step_and_not_all_optimizer(tmp_path):
+    p, _, ran, events = _profile(tmp_path, loop_shapes.LBFGS)
+    assert p.returncode == 0, p.stderr
+    assert _steps(events) == {TRAIN: ran["train"]} == {TRAIN: 6}
+    _phase_sums_fit_their_steps(events)
+    time = Counter()
+    for e in events:
+        if e["kind"] in (FORWARD, BACKWARD, OPTIMIZER):
+            time[e["kind"]] += e["end_us"] - e["start_us"]
+    assert time[FORWARD] + time[BACKWARD] > 0 and time[OPTIMIZER] > 0
+    assert sum(1 for e in events if e["kind"] == FORWARD) >= 6 * 2  # several closure calls per step
+
+
+def test_gradient_accumulation_without_a_data_loader(tmp_path):
+    p, _, ran, events = _profile(tmp_path, loop_shapes.ACCUMULATION)
+    assert p.returncode == 0, p.stderr
+    assert _steps(events) == {TRAIN: ran["train"]} == {TRAIN: 8}
+    assert Counter(e["step"] for e in events if e["kind"] == FORWARD) == {s: 4 for s in range(8)}
+    assert [e["name"] for e in events if e["kind"] == LOOP] == ["optimizer"]
+
+
+def test_a_step_interrupted_by_ctrl_c_is_a_train_step_not_an_eval_step(tmp_path):
+    p, out, ran, events = _profile(tmp_path, loop_shapes.INTERRUPTED)
+    assert p.returncode != 0
+    assert ran["train"] == 5
+    assert _steps(events) == {TRAIN: 6}  # five whole steps and the one cut short
+    assert RunAnalysis(str(out)).summary.fate.interrupted
+
+
+@pytest.mark.parametrize("source", ["FORWARD_ONLY"])
+def test_a_loop_whose_boundary_cannot_be_found_says_so(tmp_path, source):
+    p, out, _, events = _profile(tmp_path, getattr(loop_shapes, source))
+    assert p.returncode == 0, p.stderr
+    assert [e["name"] for e in events if e["kind"] == LOOP] == ["undetermined"]
+    analysis = RunAnalysis(str(out))
+    assert any("iteration boundary could not be found" in n and "12 top-level forward calls" in n
+               for n in analysis.notes), analysis.notes
+    assert analysis.findings.verdict.startswith("Inconclusive") and not analysis.findings.healthy
