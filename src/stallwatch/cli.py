@@ -47,6 +47,13 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-storage-mb", type=float, metavar="MB", help="storage cap for this node's data (default 10240)")
     g.add_argument("--price-per-hour", dest="price_per_hour", type=float, metavar="AMOUNT",
                    help="what one node costs per hour (any currency): the summary and report show the run's cost")
+    g.add_argument("--escalate", choices=["on", "off"], default=None,
+                   help="when a live rule fires, capture a few seconds of operators (and data-loader or Python "
+                        "timing) on its own, within a budget (default on)")
+    g.add_argument("--escalate-every", dest="escalate_every_s", type=float, metavar="SECONDS",
+                   help="at most one automatic capture per rule this often (default 600)")
+    g.add_argument("--escalate-budget", dest="escalate_budget_pct", type=float, metavar="PCT",
+                   help="automatic captures take at most this %% of the job's time so far (default 2)")
     g.add_argument("--upload-timeout", dest="upload_timeout_s", type=float, metavar="SECONDS",
                    help="how long to keep uploading to S3 after the job ended (default 30)")
     g.add_argument("--rules-interval", dest="rules_interval_s", type=float, metavar="SECONDS",
@@ -74,7 +81,7 @@ def _add_live_flags(g: argparse._ArgumentGroup) -> None:
 _CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
                  "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
                  "python_profiler", "cprofile_timer", "rules_interval_s", "rule_actions", "custom_rules",
-                 "stop_training", "price_per_hour")
+                 "stop_training", "price_per_hour", "escalate", "escalate_every_s", "escalate_budget_pct")
 
 
 def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:
@@ -92,6 +99,8 @@ def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> Profiler
             logger.error("%s — running with the default configuration instead", exc)
     changes = {k: getattr(args, k) for k in _CONFIG_FLAGS if getattr(args, k, None) is not None}
     changes = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    if "escalate" in changes:
+        changes["escalate"] = changes["escalate"] == "on"
     try:
         return check_rules(base.replace(**changes))
     except ConfigError as exc:

@@ -174,6 +174,11 @@ class ProfilerConfig:
     stop_training: str | None = None
     # What one node costs per hour (any currency): the report and summary turn the run into a cost
     price_per_hour: float | None = None
+    # When a live rule fires: a short detailed capture on its own, at most one per rule per `escalate_every_s`
+    # and within `escalate_budget_pct` of the job's time so far (docs/format.md, Escalation)
+    escalate: bool = True
+    escalate_every_s: float = 600.0
+    escalate_budget_pct: float = 2.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -198,6 +203,12 @@ class ProfilerConfig:
                                                     and 0 <= self.price_per_hour <= 1_000_000):
             raise ConfigError("price_per_hour", self.price_per_hour,
                               "must be what one node costs per hour, a number from 0 to 1000000 (or null)")
+        if not isinstance(self.escalate, bool):
+            raise ConfigError("escalate", self.escalate, "must be true or false")
+        if not _is_number(self.escalate_every_s) or not 1 <= self.escalate_every_s <= 86_400:
+            raise ConfigError("escalate_every_s", self.escalate_every_s, "must be from 1 to 86400 seconds")
+        if not _is_number(self.escalate_budget_pct) or not 0 <= self.escalate_budget_pct <= 100:
+            raise ConfigError("escalate_budget_pct", self.escalate_budget_pct, "must be from 0 to 100 (%)")
         if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
             raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
         if self.node is not None and not (isinstance(self.node, str) and _NODE_NAME.match(self.node)):

@@ -236,6 +236,11 @@ class RunAnalysis:
         return gradient_sync(samples, counts)
 
     @cached_property
+    def escalations(self) -> list[dict[str, Any]]:
+        """The automatic captures firing rules asked for: rule, start_us/end_us, layers, evidence."""
+        return run_files.read_escalations(self.run.location)
+
+    @cached_property
     def phase_shares(self) -> dict[str, dict[str, float]]:
         """Per mode, each phase's share of step time, % (all ranks together)."""
         return _compare.phase_shares(self)

@@ -14,6 +14,7 @@ SYSTEM_DIR = "system"
 FRAMEWORK_DIR = "framework"
 TRACES_DIR = "traces"
 RULES_DIR = "rules"
+ESCALATIONS_DIR = "escalations"  # one JSON record per automatic capture a firing rule asked for
 REPORT_HTML = "report.html"
 
 # One flush: written every few seconds so a crash loses at most one interval. Arrow IPC, because a

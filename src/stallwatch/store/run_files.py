@@ -132,3 +132,30 @@ def jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# -- escalations: automatic captures asked for by firing rules ---------------------------------------------------
+
+def write_escalation(location: Any, record: Mapping[str, Any]) -> str:
+    """escalations/<start_us>-<rule>.json: what fired, when, and the capture it asked for."""
+    rule = re.sub(r"[^A-Za-z0-9_.-]", "_", str(record.get("rule", "rule")))[:100]
+    rel = f"{layout.ESCALATIONS_DIR}/{int(record.get('start_us', 0))}-{rule}.json"
+    location.write_atomic(rel, json.dumps(dict(record), default=str).encode())
+    return rel
+
+
+def read_escalations(location: Any) -> list[dict[str, Any]]:
+    """The run's escalation records in time order; unreadable or malformed ones are skipped (said once)."""
+    out = []
+    for entry in location.list(layout.ESCALATIONS_DIR):
+        if not entry.path.endswith(".json") or entry.size > 1 << 20:
+            continue
+        try:
+            record = json.loads(location.read(entry.path))
+        except (OSError, ValueError) as exc:
+            warn_once(f"escalation-{entry.path}", "skipping %s: %s", entry.path, exc)
+            continue
+        if isinstance(record, dict) and isinstance(record.get("rule"), str) and isinstance(record.get("start_us"), int):
+            out.append({k: record[k] for k in ("rule", "start_us", "end_us", "layers", "evidence", "reason")
+                        if k in record})
+    return sorted(out, key=lambda r: r["start_us"])

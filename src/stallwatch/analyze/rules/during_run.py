@@ -23,6 +23,7 @@ class LiveRules:
         self.config = config
         self.uri = config.out or ""
         self.actions: Any = None
+        self.escalation: Any = None
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
         self._created_us = now_us()
@@ -75,9 +76,11 @@ class LiveRules:
             else:
                 return  # ended before it started (e.g. the node name was refused): nothing is written
 
-            def on_results(results: list[RuleResult], _final: bool) -> None:
+            def on_results(results: list[RuleResult], final: bool) -> None:
                 _write(run, results)
                 self._act(run, results)
+                if not final:
+                    self._escalate(run, results)
 
             self._results = follow(run, self.rules, None, every_s=self.interval_s, finished=self._stop.is_set,
                                    on_results=on_results, sleep=self._stop.wait)
@@ -109,6 +112,18 @@ class LiveRules:
             self.actions.on_results(results)
         except Exception as exc:
             warn_once("rule-actions", "rule actions failed (%s: %s)", type(exc).__name__, exc)
+
+
+    def _escalate(self, run: Any, results: list[RuleResult]) -> None:
+        """A firing rule asks for a short detailed capture of what follows (within its budget)."""
+        from stallwatch.analyze.rules.escalation import Escalation
+
+        try:
+            if self.escalation is None:
+                self.escalation = Escalation(self.config, run.location, self._created_us)
+            self.escalation.on_results(results)
+        except Exception as exc:
+            warn_once("escalation", "automatic captures failed (%s: %s)", type(exc).__name__, exc)
 
 
 def _write(run: Any, results: list[RuleResult]) -> None:

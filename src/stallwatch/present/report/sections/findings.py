@@ -8,7 +8,7 @@ from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.findings import Finding, Findings
 from stallwatch.present.console import where_text
 from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Block, Paragraph, Section, Table, Verdict
-from stallwatch.timeutil import format_duration
+from stallwatch.timeutil import format_duration, format_us
 
 SECTION_ID = "findings"
 TITLE = "What to fix first"
@@ -25,6 +25,14 @@ def build(analysis: RunAnalysis) -> list[Section]:
             "or the time GPUs sat idle during bottlenecks); severity is that time's share of the training loop."))
         blocks.append(Table(["#", "Severity", "Finding", "Time at stake", "Share of the loop", "Where", "What to try"],
                             [_row(i, x) for i, x in enumerate(f.findings, 1)]))
+    if analysis.escalations:
+        blocks.append(Paragraph("When a rule fired during the run, stallwatch captured a few seconds of detail on its "
+                                "own (escalation): the operators of those steps are in the framework section and "
+                                "the timeline export; each capture's cost is shown with the profiling windows."))
+        blocks.append(Table(["Rule that fired", "Captured", "Layers", "Why"],
+                            [[e["rule"], f"{format_us(e['start_us'])} → {format_us(e.get('end_us'))}",
+                              " + ".join(e.get("layers") or []), e.get("reason", "")] for e in analysis.escalations],
+                            "Automatic captures"))
     return [Section(SECTION_ID, TITLE, blocks)]
 
 

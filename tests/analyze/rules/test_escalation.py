@@ -1,0 +1,79 @@
+"""Escalation on a real run: the planted stalls of a starved loop make a live rule fire, which asks for a
+detailed capture on its own; the capture covers a stalled step, is recorded with its trigger and listed in the
+report. Within its budget: none with --escalate off, none past the budget."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.escalation import Escalation
+from stallwatch.config import ProfilerConfig
+from stallwatch.records import STEP, TRAIN
+from stallwatch.store import run_files
+from stallwatch.store.location import RunLocation
+from tests.analyze.test_accuracy import _script
+from tests.collect._support import stallwatch as run_cli
+
+STALLS = list(range(20, 600, 9))  # a 0.3 s stall every 9 steps, all through the run
+JOB = dict(sample_s=0.0, compute_s=0.005, stalls=STALLS, steps=600, workers=0)
+
+
+def test_planted_stalls_trigger_a_capture_that_covers_a_stalled_step(tmp_path):
+    run = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--escalate-every", "60",
+                "--escalate-budget", "100", "--", sys.executable, str(_script(tmp_path, **JOB)),
+                str(tmp_path / "onset.json"), timeout=300)
+    assert p.returncode == 0, p.stderr
+    analysis = RunAnalysis(str(run))
+    (first, *_) = analysis.escalations
+    assert first["rule"] in ("InputBound", "StepOutlier", "Dataloader") and "detailed" in first["layers"]
+    assert "dataloader" in first["layers"] and first["evidence"]["triggered"] > 0
+    assert "capturing detailed" in p.stderr
+    windows = [w for w in analysis.profiles("detailed") if w.get("start_us", 0) >= first["start_us"] - 2_000_000]
+    assert windows, analysis.profiles("detailed")
+    window = windows[0]
+    steps = [e for e in analysis.run.framework(kinds=[STEP]).to_pylist() if e["mode"] == TRAIN]
+    stalled = [e for e in steps if e["step"] in STALLS and e["end_us"] - e["start_us"] > 250_000]
+    lo, hi = window["start_us"], window.get("end_us") or first["end_us"]
+    assert any(lo <= e["start_us"] and e["end_us"] <= hi for e in stalled), (window, len(stalled))
+    html = (run / "report.html").read_text()
+    assert "Automatic captures" in html
+
+
+class _Result(SimpleNamespace):
+    pass
+
+
+def test_budget_interval_and_off(tmp_path):
+    loc = RunLocation(str(tmp_path / "run"))
+    run_files.write_config(loc, ProfilerConfig())
+    fired = [_Result(name="InputBound", triggered=1, violations=3, details={"title": "waits"})]
+    start = 1_800_000_000_000_000
+    esc = Escalation(ProfilerConfig(escalate_budget_pct=2.0), loc, start)
+    esc.on_results(fired, now_us=start + 10_000_000)  # 10 s in: 5 s of capture would be 50 %, over 2 %
+    assert esc.records == [] and run_files.read_escalations(loc) == []
+    esc.on_results([_Result(name="InputBound", triggered=2, violations=4, details={})], now_us=start + 400_000_000)
+    assert [r["rule"] for r in esc.records] == ["InputBound"]  # 400 s in: 5 s is 1.25 %
+    assert run_files.read_config(loc).detailed_profiling is not None
+    assert run_files.read_config(loc).dataloader_profiling is not None
+    esc.on_results([_Result(name="InputBound", triggered=3, violations=5, details={})], now_us=start + 900_000_000)
+    assert len(esc.records) == 1  # once per rule per escalate_every_s
+    off = Escalation(ProfilerConfig(escalate=False), loc, start)
+    off.on_results([_Result(name="StepOutlier", triggered=1, violations=1, details={})], now_us=start + 900_000_000)
+    assert off.records == []
+    (record,) = run_files.read_escalations(loc)
+    assert record["rule"] == "InputBound" and record["layers"] == ["detailed", "dataloader"]
+
+
+def test_escalate_flag(run_stallwatch, tmp_path):
+    run = tmp_path / "run"
+    p = run_stallwatch("run", "--out", str(run), "--escalate", "off", "--", sys.executable, "-c", "pass")
+    assert p.returncode == 0, p.stderr
+    assert json.loads((run / "config.json").read_text())["escalate"] is False
+    with pytest.raises(Exception, match="escalate_budget_pct"):
+        ProfilerConfig(escalate_budget_pct=200)
