@@ -45,6 +45,14 @@ def check_counts(rule: Rule, *names: str) -> None:
             raise ParameterError(f"{rule.name}.{key}={value!r}: must be an integer >= {low}")
 
 
+def check_non_negative(rule: Rule, *names: str) -> None:
+    """Continuous parameters (thresholds, margins) must be finite numbers >= 0."""
+    for key in names:
+        value = rule.params[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise ParameterError(f"{rule.name}.{key}={value!r}: must be a number >= 0")
+
+
 def skip_patience(seen: int, n: int, patience: int) -> int:
     """How many of `n` new snapshots of a node still fall into its first `patience` (`seen` so far)."""
     return min(n, max(0, patience - seen))

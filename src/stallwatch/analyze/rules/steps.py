@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.gpu import check_non_negative
 from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, MODES, OPTIMIZER, STEP
 
@@ -350,10 +351,7 @@ class StepOutlier(Rule):
             if text not in MODES:
                 raise ParameterError(f"{self.name}.mode={mode!r}: must be one of {', '.join(MODES)} or None")
             self.params["mode"] = text
-        for key in ("n_outliers", "stddev", "threshold", "min_excess_pct"):
-            value = self.params[key]
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise ParameterError(f"{self.name}.{key}={value!r}: must be a number >= 0")
+        check_non_negative(self, "n_outliers", "stddev", "threshold", "min_excess_pct")
         self._modes = (self.params["mode"],) if self.params["mode"] else MODES
         self._series: dict[tuple[str, int, str], _Series] = {}
         self._events = 0

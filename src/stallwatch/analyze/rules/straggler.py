@@ -5,13 +5,12 @@ over the other ranks; a rank whose excess stays above the threshold over a windo
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import check_counts
+from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
+from stallwatch.analyze.rules.gpu import check_counts, check_non_negative
 from stallwatch.analyze.rules.steps import Appendable, framework_columns
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
 
@@ -55,10 +54,7 @@ class Straggler(Rule):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         check_counts(self, "window")
-        for key in ("threshold", "min_excess_ms"):
-            v = self.params[key]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ParameterError(f"{self.name}.{key}={v!r}: must be a number >= 0")
+        check_non_negative(self, "threshold", "min_excess_ms")
         self._ranks: dict[tuple[str, int], _Rank] = {}
         self._events = 0
 
