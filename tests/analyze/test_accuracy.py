@@ -91,7 +91,8 @@ def test_stalls_are_named_by_step(scenario):
         pytest.skip("only the stalls scenario names steps")
     stalls = set(SCENARIOS["stalls"][0]["stalls"])
     named = set(analysis.findings.findings[0].where.steps)
-    assert named and named <= stalls and len(named) >= len(stalls) // 2
+    # the planted stalls are named; on a loaded machine one or two other fetches may really stall too
+    assert len(named & stalls) >= len(stalls) // 2 and len(named - stalls) <= 2, (sorted(named), sorted(stalls))
 
 
 def test_live_detection_of_a_starved_loader(tmp_path: Path):
