@@ -744,6 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from stallwatch.collect.stdio import hold_closed_standard_fds
+
+    hold_closed_standard_fds()  # before anything opens a file
     configure_cli_logging()
     parser = build_parser()
     _complete(parser)

@@ -45,6 +45,7 @@ FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"
 COLLECTIVE = "collective"
+LOSS = "loss"  # events a process had to drop (args: events, steps; start/end: their first and last start)
 LOOP = "loop"  # a marker: how a rank's steps are delimited (name: loader, explicit, optimizer, pairs, undetermined)
 TRAIN, EVAL, GLOBAL = "TRAIN", "EVAL", "GLOBAL"
 MODES = (TRAIN, EVAL, GLOBAL)

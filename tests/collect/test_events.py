@@ -66,7 +66,7 @@ def test_events_arrive_in_order_with_the_senders_identity(address, monkeypatch):
     assert not os.path.exists(address)
 
 
-def test_without_a_sampler_emit_drops_quietly_and_never_raises(address, caplog):
+def test_without_a_sampler_emit_keeps_quietly_and_never_raises(address, caplog):
     caplog.set_level(logging.WARNING, logger="stallwatch")
     logging.getLogger("stallwatch").propagate = True
     sender = EventSender(address)  # nobody listens there
@@ -75,7 +75,7 @@ def test_without_a_sampler_emit_drops_quietly_and_never_raises(address, caplog):
     t = time.monotonic()
     sender.close(timeout_s=1.0)
     assert time.monotonic() - t < 5  # a hang guard, not a performance threshold
-    assert sender.sent == 0 and sender.dropped == 100
+    assert sender.sent == 0 and sender.dropped == 100  # kept until the process ended, then counted as lost
     said = [r for r in caplog.records if "cannot reach the stallwatch sampler" in r.getMessage()]
     assert len(said) <= 1
 
@@ -96,15 +96,14 @@ def test_the_sender_reconnects_when_the_sampler_comes_back(address, monkeypatch)
     monkeypatch.setattr(events, "SEND_INTERVAL_S", 0.1)
     sender = EventSender(address)
     sender.emit(_event(0))
-    time.sleep(0.5)  # no sampler yet: dropped
+    time.sleep(0.5)  # no sampler yet: kept
     server = EventServer(address)  # a restarted sampler binds the same path
     try:
         for i in range(1, 11):
             sender.emit(_event(i))
             time.sleep(0.05)
-        got = _collect(server, 1, timeout_s=5)
-        got += _collect(server, 100, timeout_s=1)
-        assert got and {e.step for _, e in got} <= set(range(1, 11))
+        got = _collect(server, 11, timeout_s=10)
+        assert [e.step for _, e in got] == list(range(11)) and sender.dropped == 0
     finally:
         sender.close()
         server.close()
@@ -277,3 +276,23 @@ def address_for_fuzz(address):
     server = EventServer(address)
     yield server
     server.close()
+
+
+def test_what_a_full_queue_dropped_reaches_the_sampler_as_a_loss(address):
+    """Dropped events are counted with their span and told to the sampler, which records a `loss` event."""
+    from stallwatch.records import LOSS
+
+    sender = EventSender(address, max_queued=10)
+    for i in range(25):  # no sampler yet: 10 kept, 15 dropped
+        sender.emit(_event(i))
+    server = EventServer(address)
+    try:
+        got = _collect(server, 11, timeout_s=10)
+    finally:
+        sender.close()
+        server.close()
+    events = [e for _, e in got]
+    assert [e.step for e in events if e.kind == "step"] == list(range(10))
+    [loss] = [e for e in events if e.kind == LOSS]
+    assert json.loads(loss.args) == {"events": 15, "steps": 15}
+    assert (loss.start_us, loss.end_us) == (_event(10).start_us, _event(24).start_us)

@@ -23,6 +23,7 @@ from stallwatch.analyze import compare as _compare
 from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
+from stallwatch.analyze import loss as _loss
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
@@ -37,7 +38,7 @@ from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, STEP, TRAIN
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, STEP, TRAIN
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 
@@ -202,7 +203,15 @@ class RunAnalysis:
     @cached_property
     def notes(self) -> list[str]:
         """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
-        return self.loop_shapes.notes()
+        return self.losses.notes() + self.loop_shapes.notes()
+
+    @cached_property
+    def losses(self) -> _loss.Losses:
+        """Framework events that were dropped and stretches without system snapshots, per node and rank."""
+        events = _loss.event_losses(self.run.framework(kinds=[LOSS], fields=["start_us", "end_us", "args"]))
+        gaps = [g for node in self.nodes
+                for g in _loss.sample_gaps(node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node))]
+        return _loss.Losses(events, gaps)
 
     @cached_property
     def loop_shapes(self) -> _steps.LoopShapes:

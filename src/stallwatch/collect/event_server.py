@@ -12,7 +12,7 @@ from typing import Any
 
 from stallwatch.collect.events import decode_batch, decode_line
 from stallwatch.log import warn_once
-from stallwatch.records import FrameworkEvent
+from stallwatch.records import LOSS, FrameworkEvent
 
 MAX_LINE_BYTES = 1 << 20  # a connection that sends a longer line is broken or hostile: it is dropped
 
@@ -106,6 +106,9 @@ class EventServer:
                 return
             value = decode_line(line)
             if isinstance(value, dict):
+                if "lost" in value:
+                    out.append((conn.identity, loss_event(value["lost"], conn.identity["pid"])))
+                    return
                 artifact = value.get("artifact")
                 if not isinstance(artifact, dict):
                     raise ValueError("unknown message")
@@ -143,6 +146,21 @@ class EventServer:
             os.unlink(self.address)
         except OSError:
             pass
+
+
+def loss_event(lost: object, pid: int) -> FrameworkEvent:
+    """A sender's `{"lost": {events, steps, first_us, last_us}}` as the `loss` event recorded for its rank."""
+    if not isinstance(lost, dict):
+        raise ValueError("lost: an object of events, steps, first_us and last_us")
+    values = {}
+    for key in ("events", "steps", "first_us", "last_us"):
+        value = lost.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+            raise ValueError(f"lost: {key} must be a non-negative integer")
+        values[key] = value
+    first, last = sorted((values["first_us"], values["last_us"]))
+    return FrameworkEvent(LOSS, "events_dropped", first, last, "GLOBAL", None, pid,
+                          json.dumps({"events": values["events"], "steps": values["steps"]}))
 
 
 _IDENTITY = (("rank", 0), ("local_rank", 0), ("world_size", 1), ("pid", 0))

@@ -4,20 +4,28 @@ sampler sends back (live configuration). No I/O into the run ever happens in the
 nothing here raises into it.
 
 Lines on the socket, job to sampler: `{"hello": identity}` first, then JSON arrays (event batches) and
-`{"artifact": {...}}` objects (profiler output staged locally, for the sampler to store). Sampler to job:
-`{"config": {...}}` (the run's live configuration, validated by the sampler)."""
+`{"artifact": {...}}` objects (profiler output staged locally, for the sampler to store) and `{"lost": {...}}`
+(events this process had to drop, counted with their time span). Sampler to job: `{"config": {...}}` (the
+run's live configuration, validated by the sampler).
+
+A stalled or restarting sampler costs nothing: a line that cannot be sent now stays queued (sends never
+block, a partly sent line is finished later or sent again whole on a new connection) and the queue drops
+only beyond its bound, counting what it dropped."""
 
 from __future__ import annotations
 
 import atexit
 import base64
 import binascii
+import fcntl
 import json
 import marshal
 import os
+import select
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable
 
@@ -27,12 +35,13 @@ from stallwatch.records import FrameworkEvent
 ENV_EVENTS = "STALLWATCH_EVENTS"  # the sampler's socket path, set by `stallwatch run` for the job
 ENV_STAGING = "STALLWATCH_STAGING"  # a private local directory where the job stages profiler output
 ENV_CONFIG = "STALLWATCH_CONFIG"  # the run's configuration (JSON) at start
-SEND_INTERVAL_S = 0.5
-RECONNECT_AFTER_S = 2.0  # the sampler may be restarting: try again after this long
+SEND_INTERVAL_S = 0.2  # also what a job killed outright (SIGKILL, SIGTERM at its default) can lose
+RECONNECT_AFTER_S = 0.5  # the sampler may be restarting: try again after this long
 MAX_QUEUED_EVENTS = 100_000
 # Events per line: encoding holds the GIL, so batches stay small enough (~50 µs) not to stall a step.
 BATCH_EVENTS = 256
 _FIELDS = ("kind", "name", "start_us", "end_us", "mode", "step", "pid", "args")
+_STEP = "step"
 
 
 def process_identity() -> dict[str, int]:
@@ -48,7 +57,8 @@ def process_identity() -> dict[str, int]:
 
 
 class EventSender:
-    """Never blocks the caller, never raises into it; drops (and says so once) when it cannot keep up."""
+    """Never blocks the caller, never raises into it; drops (counted, said once) only when the sampler stays
+    out of reach longer than the queue's bound."""
 
     def __init__(self, address: str, identity: dict[str, int] | None = None,
                  max_queued: int = MAX_QUEUED_EVENTS,
@@ -57,18 +67,26 @@ class EventSender:
         self.address = address
         self.identity = identity or process_identity()
         self.on_message = on_message
-        self._queue: deque[tuple] = deque()  # event tuples in _FIELDS order, or message dicts
+        self._queue: deque[tuple | dict] = deque()  # event tuples in _FIELDS order, or message dicts
         self._inbox = b""
         self._max = max_queued
         self.dropped = 0
+        self.dropped_steps = 0
+        self._dropped_span: list[int] = []  # [first start_us, last start_us] of what was dropped
+        self._reported = (0, 0)  # (events, steps) already told to the sampler
         self.sent = 0
         self._sock: socket.socket | None = None
+        self._line = b""  # the line being sent; `_line_items` are what it carries
+        self._line_items: list[tuple | dict] = []
+        self._offset = 0  # bytes of `_line` already sent on the current connection
         self._retry_at = 0.0  # while unreachable: no connection attempts before this (monotonic) time
+        self._forked = False  # a copy inherited by a forked child: inert
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # one sender at a time (the thread, or close())
         self._thread = threading.Thread(target=self._run, name="stallwatch-events", daemon=True)
         self._thread.start()
+        _senders.add(self)
         atexit.register(self.close)
 
     def emit(self, event: FrameworkEvent) -> None:
@@ -79,12 +97,26 @@ class EventSender:
         """Queue one event given as a tuple in `FrameworkEvent` field order: the hot path of the hooks
         (a deque append, no object built)."""
         if len(self._queue) >= self._max:
-            self.dropped += 1
-            if self.dropped == 1:
-                warn_once("events-dropped", "framework events are produced faster than they can be sent; "
-                          "dropping some (counted)")
+            self._drop(event)
             return
         self._queue.append(event)
+
+    def _drop(self, event: tuple) -> None:
+        if self._forked:
+            return
+        self.dropped += 1
+        if event[0] == _STEP:
+            self.dropped_steps += 1
+        t = event[2]
+        if isinstance(t, int):
+            span = self._dropped_span
+            if span:
+                span[0], span[1] = min(span[0], t), max(span[1], t)
+            else:
+                span[:] = [t, t]
+        if self.dropped == 1:
+            warn_once("events-dropped", "framework events are produced faster than they can be sent; "
+                      "dropping some (counted, and recorded in the run)")
 
     def wake(self) -> None:
         """Send what is queued now, not at the next interval: for processes that may be killed any time
@@ -93,22 +125,40 @@ class EventSender:
 
     def send_message(self, message: dict[str, Any]) -> None:
         """Queue a control message (e.g. `{"artifact": {...}}`); it keeps its place among the events."""
-        self._queue.append(message)
+        if not self._forked:
+            self._queue.append(message)
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (bounded by `timeout_s`) and disconnect; called at exit too."""
+        if self._forked:
+            return
         deadline = time.monotonic() + timeout_s
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
         self._send_queued(deadline=deadline)
         with self._lock:
-            if self._sock is not None:
-                try:
-                    self._sock.close()
-                except OSError:
-                    pass
-                self._sock = None
+            self._disconnect()
+            unsent = [item for item in (*self._line_items, *self._queue) if not isinstance(item, dict)]
+            self._line, self._line_items, self._queue = b"", [], deque()
+        for event in unsent:  # the process is ending: what could not be sent is lost, counted
+            self._drop(event)
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: the parent's queue, connection and thread are the parent's. Sending them from
+        here would repeat the parent's events (duplicate steps), so this copy goes inert."""
+        self._forked = True
+        self._stop.set()
+        self._queue = deque()
+        self._line, self._line_items = b"", []
+        self._max = 0
+        self._lock = threading.Lock()
+        if self._sock is not None:
+            try:
+                self._sock.close()  # the child's copy of the descriptor only; the parent's connection stays
+            except OSError:
+                pass
+            self._sock = None
 
     def _run(self) -> None:
         # Connecting waits for the first event: a process that never records anything (torchrun's agent)
@@ -122,29 +172,72 @@ class EventSender:
             self._receive()
 
     def _send_queued(self, deadline: float | None) -> None:
+        """Send lines until the queue is empty, the socket is full (`deadline` None: try again at the next
+        tick) or the sampler is out of reach; nothing taken from the queue is dropped on the way."""
         try:
             with self._lock:
-                while self._queue:
-                    if deadline is not None and time.monotonic() > deadline:
+                while True:
+                    if not self._line:
+                        self._next_line()
+                        if not self._line:
+                            return
+                    if not self._send_line(deadline):
                         return
-                    batch: list[tuple] = []
-                    message = None
-                    while self._queue and len(batch) < BATCH_EVENTS:
-                        item = self._queue.popleft()
-                        if isinstance(item, dict):
-                            message = item
-                            break
-                        batch.append(item)
-                    payload = encode_batch(batch) if batch else b""
-                    if message is not None:
-                        payload += (json.dumps(message, separators=(",", ":")) + "\n").encode()
-                    if not self._send(payload):
-                        self.dropped += len(batch)
-                        return
-                    self.sent += len(batch)
+                    self.sent += sum(1 for item in self._line_items if not isinstance(item, dict))
+                    self._line, self._line_items, self._offset = b"", [], 0
         except Exception as exc:  # never into the training loop, never kill the thread silently
             warn_once("events-send", "sending framework events failed (%s: %s); they are dropped",
                       type(exc).__name__, exc)
+            self._line, self._line_items, self._offset = b"", [], 0
+
+    def _next_line(self) -> None:
+        """The next line to send: what was dropped since the last report, else a batch of queued events (up
+        to a control message, which ends it)."""
+        if (self.dropped, self.dropped_steps) != self._reported and self._dropped_span:
+            events, steps = self.dropped - self._reported[0], self.dropped_steps - self._reported[1]
+            lost = {"lost": {"events": events, "steps": steps, "first_us": self._dropped_span[0],
+                             "last_us": self._dropped_span[1]}}
+            self._reported = (self.dropped, self.dropped_steps)
+            self._dropped_span = []
+            self._line, self._line_items = _json_line(lost), [lost]
+            return
+        batch: list[tuple | dict] = []
+        message = None
+        while self._queue and len(batch) < BATCH_EVENTS:
+            item = self._queue.popleft()
+            if isinstance(item, dict):
+                message = item
+                break
+            batch.append(item)
+        payload = encode_batch(batch) if batch else b""  # type: ignore[arg-type]
+        if message is not None:
+            payload += _json_line(message)
+            batch.append(message)
+        self._line, self._line_items, self._offset = payload, batch, 0
+
+    def _send_line(self, deadline: float | None) -> bool:
+        """Send (the rest of) `_line`; True once all of it is out. A lost connection starts the line over
+        on the next one: the sampler discards an unfinished line, so nothing is written twice."""
+        while self._offset < len(self._line):
+            if not self._connect():
+                return False
+            assert self._sock is not None
+            try:
+                self._offset += self._sock.send(memoryview(self._line)[self._offset:])
+            except (BlockingIOError, InterruptedError):
+                # The sampler is behind: wait for room, up to a send interval; a stopped sampler leaves the
+                # line queued for the next attempt instead of blocking this thread (or the exit) for long.
+                wait = SEND_INTERVAL_S if deadline is None else deadline - time.monotonic()
+                if wait <= 0 or not select.select([], [self._sock], [], wait)[1]:
+                    return False
+            except OSError as exc:
+                self._disconnect()
+                self._offset = 0
+                self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+                warn_once("events-lost", "lost the stallwatch sampler (%s); framework events are kept and "
+                          "sent once it is back", exc.strerror or exc)
+                return False
+        return True
 
     def _receive(self) -> None:
         """Messages from the sampler: read without waiting; each complete line goes to `on_message`."""
@@ -154,7 +247,6 @@ class EventSender:
             with self._lock:
                 if self._sock is None:
                     return
-                self._sock.setblocking(False)
                 try:
                     while True:
                         data = self._sock.recv(1 << 16)
@@ -163,9 +255,6 @@ class EventSender:
                         self._inbox += data
                 except (BlockingIOError, InterruptedError):
                     pass
-                finally:
-                    if self._sock is not None:
-                        self._sock.settimeout(2.0)
             *lines, self._inbox = self._inbox.split(b"\n")
             for line in lines:
                 if line.strip():
@@ -180,33 +269,44 @@ class EventSender:
         if time.monotonic() < self._retry_at:
             return False
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = above_standard_fds(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
             sock.settimeout(2.0)
             sock.connect(self.address)
-            sock.sendall((json.dumps({"hello": self.identity}) + "\n").encode())
+            sock.sendall(_json_line({"hello": self.identity}))
+            sock.setblocking(False)
             self._sock = sock
             self._inbox = b""
+            self._offset = 0
             return True
         except OSError as exc:
             self._retry_at = time.monotonic() + RECONNECT_AFTER_S
             warn_once("events-connect", "cannot reach the stallwatch sampler at %s (%s); framework events "
-                      "are dropped until it answers", self.address, exc.strerror or exc)
+                      "are kept (up to %d) until it answers", self.address, exc.strerror or exc, self._max)
             return False
 
-    def _send(self, payload: bytes) -> bool:
-        if not self._connect():
-            return False
-        assert self._sock is not None
-        try:
-            self._sock.sendall(payload)
-            return True
-        except OSError as exc:
-            self._sock.close()
+    def _disconnect(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
             self._sock = None
-            self._retry_at = time.monotonic() + RECONNECT_AFTER_S
-            warn_once("events-lost", "lost the stallwatch sampler (%s); framework events are dropped until it "
-                      "is back", exc.strerror or exc)
-            return False
+
+
+def _json_line(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def above_standard_fds(sock: socket.socket) -> socket.socket:
+    """A job started with stdin, stdout or stderr closed must find them closed, not holding our socket:
+    a socket that got descriptor 0, 1 or 2 moves above them (close-on-exec, like every socket)."""
+    if sock.fileno() > 2:
+        return sock
+    try:
+        moved = socket.socket(fileno=fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, 3))
+    finally:
+        sock.close()
+    return moved
 
 
 def encode_batch(batch: list[tuple]) -> bytes:
@@ -274,13 +374,17 @@ def _is_int(value: object) -> bool:
 
 _sender: EventSender | None = None
 _sender_lock = threading.Lock()
+_senders: weakref.WeakSet[EventSender] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child (a data-loader worker) must not reuse, or wait on, its parent's sender and lock."""
+    """A forked child (a data-loader worker, a Pool worker, os.fork) must not reuse, resend or wait on its
+    parent's senders and lock; it gets its own sender if it records anything."""
     global _sender, _sender_lock
     _sender = None
     _sender_lock = threading.Lock()
+    for sender in list(_senders):
+        sender._forget_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -226,7 +226,7 @@ def _preexec_own_group(take_terminal: bool):
 
 def _we_own_terminal() -> bool:
     try:
-        return os.isatty(sys.stdin.fileno()) and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
     except (OSError, ValueError):
         return False
 
@@ -235,7 +235,7 @@ def _give_terminal(pgid: int) -> None:
     """Make `pgid` the terminal's foreground group (SIGTTOU ignored: we may be in the background)."""
     old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
-        os.tcsetpgrp(sys.stdin.fileno(), pgid)
+        os.tcsetpgrp(0, pgid)
     except OSError:
         pass
     finally:
@@ -287,11 +287,56 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
     cannot be written (full disk, bad location) is logged and the command runs anyway."""
     # The framework-event socket and the staging folder live in a private directory (0700) that outlives
     # sampler restarts.
-    private_dir = tempfile.mkdtemp(prefix="stallwatch-")
+    dirs = PrivateDirs.make()
     try:
-        return _launch(command, config, private_dir)
+        return _launch(command, config, dirs)
     finally:
-        shutil.rmtree(private_dir, ignore_errors=True)
+        dirs.remove()
+
+
+SOCKET_NAME = "events.sock"
+MAX_SOCKET_PATH = 100  # a Unix socket's path must fit in 108 bytes (sun_path), its final NUL included
+
+
+@dataclass(frozen=True)
+class PrivateDirs:
+    """Where a node's job and sampler meet (0700, outliving sampler restarts): `root` holds the staging
+    folder; `socket` the event socket and the sampler's journal — `root` itself unless the temporary
+    directory's path is too long for a socket; None when no directory can hold one."""
+
+    root: str
+    socket: str | None
+
+    @classmethod
+    def make(cls) -> PrivateDirs:
+        root = tempfile.mkdtemp(prefix="stallwatch-")
+        return cls(root, _socket_dir(root))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.socket is not None and self.socket != self.root:
+            shutil.rmtree(self.socket, ignore_errors=True)
+
+
+def _socket_dir(private_dir: str) -> str | None:
+    """Where the event socket can live: the private directory, or, when the temporary directory's path is
+    too long for a Unix socket, a private (0700) directory under a short one; None when there is none."""
+    def fits(d: str) -> bool:
+        return len(os.fsencode(os.path.join(d, SOCKET_NAME))) <= MAX_SOCKET_PATH
+
+    if fits(private_dir):
+        return private_dir
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), "/tmp", "/var/tmp", "/dev/shm"):
+        if not base or not fits(os.path.join(base, "stallwatch-xxxxxxxx")):
+            continue
+        try:
+            return tempfile.mkdtemp(prefix="stallwatch-", dir=base)
+        except OSError:
+            continue
+    logger.warning("the temporary directory's path is too long for the framework-event socket and no short "
+                   "one is writable (/tmp, /var/tmp, /dev/shm); framework profiling is off. Set TMPDIR to a "
+                   "shorter path")
+    return None
 
 
 @dataclass
@@ -326,7 +371,7 @@ class NodeSession:
         return None
 
 
-def start_node(command: list[str], config: ProfilerConfig, private_dir: str) -> NodeSession:
+def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> NodeSession:
     """Create (or join) the run, claim this node and start its sampler. Raises RunConflictError only."""
     run_uri = resolve_run_uri(config)
     run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
@@ -352,20 +397,20 @@ def start_node(command: list[str], config: ProfilerConfig, private_dir: str) -> 
         except OSError as exc:  # a full disk, a read-only or missing mount: sample anyway, the writer degrades
             logger.warning("cannot write the run directory %s (%s); the command runs, samples are stored "
                            "once it can be written", run_uri, exc.strerror or exc)
-    staging = os.path.join(private_dir, "staging")
+    staging = os.path.join(dirs.root, "staging")
     os.makedirs(staging, exist_ok=True)
     start = StartMessage(run=run_uri, node=node, sample_interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
-                         files=files, events_address=os.path.join(private_dir, "events.sock"),
+                         files=files, events_address=None if dirs.socket is None else os.path.join(dirs.socket, SOCKET_NAME),
                          staging_dir=staging, config=config.to_dict())
     sampler = _start_sampler(start) if location is not None else None
     start.files = {}  # a restarted sampler must not rewrite them
     return NodeSession(run_uri, run_id, node, start_us, start, sampler, config)
 
 
-def _launch(command: list[str], config: ProfilerConfig, private_dir: str) -> LaunchResult:
-    session = start_node(command, config, private_dir)
+def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> LaunchResult:
+    session = start_node(command, config, dirs)
     run_uri, node, start_us, start, sampler = session.run_uri, session.node, session.start_us, session.start, session.sampler
 
     # Signals are forwarded from before the job starts: one that arrives while it is being started is

@@ -213,12 +213,16 @@ class _EventSide:
         self._writers: dict[int, Any] = {}
         self._server = None
         self._artifacts = None
+        self._journal: Any = None
+        self._journal_since_us: int | None = None
         if start.events_address:
             try:
                 self._server = EventServer(start.events_address)
             except OSError as exc:
                 logger.warning("cannot open the framework-event socket %s (%s); only system metrics are recorded",
                                start.events_address, exc.strerror or exc)
+        if self._server is not None:
+            self._open_journal(os.path.join(os.path.dirname(start.events_address or ""), "events.journal"))
         if self._server is not None and start.staging_dir:
             try:
                 from stallwatch.collect.artifacts import ArtifactStore
@@ -242,27 +246,69 @@ class _EventSide:
             return 0
         try:
             received = self._server.receive(ready)
+            by_rank: dict[int, list] = {}
             for identity, item in received:
                 if isinstance(item, dict):
                     if self._artifacts is not None:
                         self._artifacts.submit(identity["rank"], item)
                     continue
-                self._writer(identity["rank"]).append(item)
-                if item.kind == "dataloader" and self._sampler is not None:
-                    self._note_workers(item.args)
+                by_rank.setdefault(identity["rank"], []).append(item)
+            for rank, events in by_rank.items():
+                self._store(rank, events)
         except Exception as exc:  # framework events must never stop system sampling
             warn_once(f"events-receive-{type(exc).__name__}", "receiving framework events failed (%s: %s)",
                       type(exc).__name__, exc)
             return 0
         return len(received)
 
+    def _store(self, rank: int, events: list) -> None:
+        """Journal first (a kill after this loses nothing), then buffer for the run."""
+        if self._journal is not None:
+            self._journal.append(rank, events)
+            if self._journal_since_us is None:
+                self._journal_since_us = events[0].start_us
+        writer = self._writer(rank)
+        for event in events:
+            writer.append(event)
+            if event.kind == "dataloader" and self._sampler is not None:
+                self._note_workers(event.args)
+
     def tick(self, now_us: int) -> None:
+        # Every flush interval all ranks are stored at once, and then the journal is cleared.
+        due = (self._journal_since_us is not None
+               and now_us - self._journal_since_us >= self._start.flush_interval_s * 1e6)
         for w in self._writers.values():
             try:
+                if due:
+                    w.flush(now_us)
                 w.tick(now_us)
             except Exception as exc:
                 warn_once(f"events-write-{type(exc).__name__}", "writing framework events failed (%s: %s)",
                           type(exc).__name__, exc)
+        if due and self._journal is not None and all(w.pending == 0 for w in self._writers.values()):
+            self._journal.clear()
+            self._journal_since_us = None
+
+    def _open_journal(self, path: str) -> None:
+        """Replay what a killed sampler had received but not stored, then journal from here on."""
+        from stallwatch.collect.journal import EventJournal, replay
+
+        recovered = replay(path)
+        if recovered:
+            for rank, events in recovered:
+                writer = self._writer(rank)
+                for event in events:
+                    writer.append(event)
+            for w in self._writers.values():
+                w.flush()
+            logger.warning("recovered %d framework events the previous sampler had received but not stored",
+                           sum(len(events) for _, events in recovered))
+        self._journal = EventJournal(path)
+        if recovered:
+            if all(w.pending == 0 for w in self._writers.values()):
+                self._journal.clear()
+            else:  # kept until a later flush stores them
+                self._journal_since_us = recovered[0][1][0].start_us if recovered[0][1] else 0
 
     def close(self) -> None:
         if self._server is not None:
@@ -272,6 +318,8 @@ class _EventSide:
             self._server.close()
         for w in self._writers.values():
             w.close()
+        if self._journal is not None:
+            self._journal.close(remove=all(w.pending == 0 for w in self._writers.values()))
         if self._artifacts is not None:
             self._artifacts.close(timeout_s=self._start.upload_timeout_s + 30)
 
@@ -310,6 +358,9 @@ def default_spool(run: str, node: str) -> str:
 
 
 def main() -> int:
+    from stallwatch.collect.stdio import hold_closed_standard_fds
+
+    hold_closed_standard_fds()  # started by a launcher whose stderr was closed
     configure_cli_logging()
     control = _Control(sys.stdin.fileno())
     line = b""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from typing import Any
 
 from stallwatch.collect.events import ENV_EVENTS
@@ -49,7 +47,7 @@ class Profile:
         self.config = base.replace(**fields) if fields else base  # a bad field raises here, before any work
         self.run_uri: str | None = os.environ.get("STALLWATCH_RUN")
         self._node: Any = None
-        self._private_dir: str | None = None
+        self._private_dirs: Any = None
         self._session: Any = None
         self._saved_env: dict[str, str | None] = {}
         self._ran: list[dict[str, Any]] = []  # the windows of a session that has ended
@@ -104,10 +102,10 @@ class Profile:
         self._session = sessions.install(self.config if self._node is not None else None)
 
     def _start_node(self) -> None:
-        from stallwatch.collect.launcher import start_node
+        from stallwatch.collect.launcher import PrivateDirs, start_node
 
-        self._private_dir = tempfile.mkdtemp(prefix="stallwatch-")
-        self._node = start_node([sys.executable, *sys.argv], self.config, self._private_dir)
+        self._private_dirs = PrivateDirs.make()
+        self._node = start_node([sys.executable, *sys.argv], self.config, self._private_dirs)
         self.run_uri = self._node.run_uri
         if self._node.sampler is None:
             return
@@ -139,8 +137,8 @@ class Profile:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        if self._private_dir:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
+        if self._private_dirs is not None:
+            self._private_dirs.remove()
         self._node = None
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
 import threading
 from typing import Any
 
@@ -106,7 +105,7 @@ class Session:
             self.tracker.listener = self  # applied at the next step boundary
 
     def close(self) -> None:
-        if self._closed:
+        if self._closed or self.pid != os.getpid():  # a forked child's copy: the parent's to close
             return
         self._closed = True
         try:
@@ -165,30 +164,14 @@ def install(config: ProfilerConfig | None = None) -> Session | None:
             if config.stop_training:
                 session.request_stop(config.stop_training)
             _session = session
+            # Flushed at exit; never through a signal handler: a handler would change how the job dies
+            # (late, or not at all, while it is inside native code). A job killed outright loses at most
+            # the events of its last send interval.
             atexit.register(session.close)
-            _flush_on_sigterm(session)
             return session
     except Exception as exc:
         warn_once("session-install", "stallwatch framework profiling is off (%s: %s)", type(exc).__name__, exc)
         return None
-
-
-def _flush_on_sigterm(session: Session) -> None:
-    """SIGTERM's default action skips atexit: when the job left it at the default, flush first, then die
-    of the same signal exactly as before (exit status 143). A handler the job sets later replaces this."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def on_sigterm(signum: int, _frame: Any) -> None:
-        try:
-            session.close()
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def config_from_env() -> ProfilerConfig:

@@ -1,0 +1,35 @@
+"""The sampler's journal: what it received and had not stored yet is read back by the next sampler; a record
+cut short by the kill, and garbage, are skipped; a cleared journal replays nothing."""
+
+from __future__ import annotations
+
+from stallwatch.collect.journal import EventJournal, replay
+from stallwatch.records import FrameworkEvent
+
+
+def _events(first: int, n: int) -> list[FrameworkEvent]:
+    return [FrameworkEvent("step", "train_step", 1000 * i, 1000 * i + 900, "TRAIN", i, 42, "") for i in
+            range(first, first + n)]
+
+
+def test_replay_returns_what_was_journaled_and_skips_a_torn_tail(tmp_path):
+    path = str(tmp_path / "events.journal")
+    j = EventJournal(path)
+    j.append(0, _events(0, 3))
+    j.append(5, _events(3, 2))
+    j.close(remove=False)
+    with open(path, "ab") as f:
+        f.write(b"\x40\x00\x00\x00partial")  # the kill hit in the middle of a record
+    assert replay(path) == [(0, _events(0, 3)), (5, _events(3, 2))]
+
+
+def test_a_cleared_journal_replays_nothing_and_garbage_is_refused(tmp_path):
+    path = str(tmp_path / "events.journal")
+    j = EventJournal(path)
+    j.append(0, _events(0, 3))
+    j.clear()
+    j.append(1, _events(3, 1))
+    j.close(remove=False)
+    assert replay(path) == [(1, _events(3, 1))]
+    (tmp_path / "bad").write_bytes(b"\x05\x00\x00\x00hello")
+    assert replay(str(tmp_path / "bad")) == [] and replay(str(tmp_path / "missing")) == []
