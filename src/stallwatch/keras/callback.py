@@ -2,9 +2,10 @@
 one stallwatch step (see stallwatch.keras.loop for the phases each backend records).
 
 Recording: under `stallwatch run` it joins that run (added by itself to every `fit`/`evaluate`/`predict`
-there, so nobody needs to pass it); otherwise it records a run of its own from the outermost loop's begin to
-its end (settings as in `stallwatch.torch.profile()`; a fixed `out` holds one recording). Every method
-swallows its own failures (said once): training never sees stallwatch."""
+there, so nobody needs to pass it); otherwise it records a run of its own from the first loop it sees until
+`close()` or the end of the process, so a `fit`, `evaluate` and `predict` given the same callback are one run
+(settings as in `stallwatch.torch.profile()`). Every method swallows its own failures (said once): training
+never sees stallwatch."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class ProfilerCallback(keras.callbacks.Callback):
     EVAL (test_step), `predict` batches EVAL (predict_step).
 
         model.fit(x, y, callbacks=[ProfilerCallback()])                 # under `stallwatch run`
-        model.fit(x, y, callbacks=[ProfilerCallback(out="runs/exp1")])  # records a run itself
+        cb = ProfilerCallback(out="runs/exp1")                           # records a run itself,
+        model.fit(x, y, callbacks=[cb]); model.evaluate(xt, yt, callbacks=[cb]); cb.close()  # until close()
 
     Keras calls it synchronously after every batch (it is not async-safe on purpose: a step ends when the
     batch's results exist, as with the progress bar on)."""
@@ -81,7 +83,17 @@ class ProfilerCallback(keras.callbacks.Callback):
             self._loop = None
             if loop is not None:
                 loop.release()
-            self._recorder.stop()
+
+    def close(self) -> None:
+        """Finish the run this callback records itself (read it in the same process after this); under
+        `stallwatch run`, nothing: the run ends with the job. Never raises."""
+        try:
+            if self._loop is not None:
+                self._loop.release()
+                self._loop, self._depth = None, 0
+        except Exception as exc:
+            warn_once("keras-close", "stallwatch could not end a Keras loop cleanly (%s: %s)", type(exc).__name__, exc)
+        self._recorder.stop()
 
     @_never_raises
     def on_train_begin(self, logs: Any = None) -> None:
