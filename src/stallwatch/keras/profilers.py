@@ -69,8 +69,8 @@ class _JaxProfiler(_BackendProfiler):
 
 
 class _TensorFlowProfiler(_BackendProfiler):
-    """tf.profiler writes an XPlane file, and a Chrome trace next to it where its TensorBoard plugin is
-    installed (`pip install tensorboard-plugin-profile`); without the trace the window is said to have failed."""
+    """tf.profiler writes an XPlane file; XProf (`pip install xprof`, or the older tensorboard-plugin-profile)
+    turns it into the Chrome trace the window stores. Without it the window is said to have failed."""
 
     name = "tf.profiler"
 
@@ -86,16 +86,19 @@ class _TensorFlowProfiler(_BackendProfiler):
         try:
             _xplane_to_trace(self._dir)
         except ImportError as exc:
-            raise RuntimeError("tf.profiler wrote only an XPlane file: install tensorboard-plugin-profile to "
-                               f"have its trace converted ({exc})") from None
+            raise RuntimeError("tf.profiler wrote only an XPlane file: install xprof (pip install xprof) to have "
+                               f"it converted into a trace ({exc})") from None
 
 
 def _xplane_to_trace(folder: str) -> None:
-    """TensorBoard's profile plugin turns an XPlane file into the Chrome trace the window stores."""
-    from tensorboard_plugin_profile.convert import raw_to_tool_data  # type: ignore[import-not-found]
+    """XProf (TensorBoard's profile plugin) turns an XPlane file into the Chrome trace the window stores."""
+    try:
+        from xprof.convert import raw_to_tool_data  # type: ignore[import-not-found]
+    except ImportError:
+        from tensorboard_plugin_profile.convert import raw_to_tool_data  # type: ignore[import-not-found]
 
     for xplane in glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True):
-        data, _ = raw_to_tool_data.xspace_to_tool_data([xplane], "trace_viewer@", {})
+        data, _ = raw_to_tool_data.xspace_to_tool_data([xplane], "trace_viewer", {})
         text = data.encode() if isinstance(data, str) else data
         with gzip.open(xplane[: -len(".xplane.pb")] + ".trace.json.gz", "wb") as f:
             f.write(text)

@@ -10,7 +10,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.stats import Distribution
-from stallwatch.analyze.rules.steps import Appendable, framework_columns
+from stallwatch.analyze.rules.steps import Appendable, framework_columns, unmeasured_waits
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 DATALOADER = "dataloader"
@@ -77,6 +77,7 @@ class Dataloader(Rule):
         # typical step's, which a few long stalls do not move (those are InputBound's, not the workers')
         self._step_share_train: dict[tuple[str, int], Distribution] = {}
         self._step_share_other: dict[tuple[str, int], Distribution] = {}
+        self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
 
     def update(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
@@ -94,6 +95,7 @@ class Dataloader(Rule):
             return
         self._events += table.num_rows
         cols = framework_columns(chunk)
+        self._unmeasured |= unmeasured_waits(cols, table)
         for code in np.flatnonzero(np.bincount(cols.node)).tolist():  # the ranks with events on each node
             ranks = np.flatnonzero(np.bincount(cols.rank[cols.node == code].clip(0)))
             self._ranks.setdefault(cols.nodes[code], set()).update(ranks.tolist())
@@ -168,6 +170,10 @@ class Dataloader(Rule):
         if not self._loaders:
             return self.not_applicable("the job created no DataLoader iterator (no `dataloader` events), so there are "
                                        "no data-loader workers to judge")
+        if self._unmeasured and self._waits_train.n == 0 and self._waits_other.n == 0:
+            return self.not_applicable("the job's steps do not record their wait for data (Keras on TensorFlow "
+                                       "reads its input inside the compiled train step), so the loader's effect "
+                                       "cannot be judged")
         lo_pct, hi_pct = float(self.params["min_threshold"]), float(self.params["max_threshold"])
         wait_pct = float(self.params["wait_threshold"])
         shares = self.wait_shares()

@@ -12,7 +12,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts
-from stallwatch.analyze.rules.steps import Appendable, framework_columns, rank_key
+from stallwatch.analyze.rules.steps import Appendable, framework_columns, rank_key, unmeasured_waits
 from stallwatch.records import DATA_WAIT, STEP, TRAIN
 
 DATALOADER = "dataloader"
@@ -74,6 +74,7 @@ class InputBound(Rule):
         self._info: dict[str, dict[str, Any]] = {}
         self._ranks_per_node: dict[str, set[int]] = {}
         self._events = 0
+        self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
 
     def update(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
@@ -87,6 +88,7 @@ class InputBound(Rule):
             return
         self._events += table.num_rows
         cols = framework_columns(chunk)
+        self._unmeasured |= unmeasured_waits(cols, table)
         for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0)):
             r = self._ranks.setdefault((node, rank, mode), _Rank())
             r.step.extend(cols.step[rows])
@@ -113,7 +115,11 @@ class InputBound(Rule):
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        series = self._series()
+        series = [(k, r) for k, r in self._series() if k[:2] not in self._unmeasured or r.wait.n]
+        if not series and self._unmeasured:
+            return self.not_applicable("the job's steps do not record their wait for data (Keras on TensorFlow "
+                                       "reads its input inside the compiled train step); a detailed profiling "
+                                       "window shows it as IteratorGetNext")
         if not series:
             return self.not_applicable("no steps with step numbers in the framework data")
         threshold, window, patience = float(self.params["threshold"]), self.params["window"], self.params["patience"]
