@@ -2,10 +2,11 @@
 `evaluate` and `predict`, writing what it ran to a JSON file. It never imports stallwatch unless asked to
 pass `stallwatch.keras.ProfilerCallback` itself.
 
-    python keras_job.py OUT.json {arrays|slow} [callback RUN_DIR]
+    python keras_job.py OUT.json {arrays|slow|workers} [callback RUN_DIR]
 
 arrays: NumPy arrays in memory (no input bottleneck). slow: a PyDataset whose __getitem__ sleeps 20 ms in
-the training thread (workers=1, Keras's default): the planted input bottleneck."""
+the training thread (workers=1, Keras's default): the planted input bottleneck. workers: the same PyDataset
+made by 2 forked worker processes (workers=2, use_multiprocessing=True), which Keras terminates with SIGTERM."""
 
 import json
 import os
@@ -49,8 +50,10 @@ def main() -> None:
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256, activation="relu"),
                               keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer="adam", loss="mse")
-    train = SlowData(x, y) if scenario == "slow" else x
-    model.fit(train, y if scenario != "slow" else None, batch_size=None if scenario == "slow" else BATCH,
+    dataset = scenario in ("slow", "workers")
+    train = (SlowData(x, y, workers=2, use_multiprocessing=True) if scenario == "workers" else SlowData(x, y)) \
+        if dataset else x
+    model.fit(train, None if dataset else y, batch_size=None if dataset else BATCH,
               epochs=EPOCHS, validation_data=(xv, yv), validation_batch_size=BATCH, verbose=0, callbacks=callbacks)
     model.evaluate(x[:EVAL_BATCHES * BATCH], y[:EVAL_BATCHES * BATCH], batch_size=BATCH, verbose=0,
                    callbacks=callbacks)

@@ -9,7 +9,7 @@ import pytest
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.store.reader import open_run
 
-from ._checks import check_steps, inputs
+from ._checks import check_steps, inputs, loop_markers
 from .conftest import SLEEP_S, backend_param, under_run
 
 
@@ -38,3 +38,19 @@ def test_slow_py_dataset_is_input_bound_with_keras_advice(slow):
     assert loader.fired and loader.details["keras"]
     assert "PyDataset" in loader.recommendation and "pin_memory" not in loader.recommendation
     assert analysis.findings.findings[0].rule == "InputBound"
+
+
+@pytest.mark.parametrize("backend", [backend_param("torch")])
+def test_py_dataset_worker_processes_are_described_and_send_nothing_twice(tmp_path, backend):
+    """Keras's worker pool is forked and terminated with SIGTERM: before, each worker flushed its copy of the
+    events its parent had queued at the fork (5 `loop` markers and 3 `dataloader` events for one fit)."""
+    out, ran, _ = under_run(tmp_path, backend, "workers")
+    rows = open_run(str(out)).framework().to_pylist()
+    check_steps(rows, ran, backend)
+    assert len(loop_markers(rows)) == 3  # fit, evaluate, predict: one take-over each
+    described = inputs(rows)
+    assert [d["loop"] for d in described] == ["train", "test", "test", "predict"]  # fit's validation, evaluate
+    train = described[0]
+    assert train["input"] == "py_dataset" and train["use_multiprocessing"] and train["prefetch"]
+    assert (train["num_workers"], train["worker_threads"]) == (2, 0)
+    assert {r["pid"] for r in rows} == {rows[0]["pid"]}  # every event from the training process itself

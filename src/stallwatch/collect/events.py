@@ -96,7 +96,10 @@ class EventSender:
         self._queue.append(message)
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Send what is queued (bounded by `timeout_s`) and disconnect; called at exit too."""
+        """Send what is queued (bounded by `timeout_s`) and disconnect; called at exit too. In a forked child
+        (a worker that inherited this object, its queue and its socket) it does nothing: the parent sends."""
+        if self.identity.get("pid") != os.getpid():
+            return
         deadline = time.monotonic() + timeout_s
         self._stop.set()
         self._wake.set()

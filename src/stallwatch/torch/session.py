@@ -106,7 +106,7 @@ class Session:
             self.tracker.listener = self  # applied at the next step boundary
 
     def close(self) -> None:
-        if self._closed:
+        if self._closed or os.getpid() != self.pid:  # a forked child (a worker) never sends its parent's events
             return
         self._closed = True
         try:
@@ -185,7 +185,10 @@ def _flush_on_sigterm(session: Session) -> None:
 
     def on_sigterm(signum: int, _frame: Any) -> None:
         try:
-            session.close()
+            # A forked worker inherits this handler (a multiprocessing Pool terminates its workers with
+            # SIGTERM): it must not send the copy of its parent's queued events it holds.
+            if os.getpid() == session.pid:
+                session.close()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signum)

@@ -345,14 +345,17 @@ def _keras_line(e: dict[str, Any], details: dict[str, Any]) -> str:
         return (f"Keras draws batches from a Python generator in the training thread: rewrite it as a "
                 f"keras.utils.PyDataset with workers={suggest}, use_multiprocessing=True.")
     threads = main.get("worker_threads") or 0
-    procs = _num(e["dataloaders"])
+    procs = f"{_num(e['dataloaders'])} worker process{'' if e['dataloaders'] == 1 else 'es'}"
+    configured = main.get("num_workers")
+    if isinstance(configured, (int, float)) and configured and configured != e["dataloaders"]:
+        procs += f" alive in the median (workers={_num(configured)} configured)"
     if e["reason"] == "below":
         made = (f"{threads} worker threads (sharing the interpreter lock with training)" if threads else
-                f"{procs} worker processes" if e["dataloaders"] else "the training thread itself")
+                procs if e["dataloaders"] else "the training thread itself")
         return (f"the PyDataset's batches were made by {made} on {cores} CPU cores: pass workers={suggest}, "
                 "use_multiprocessing=True to its super().__init__.")
     if e["reason"] == "above":
-        return (f"{procs} PyDataset worker processes on {cores} CPU cores compete with training for the CPU: try "
+        return (f"{procs} of the PyDataset on {cores} CPU cores compete with training for the CPU: try "
                 f"workers={suggest}.")
     return ("the PyDataset's workers are enough for the cores but cannot keep up: make __getitem__ cheaper "
             "(decode and augment less, pre-process the data once, faster storage) or raise max_queue_size.")
