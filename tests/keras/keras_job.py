@@ -13,9 +13,8 @@ import os
 import sys
 import time
 
-import numpy as np
-
 import keras
+import numpy as np
 
 TRAIN_BATCHES, VAL_BATCHES, EVAL_BATCHES, PREDICT_BATCHES, EPOCHS, BATCH = 120, 3, 4, 2, 1, 16
 SLEEP_S = float(os.environ.get("KERAS_JOB_SLEEP_S", "0.020"))

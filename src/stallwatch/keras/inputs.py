@@ -9,7 +9,8 @@ compiled `tf.function`, so it is left alone: no data wait is measured there."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stallwatch.log import warn_once
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
 
 from stallwatch.torch.windows import _Profiler
 
