@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "bokeh", "boto3", "botocore", "pyarrow")
+HEAVY = ("torch", "bokeh", "boto3", "botocore", "pyarrow", "keras", "jax", "tensorflow")
 
 _PROBE = """
 import json, sys
 import stallwatch
+import stallwatch.keras  # the Keras integration's package imports no Keras until its callback is used
 before = sorted(m for m in {heavy!r} if m in sys.modules)
 cfg = stallwatch.ProfilerConfig(sample_interval_ms=200, python_profiling=stallwatch.ProfilingRange.parse("p", "3:2"))
 err = stallwatch.ConfigError

@@ -590,7 +590,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"stallwatch timeline: cannot write {out} ({exc})", file=sys.stderr)
         return 1
-    logger.info("timeline: %d framework events, %d counter tracks (%d points), %d torch.profiler window(s)",
+    logger.info("timeline: %d framework events, %d counter tracks (%d points), %d detailed profiling window(s)",
                 s.framework_events, s.counter_series, s.counter_points, s.profiler_windows)
     print(s.path)
     return 0

@@ -22,10 +22,11 @@ class Recorder:
     """What every callback shares: joining the `stallwatch run` (or recording a run of its own), and step
     marks that never raise. `open_mode` is the mode of the step this recorder began and has not ended."""
 
-    def __init__(self, out: str | None = None, **fields: Any) -> None:
+    def __init__(self, out: str | None = None, *, torch_hooks: bool = True, **fields: Any) -> None:
         from stallwatch.torch.api import profile
 
         self._fields: dict[str, Any] = dict(fields, out=out) if out is not None else dict(fields)
+        self._torch_hooks = torch_hooks  # False: a framework that does not run on PyTorch (Keras on JAX)
         profile(**self._fields)  # a bad setting raises here, when the callback is made, not during training
         self._profile: Any = None
         self.open_mode: str | None = None
@@ -46,7 +47,7 @@ class Recorder:
             if not own and self._fields:
                 warn_once("integration-fields", "the stallwatch callback's settings are ignored under "
                           "`stallwatch run`: the run's own configuration applies")
-            prof = profile(**self._fields)
+            prof = profile(torch_hooks=self._torch_hooks, **self._fields)
             prof.__enter__()
             self._profile = prof
             if own and not self._exit_registered:  # a framework that skips its end hooks on an error

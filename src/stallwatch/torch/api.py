@@ -42,8 +42,9 @@ class Profile:
     """Profiles the process while entered. Under `stallwatch run` it joins that run; otherwise it creates
     a run (`out`, or a new one under `runs_dir`) and samples this machine until exit."""
 
-    def __init__(self, config: ProfilerConfig | None = None, **fields: Any) -> None:
+    def __init__(self, config: ProfilerConfig | None = None, *, torch_hooks: bool = True, **fields: Any) -> None:
         base = config or ProfilerConfig()
+        self._torch_hooks = torch_hooks  # False: no PyTorch hooks (a Keras job on JAX or TensorFlow)
         self.config = base.replace(**fields) if fields else base  # a bad field raises here, before any work
         self.run_uri: str | None = os.environ.get("STALLWATCH_RUN")
         self._node: Any = None
@@ -99,7 +100,7 @@ class Profile:
 
         if not os.environ.get(ENV_EVENTS):
             self._start_node()
-        self._session = sessions.install(self.config if self._node is not None else None)
+        self._session = sessions.install(self.config if self._node is not None else None, self._torch_hooks)
 
     def _start_node(self) -> None:
         from stallwatch.collect.launcher import PrivateDirs, start_node
@@ -142,7 +143,7 @@ class Profile:
         self._node = None
 
 
-def profile(config: ProfilerConfig | None = None, **fields: Any) -> Profile:
+def profile(config: ProfilerConfig | None = None, *, torch_hooks: bool = True, **fields: Any) -> Profile:
     """`with stallwatch.torch.profile(out="runs/x", detailed_profiling="5:1") as prof:` (fields as in
     ProfilerConfig; ranges may be given as "START:NUM" strings)."""
     for name in ("detailed_profiling", "dataloader_profiling", "python_profiling"):
@@ -150,4 +151,4 @@ def profile(config: ProfilerConfig | None = None, **fields: Any) -> Profile:
             from stallwatch.config import ProfilingRange
 
             fields[name] = ProfilingRange.parse(name, fields[name])
-    return Profile(config, **fields)
+    return Profile(config, torch_hooks=torch_hooks, **fields)

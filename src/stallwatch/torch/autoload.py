@@ -18,6 +18,7 @@ AFTER_IMPORT: dict[str, str] = {
     "lightning.pytorch": "stallwatch.integrations.lightning:auto_register",
     "pytorch_lightning": "stallwatch.integrations.lightning:auto_register",
     "transformers.trainer": "stallwatch.integrations.transformers:auto_register",
+    "keras": "stallwatch.keras.autoload:install",
 }
 
 

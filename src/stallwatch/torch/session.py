@@ -145,9 +145,10 @@ def current() -> Session | None:
     return _session if _session is not None and _session.pid == os.getpid() else None
 
 
-def install(config: ProfilerConfig | None = None) -> Session | None:
-    """The process's session, created (and PyTorch hooked) on first call; None when not under a sampler.
-    Never raises: a failure leaves the job running without framework events (said once)."""
+def install(config: ProfilerConfig | None = None, torch_hooks: bool = True) -> Session | None:
+    """The process's session, created (and PyTorch hooked, unless `torch_hooks` is False: a Keras job on JAX
+    or TensorFlow imports no torch) on first call; None when not under a sampler. Never raises: a failure
+    leaves the job running without framework events (said once)."""
     global _session
     try:
         with _lock:
@@ -160,7 +161,8 @@ def install(config: ProfilerConfig | None = None) -> Session | None:
                 return None
             session = Session(config, sender, os.environ.get(ENV_STAGING))
             sender.on_message = session.on_message
-            session.install_hooks()
+            if torch_hooks:
+                session.install_hooks()
             if config.stop_training:
                 session.request_stop(config.stop_training)
             _session = session

@@ -52,7 +52,7 @@ class StepListener(Protocol):
 
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
-                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards")
+                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -69,6 +69,7 @@ class _Step:
         self.cuts: list[tuple[int, int]] = []  # undecided loop: (time, index in events) where an iteration began
         self.backward_since_cut = False
         self.forwards = 0
+        self.name: str | None = None  # the step event's name when a framework names it (Keras: "predict_step")
 
 
 class StepTracker:
@@ -227,8 +228,9 @@ class StepTracker:
             self._add(step, kind, name, t0, t1, args)
 
     # -- explicit marks -------------------------------------------------------------------------------
-    def begin_step(self, mode: str | None) -> None:
-        """An explicit step begins now (ending the one before); a batch fetched since then belongs to it."""
+    def begin_step(self, mode: str | None, name: str | None = None) -> None:
+        """An explicit step begins now (ending the one before); a batch fetched since then belongs to it.
+        `name` names the step event (default: train_step / eval_step)."""
         t = now_us()
         if self.source != EXPLICIT and self._open is not None:
             # Hand-over from automatic steps: the open one ends here, with what it did.
@@ -245,6 +247,7 @@ class StepTracker:
         start = max(self._pending[0][0], self._last_end) if self._pending else t
         predicted = mode or TRAIN
         step = _Step(start, mode, predicted, self.counts[predicted])
+        step.name = name
         for t0, t1 in self._pending:
             self._add(step, DATA_WAIT, "next_batch", t0, t1, "")
         self._pending.clear()
@@ -253,6 +256,27 @@ class StepTracker:
     def end_step(self) -> None:
         if self._open is not None:
             self._close(now_us())
+
+    def take_over(self, args: str) -> None:
+        """A framework integration (Keras) marks every step from now on: the steps are explicit, recorded with
+        a `loop` marker whose args say who marks them; an automatic step still open is dropped unfinished
+        (what it held was the framework's set-up, not a step)."""
+        t = now_us()
+        self._open = None
+        self._pending.clear()
+        self._optimizing = False
+        if self.source == EXPLICIT:
+            return
+        self.source = EXPLICIT
+        self._marker(EXPLICIT, t, args)
+
+    def hand_back(self) -> None:
+        """The integration's loop ended: a loop that follows is delimited afresh (a new `loop` marker)."""
+        if self._open is not None:
+            self._close(now_us())
+        self._pending.clear()
+        self.source = None
+        self._loader_modes.clear()
 
     def finish(self) -> None:
         """At exit: a step with work in it ends where its last phase ended; an empty one is dropped. A step cut
@@ -356,7 +380,7 @@ class StepTracker:
         # One record per step, its phases inside: the fewest objects built in the training thread. All
         # tuples of plain values: the garbage collector stops tracking them while they wait to be sent
         # (lists would stay tracked and, thousands at a time, trigger full collections of the job's heap).
-        self._emit((STEP, STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid, "",
+        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid, "",
                     tuple(step.events)))
         if self.listener is not None:
             self.listener.on_step_end(mode, number, step.start_us, end_us)

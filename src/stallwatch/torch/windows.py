@@ -126,9 +126,9 @@ def _no_other_python_profiler() -> None:
         raise RuntimeError("another Python profiler is already running in this thread")
 
 
-def _make(layer: str, config: ProfilerConfig) -> _Profiler:
+def _make(layer: str, config: ProfilerConfig, detailed: Callable[[], _Profiler] | None = None) -> _Profiler:
     if layer == DETAILED:
-        return _TorchProfiler()
+        return detailed() if detailed is not None else _TorchProfiler()
     if layer == DATALOADER:
         return _DataloaderTiming()
     if config.python_profiler == "pyinstrument":
@@ -164,6 +164,9 @@ class WindowController:
         self._done: set[tuple[str, ProfilingRange]] = set()  # each configured window runs once
         self.windows: list[dict[str, Any]] = []  # what ran, for tests and the end-of-run summary
         self.idle = False  # nothing configured to start and nothing open: step boundaries cost one check
+        # Detailed windows use torch.profiler unless a framework integration names its backend's profiler
+        # (Keras on JAX or TensorFlow: stallwatch.keras.profilers).
+        self.detailed_profiler: Callable[[], _Profiler] | None = None
         self._update_idle()
 
     def _update_idle(self) -> None:
@@ -248,7 +251,7 @@ class WindowController:
                       "skipped", layer)
             return
         try:
-            profiler = _make(layer, config)
+            profiler = _make(layer, config, self.detailed_profiler)
             profiler.start(step)
         except Exception as exc:  # another profiler already running, pyinstrument not installed…
             logger.warning("cannot start %s profiling (%s: %s); training goes on without it",

@@ -10,7 +10,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.stats import Distribution
-from stallwatch.analyze.rules.steps import Appendable, framework_columns
+from stallwatch.analyze.rules.steps import Appendable, framework_columns, unmeasured_waits
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 DATALOADER = "dataloader"
@@ -18,7 +18,9 @@ MAX_LOADERS = 50  # loaders listed in Details
 HISTOGRAM_BINS = 50
 US = 1_000_000
 _SETTINGS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last",
-             "timeout", "sampler", "multiprocessing_context", "dataset")
+             "timeout", "sampler", "multiprocessing_context", "dataset",
+             # a Keras job's input (stallwatch.keras): PyDataset, generator, tf.data, arrays or a DataLoader
+             "framework", "input", "loop", "worker_threads", "use_multiprocessing", "max_queue_size", "prefetch", "in_memory")
 
 
 class Dataloader(Rule):
@@ -75,6 +77,7 @@ class Dataloader(Rule):
         # typical step's, which a few long stalls do not move (those are InputBound's, not the workers')
         self._step_share_train: dict[tuple[str, int], Distribution] = {}
         self._step_share_other: dict[tuple[str, int], Distribution] = {}
+        self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
 
     def update(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
@@ -92,6 +95,7 @@ class Dataloader(Rule):
             return
         self._events += table.num_rows
         cols = framework_columns(chunk)
+        self._unmeasured |= unmeasured_waits(cols, table)
         for code in np.flatnonzero(np.bincount(cols.node)).tolist():  # the ranks with events on each node
             ranks = np.flatnonzero(np.bincount(cols.rank[cols.node == code].clip(0)))
             self._ranks.setdefault(cols.nodes[code], set()).update(ranks.tolist())
@@ -145,6 +149,11 @@ class Dataloader(Rule):
         if isinstance(workers, (int, float)) and not isinstance(workers, bool):
             self._rank_workers.setdefault((node, rank), []).append(float(workers))
 
+    def _in_memory(self, node: str) -> bool:
+        """Every input this node's loops read was a Keras one held in memory (NumPy arrays)."""
+        mine = [e for e in self._loaders.values() if e["node"] == node]
+        return bool(mine) and all(e.get("framework") == "keras" and e.get("in_memory") for e in mine)
+
     def _cores(self, node: str) -> int | None:
         info = self._info.get(node) or (self._run.get("nodes") or {}).get(node) or {}
         cores = info.get("cpu_cores_logical")
@@ -161,6 +170,10 @@ class Dataloader(Rule):
         if not self._loaders:
             return self.not_applicable("the job created no DataLoader iterator (no `dataloader` events), so there are "
                                        "no data-loader workers to judge")
+        if self._unmeasured and self._waits_train.n == 0 and self._waits_other.n == 0:
+            return self.not_applicable("the job's steps do not record their wait for data (Keras on TensorFlow "
+                                       "reads its input inside the compiled train step), so the loader's effect "
+                                       "cannot be judged")
         lo_pct, hi_pct = float(self.params["min_threshold"]), float(self.params["max_threshold"])
         wait_pct = float(self.params["wait_threshold"])
         shares = self.wait_shares()
@@ -178,7 +191,11 @@ class Dataloader(Rule):
             entry["ranks"] = ranks
             node_shares = [v for (n, _), v in shares.items() if n == node and v is not None]
             entry["wait_share"] = max(node_shares) if node_shares else None
-            if cores is None:
+            if self._in_memory(node):
+                # Keras slicing NumPy arrays held in memory: there are no loader workers to tune
+                entry.update(percent=None if cores is None else 100.0 * entry["dataloaders"] / cores,
+                             triggered=False, reason="in_memory")
+            elif cores is None:
                 entry.update(percent=None, triggered=node in material,
                              reason="slow_fetch" if node in material else "not_a_bottleneck")
             else:
@@ -201,7 +218,9 @@ class Dataloader(Rule):
             "dataloaders": head["dataloaders"],
             "num_workers": main.get("num_workers"),
             "pin_memory": all(bool(e.get("pin_memory")) for e in loaders),
-            "prefetch": any((e.get("num_workers") or 0) > 0 and (e.get("prefetch_factor") or 0) > 0 for e in loaders),
+            "prefetch": any(bool(e.get("prefetch")) if e.get("framework") == "keras"
+                            else (e.get("num_workers") or 0) > 0 and (e.get("prefetch_factor") or 0) > 0 for e in loaders),
+            "keras": any(e.get("framework") == "keras" for e in loaders),
             "prefetch_factor": main.get("prefetch_factor"),
             "batch_size": main.get("batch_size"),
             "nodes": nodes,
@@ -265,6 +284,9 @@ class Dataloader(Rule):
 
     def _advice(self, nodes: dict[str, dict[str, Any]], details: dict[str, Any]) -> str:
         wait_pct = float(self.params["wait_threshold"])
+        if all(e.get("reason") == "in_memory" for e in nodes.values()):
+            return ("The input is held in memory (NumPy arrays that Keras slices into batches): there are no "
+                    "data-loader workers to tune.")
         if not details["bottleneck"]:
             shares = [v for v in details["typical_wait_share"].values() if v is not None]
             most = f"at most {max(shares):.1f} %" if shares else "no measurable share"
@@ -277,6 +299,9 @@ class Dataloader(Rule):
                 continue
             waited = f" while the training loop waited for data {e['wait_share']:.0f} % of its step time" \
                 if e.get("wait_share") is not None else ""
+            if details["keras"]:
+                lines.append(f"Node {node}{waited}: {_keras_line(e, details)}")
+                continue
             if e["reason"] == "slow_fetch":
                 lines.append(f"Node {node} ran {_num(e['dataloaders'])} data-loader workers{waited}: the workers are "
                              "enough for the cores but cannot keep up. Make each batch cheaper to produce (decode "
@@ -295,6 +320,8 @@ class Dataloader(Rule):
                              f"with the training processes for the CPU; try num_workers={e['suggested_num_workers']}"
                              f"{per_rank}.")
         gpu_nodes = any(self._has_gpus(n) for n in nodes)
+        if details["keras"]:
+            return " ".join(lines)
         if gpu_nodes and not details["pin_memory"]:
             lines.append("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster "
                          "and lets them overlap with compute.")
@@ -303,6 +330,35 @@ class Dataloader(Rule):
                          "it is needed): use worker processes (num_workers > 0, prefetch_factor >= 2) so batches "
                          "are ready ahead of time.")
         return " ".join(lines)
+
+
+def _keras_line(e: dict[str, Any], details: dict[str, Any]) -> str:
+    """The Dataloader advice for a Keras input: PyDataset workers and processes, tf.data's own parallelism."""
+    main = next((x for x in details["loaders"] if x.get("framework") == "keras" and x.get("loop") != "test"),
+                None) or next((x for x in details["loaders"] if x.get("framework") == "keras"), {})
+    kind, cores = main.get("input"), e.get("cores")
+    suggest = e.get("suggested_num_workers") or 2
+    if kind == "tf_data":
+        return ("tf.data makes the batches with its own threads: parallelize its map (num_parallel_calls="
+                "tf.data.AUTOTUNE) and end the pipeline with .prefetch(tf.data.AUTOTUNE).")
+    if kind == "generator":
+        return (f"Keras draws batches from a Python generator in the training thread: rewrite it as a "
+                f"keras.utils.PyDataset with workers={suggest}, use_multiprocessing=True.")
+    threads = main.get("worker_threads") or 0
+    procs = f"{_num(e['dataloaders'])} worker process{'' if e['dataloaders'] == 1 else 'es'}"
+    configured = main.get("num_workers")
+    if isinstance(configured, (int, float)) and configured and configured != e["dataloaders"]:
+        procs += f" alive in the median (workers={_num(configured)} configured)"
+    if e["reason"] == "below":
+        made = (f"{threads} worker threads (sharing the interpreter lock with training)" if threads else
+                procs if e["dataloaders"] else "the training thread itself")
+        return (f"the PyDataset's batches were made by {made} on {cores} CPU cores: pass workers={suggest}, "
+                "use_multiprocessing=True to its super().__init__.")
+    if e["reason"] == "above":
+        return (f"{procs} of the PyDataset on {cores} CPU cores compete with training for the CPU: try "
+                f"workers={suggest}.")
+    return ("the PyDataset's workers are enough for the cores but cannot keep up: make __getitem__ cheaper "
+            "(decode and augment less, pre-process the data once, faster storage) or raise max_queue_size.")
 
 
 def _step_shares(numbers: np.ndarray, durations: np.ndarray, all_steps: np.ndarray, all_durations: np.ndarray,

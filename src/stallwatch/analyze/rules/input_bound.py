@@ -12,7 +12,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts
-from stallwatch.analyze.rules.steps import Appendable, framework_columns, rank_key
+from stallwatch.analyze.rules.steps import Appendable, framework_columns, rank_key, unmeasured_waits
 from stallwatch.records import DATA_WAIT, STEP, TRAIN
 
 DATALOADER = "dataloader"
@@ -70,9 +70,11 @@ class InputBound(Rule):
             raise ParameterError(f"{self.name}.threshold={t!r}: must be a percentage from 0 to 100")
         self._ranks: dict[tuple[str, int, str], _Rank] = {}
         self._loaders: dict[tuple[str, int], list[float]] = {}
+        self._keras: dict[tuple[str, int], dict[str, Any]] = {}  # a Keras job's input facts (training's first)
         self._info: dict[str, dict[str, Any]] = {}
         self._ranks_per_node: dict[str, set[int]] = {}
         self._events = 0
+        self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
 
     def update(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
@@ -86,6 +88,7 @@ class InputBound(Rule):
             return
         self._events += table.num_rows
         cols = framework_columns(chunk)
+        self._unmeasured |= unmeasured_waits(cols, table)
         for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0)):
             r = self._ranks.setdefault((node, rank, mode), _Rank())
             r.step.extend(cols.step[rows])
@@ -99,15 +102,24 @@ class InputBound(Rule):
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
             for i, text in zip(loaders.tolist(), table["args"].take(loaders).to_pylist()):
+                key = (cols.nodes[cols.node[i]], int(cols.rank[i]))
                 workers = _workers(text)
                 if workers is not None:
-                    self._loaders.setdefault((cols.nodes[cols.node[i]], int(cols.rank[i])), []).append(workers)
+                    self._loaders.setdefault(key, []).append(workers)
+                facts = keras_input(text)
+                if facts is not None and (key not in self._keras or
+                                          facts.get("loop") == "train" != self._keras[key].get("loop")):
+                    self._keras[key] = facts
 
     def result(self) -> RuleResult:
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        series = self._series()
+        series = [(k, r) for k, r in self._series() if k[:2] not in self._unmeasured or r.wait.n]
+        if not series and self._unmeasured:
+            return self.not_applicable("the job's steps do not record their wait for data (Keras on TensorFlow "
+                                       "reads its input inside the compiled train step); a detailed profiling "
+                                       "window shows it as IteratorGetNext")
         if not series:
             return self.not_applicable("no steps with step numbers in the framework data")
         threshold, window, patience = float(self.params["threshold"]), self.params["window"], self.params["patience"]
@@ -199,6 +211,11 @@ class InputBound(Rule):
                 order = np.argsort(-wait[stalls], kind="stable")[:MAX_NAMED]
                 named = sorted(int(x) for x in number[stalls][order])
                 return "stalls", evidence, named
+        keras = self._keras.get((node, rank))
+        if keras is not None:
+            evidence.update(input=keras.get("input"), worker_threads=keras.get("worker_threads"))
+            if keras.get("worker_threads"):  # threads of the training process, under one interpreter lock
+                return "threads", evidence, named
         if num_workers is not None and num_workers == 0:
             return "main_process", evidence, named
         if num_workers is not None and free is not None and num_workers < free:
@@ -213,7 +230,9 @@ class InputBound(Rule):
                     f"({e['wait_s']:.1f} s; up to {share:.0f} % over steps {e['worst_window']['first_step']}–"
                     f"{e['worst_window']['last_step']})")
             cause = e["cause"]
-            if cause == "main_process":
+            if e.get("input") not in (None, "torch_dataloader") and cause != "stalls":
+                lines.append(f"{head}: {keras_advice(cause, e)}")
+            elif cause == "main_process":
                 suggest = e["free_cores_per_rank"] or 2
                 lines.append(f"{head}: batches are loaded in the training process itself (num_workers=0). Use "
                              f"worker processes: DataLoader(..., num_workers={suggest}, persistent_workers=True, "
@@ -233,6 +252,47 @@ class InputBound(Rule):
                              "batch cheaper (decode and augment less per sample, pre-process the data set once, "
                              "faster storage or a faster image decoder) or raise prefetch_factor.")
         return " ".join(lines)
+
+
+def keras_input(text: str) -> dict[str, Any] | None:
+    """The facts of a Keras job's input (its `dataloader` event, written by stallwatch.keras), else None."""
+    try:
+        args = json.loads(text) if text else {}
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) and args.get("framework") == "keras" else None
+
+
+def keras_advice(cause: str, e: dict[str, Any]) -> str:
+    """What to change in a Keras input pipeline (PyDataset, generator, tf.data, arrays) for this cause."""
+    kind, free = e.get("input"), e.get("free_cores_per_rank") or 2
+    workers = f"workers={free}, use_multiprocessing=True"
+    if cause == "threads":
+        return (f"the PyDataset's {_num(e.get('worker_threads'))} worker threads share the interpreter lock with "
+                f"training, so Python-heavy batches are made one at a time. Pass {workers} (and max_queue_size) to "
+                "the PyDataset's super().__init__ so batches are made in worker processes.")
+    if kind == "py_dataset":
+        if cause == "main_process":
+            return (f"Keras makes each batch of the PyDataset in the training thread (workers=1, "
+                    f"use_multiprocessing=False). Pass {workers} to its super().__init__ so batches are made "
+                    "ahead, in worker processes, while the model trains.")
+        if cause == "too_few_workers":
+            return (f"{_num(e['num_workers'])} PyDataset worker processes for {free} free cores per rank: try "
+                    f"workers={free}.")
+        return (f"the PyDataset's {_num(e['num_workers'])} workers cannot make batches as fast as training uses "
+                "them: make __getitem__ cheaper (decode and augment less, pre-process the data once, faster "
+                "storage) or raise max_queue_size to smooth uneven batches.")
+    if kind == "generator":
+        return ("Keras draws each batch from a Python generator in the training thread. Rewrite it as a "
+                f"keras.utils.PyDataset with {workers}, or as a tf.data pipeline ending in .prefetch().")
+    if kind == "tf_data":
+        return ("the tf.data pipeline cannot keep up: parallelize its map (num_parallel_calls=tf.data.AUTOTUNE), "
+                ".cache() what does not change between epochs, and end it with .prefetch(tf.data.AUTOTUNE).")
+    if kind == "arrays":
+        return ("the data is in memory (NumPy arrays) and Keras slices each batch in the training thread: larger "
+                "batches, or a tf.data pipeline ending in .prefetch(), hide the slicing behind training.")
+    return ("the input cannot keep up with training: make batches in worker processes (a keras.utils.PyDataset "
+            f"with {workers}) and prefetch them.")
 
 
 def _workers(text: str) -> float | None:

@@ -164,6 +164,25 @@ def framework_columns(chunk: Chunk) -> FrameworkColumns:
 _CACHE = "_framework_columns"
 
 
+def unmeasured_waits(cols: FrameworkColumns, table: pa.Table) -> set[tuple[str, int]]:
+    """The (node, rank)s whose `loop` marker lists the phases their steps record without a data wait (Keras on
+    TensorFlow reads its input inside the compiled step): their waiting is not measured, not absent."""
+    import json
+
+    out: set[tuple[str, int]] = set()
+    rows = np.flatnonzero(cols.kind_is("loop"))
+    if not rows.size:
+        return out
+    for i, text in zip(rows.tolist(), table["args"].take(rows).to_pylist()):
+        try:
+            args = json.loads(text) if text else None
+        except ValueError:
+            continue
+        if isinstance(args, dict) and isinstance(args.get("phases"), list) and DATA_WAIT not in args["phases"]:
+            out.add((cols.nodes[cols.node[i]], int(cols.rank[i])))
+    return out
+
+
 def rank_key(node: str, rank: int, mode: str | None = None) -> str:
     """How rules name a rank (and phase) in Details: "node/rank[/MODE]", as the store lays out framework files."""
     return f"{node}/{rank}" + (f"/{mode}" if mode else "")
