@@ -235,3 +235,22 @@ def test_an_unreachable_s3_endpoint_is_one_line(run_stallwatch, tmp_path, comman
     assert len(lines) == 1 and lines[0].startswith(f"stallwatch {command[0]}: "), p.stderr
     assert "s3://bkt/runs/run-7" in lines[0] and "connect" in lines[0].lower(), lines[0]
 
+
+
+def test_the_report_can_be_left_to_a_detached_process_or_skipped(run_stallwatch, tmp_path):
+    """`--report background` returns the job's status without waiting for the report, which a detached
+    `stallwatch report` writes from the stored rule results; `--report off` writes none."""
+    import time
+
+    off = tmp_path / "off"
+    p = run_stallwatch("run", "--report", "off", "--out", str(off), "--", *_job(tmp_path))
+    assert p.returncode == 0 and (off / "findings.json").exists() and not (off / "report.html").exists()
+    bg = tmp_path / "bg"
+    p = run_stallwatch("run", "--report", "background", "--out", str(bg), "--", sys.executable, "-c",
+                       "import sys; sys.exit(3)")
+    assert p.returncode == 3
+    assert f"report {bg / 'report.html'} (being written in the background)" in p.stderr
+    deadline = time.monotonic() + 120
+    while not (bg / "report.html").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "<html" in (bg / "report.html").read_text()[:2000].lower()

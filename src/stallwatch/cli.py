@@ -171,8 +171,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_run_summary(result, config)
         results = _finish_rules(live, uri)
         _print_findings(uri, results)
-    _write_run_report(uri, results)
+    mode = getattr(args, "report", "wait")
+    if mode == "wait":
+        _write_run_report(uri, results)
+    elif mode == "background":
+        _start_report_builder(uri)
     return result.exit_code
+
+
+def _start_report_builder(uri: str) -> None:
+    """`--report background`: `stallwatch report RUN` in its own session, detached from this terminal and
+    its pipes (a pipeline reading this command's output ends when the job's status is returned). The rules'
+    results are in the run already: it renders them, it does not evaluate them again."""
+    import subprocess
+
+    try:
+        subprocess.Popen([sys.executable, "-m", "stallwatch", "report", "--quiet", uri], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        print(f"stallwatch: the report could not be started ({exc.strerror or exc}); `stallwatch report {uri}` "
+              "writes it", file=sys.stderr)
+        return
+    from stallwatch.store import run_files
+    from stallwatch.store.location import RunLocation
+
+    print(f"stallwatch: report {run_files.report_uri(RunLocation(uri))} (being written in the background)",
+          file=sys.stderr)
 
 
 def _print_json_summary(uri: str, result: Any, results: list | None) -> None:
@@ -652,6 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="end with the run's summary as one JSON document on stderr instead of text (stdout is "
                         "the command's own)")
+    p.add_argument("--report", choices=["wait", "background", "off"], default="wait",
+                   help="the HTML report after the job: built before returning (default: it exists when the "
+                        "command returns), built by a detached process (returns the job's status at once), or "
+                        "not built (`stallwatch report RUN` later)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("rules", help="evaluate the profiler rules on a run and write rules/<RuleName>.json")

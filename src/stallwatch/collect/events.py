@@ -37,6 +37,7 @@ ENV_STAGING = "STALLWATCH_STAGING"  # a private local directory where the job st
 ENV_CONFIG = "STALLWATCH_CONFIG"  # the run's configuration (JSON) at start
 SEND_INTERVAL_S = 0.2  # also what a job killed outright (SIGKILL, SIGTERM at its default) can lose
 RECONNECT_AFTER_S = 0.5  # the sampler may be restarting: try again after this long
+CONNECT_GRACE_S = 15.0  # the job starts with its sampler: not reaching it this early is not worth a line
 MAX_QUEUED_EVENTS = 100_000
 # Events per line: encoding holds the GIL, so batches stay small enough (~50 µs) not to stall a step.
 BATCH_EVENTS = 256
@@ -81,6 +82,7 @@ class EventSender:
         self._offset = 0  # bytes of `_line` already sent on the current connection
         self._retry_at = 0.0  # while unreachable: no connection attempts before this (monotonic) time
         self._forked = False  # a copy inherited by a forked child: inert
+        self._born = time.monotonic()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # one sender at a time (the thread, or close())
@@ -280,6 +282,8 @@ class EventSender:
             return True
         except OSError as exc:
             self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+            if time.monotonic() - self._born < CONNECT_GRACE_S and self.sent == 0:
+                return False
             warn_once("events-connect", "cannot reach the stallwatch sampler at %s (%s); framework events "
                       "are kept (up to %d) until it answers", self.address, exc.strerror or exc, self._max)
             return False

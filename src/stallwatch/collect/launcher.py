@@ -242,15 +242,22 @@ def _give_terminal(pgid: int) -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
-def _start_sampler(start: StartMessage) -> _SamplerHandle | None:
+def _start_sampler(start: StartMessage, *, wait: bool = True) -> _SamplerHandle | None:
+    """The sampler process; with `wait`, once it says it is ready (else the caller checks `ready()` later:
+    the job need not wait for it, its events are kept until the sampler's socket answers)."""
     try:
         sampler = _SamplerHandle(start)
     except OSError as exc:  # cannot even start a process (out of pids, fds, memory): the job still runs
         logger.error("cannot start the system sampler (%s); the command runs without it", exc.strerror or exc)
         return None
+    if wait:
+        _check_ready(sampler)
+    return sampler
+
+
+def _check_ready(sampler: _SamplerHandle) -> None:
     if not sampler.wait_ready(SAMPLER_READY_TIMEOUT_S):
         logger.warning("the system sampler did not start in time; the command runs anyway")
-    return sampler
 
 
 def _wait_step(child: subprocess.Popen, take_terminal: bool, poll_s: float = 0.5) -> bool:
@@ -275,9 +282,27 @@ def _wait_step(child: subprocess.Popen, take_terminal: bool, poll_s: float = 0.5
         if pid:
             child.returncode = os.waitstatus_to_exitcode(status)
             return True
-        if time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             return False
-        time.sleep(0.1)
+        exit_fd = _exit_fd(child)
+        if exit_fd is None:
+            time.sleep(min(0.1, left))
+        else:  # wakes the moment the job exits; a stop (Ctrl-Z) is seen within 0.1 s
+            select.select([exit_fd], [], [], min(0.1, left))
+
+
+def _exit_fd(child: subprocess.Popen) -> int | None:
+    """A pidfd of the job (readable once it exits): `stallwatch run` returns as soon as the job ends, not at
+    the next poll. None where the kernel has none (before Linux 5.3)."""
+    fd = getattr(child, "_stallwatch_exit_fd", False)
+    if fd is False:
+        try:
+            fd = os.pidfd_open(child.pid)
+        except (AttributeError, OSError):
+            fd = None
+        child._stallwatch_exit_fd = fd  # type: ignore[attr-defined]
+    return fd
 
 
 def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
@@ -371,7 +396,8 @@ class NodeSession:
         return None
 
 
-def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> NodeSession:
+def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs, *,
+               wait_for_sampler: bool = True) -> NodeSession:
     """Create (or join) the run, claim this node and start its sampler. Raises RunConflictError only."""
     run_uri = resolve_run_uri(config)
     run_id = os.path.basename(run_uri.rstrip("/")) or run_uri
@@ -404,13 +430,14 @@ def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) ->
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
                          files=files, events_address=None if dirs.socket is None else os.path.join(dirs.socket, SOCKET_NAME),
                          staging_dir=staging, config=config.to_dict())
-    sampler = _start_sampler(start) if location is not None else None
+    sampler = _start_sampler(start, wait=wait_for_sampler) if location is not None else None
     start.files = {}  # a restarted sampler must not rewrite them
     return NodeSession(run_uri, run_id, node, start_us, start, sampler, config)
 
 
 def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> LaunchResult:
-    session = start_node(command, config, dirs)
+    # The job starts while the sampler starts (it keeps its events until the sampler answers).
+    session = start_node(command, config, dirs, wait_for_sampler=False)
     run_uri, node, start_us, start, sampler = session.run_uri, session.node, session.start_us, session.start, session.sampler
 
     # Signals are forwarded from before the job starts: one that arrives while it is being started is
@@ -453,6 +480,8 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
             sampler.send(json.dumps({"pid": child.pid}))
         for signum in pending:
             forward(signum, None)
+        if sampler is not None:
+            _check_ready(sampler)
         while True:
             if _wait_step(child, take_terminal):
                 break

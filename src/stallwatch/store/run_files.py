@@ -91,6 +91,11 @@ def read_findings(location: Any) -> dict[str, Any] | None:
 def write_report(location: Any, data: bytes) -> str:
     """`report.html` at the run's root, atomically; where it went (a local path, or the object's URI)."""
     location.write_atomic(layout.REPORT_HTML, data)
+    return report_uri(location)
+
+
+def report_uri(location: Any) -> str:
+    """Where a run's `report.html` is (or will be): a local path, or the object's URI."""
     if location.remote:  # s3://bucket/prefix/run[?endpoint_override=…] -> …/run/report.html[?…]
         base, sep, query = location.uri.partition("?")
         return f"{base.rstrip('/')}/{layout.REPORT_HTML}{sep}{query}"

@@ -1,0 +1,91 @@
+"""The job's slowdown under `stallwatch run` across step lengths from 20 µs to 1 s, and what the sampler
+process costs meanwhile, against the bare job in paired rounds in one run.
+
+Target (issue 12): <= 2 % slowdown of the job at any step rate.
+
+Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S]
+
+Method
+------
+* The job: `for x in DataLoader(range(N), batch_size=None): busy(L)` — the DataLoader's `__next__` is the
+  step boundary stallwatch hooks (as in every DataLoader loop), and a busy-wait on `perf_counter_ns` makes
+  each step L µs long (the bare loop's own iteration cost, ~5 µs, is part of L where L is small). N is
+  chosen so each run lasts about S seconds. The job times its own loop and prints it.
+* Variants per step length, interleaved: the bare job; `stallwatch run --report off` (the real sampler, the
+  real hooks). Slowdown = median loop time with stallwatch / median bare loop time - 1. The sampler's CPU
+  is its own rusage (`sampler_cpu_s` in the node record) over the job's duration: % of one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import machine, table  # noqa: E402
+
+JOB = '''
+import sys, time
+from torch.utils.data import DataLoader
+step_ns, n = int(float(sys.argv[1]) * 1000), int(sys.argv[2])
+clock = time.perf_counter_ns
+t0 = clock()
+for x in DataLoader(range(n), batch_size=None):
+    end = clock() + step_ns
+    while clock() < end:
+        pass
+print("loop_s", (clock() - t0) / 1e9, flush=True)
+'''
+
+
+def run_job(argv: list[str]) -> float:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return float(next(line.split()[1] for line in p.stdout.splitlines() if line.startswith("loop_s")))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--lengths-us", default="20,50,100,1000,10000,100000,1000000")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sw-rate-"))
+    job = tmp / "job.py"
+    job.write_text(JOB)
+    rows = []
+    for length in [float(x) for x in args.lengths_us.split(",")]:
+        n = max(6, int(args.seconds * 1e6 / length))
+        bare, sw, sampler_pct, steps_seen = [], [], [], []
+        for r in range(args.rounds):
+            order = ["bare", "sw"] if r % 2 == 0 else ["sw", "bare"]
+            for v in order:
+                if v == "bare":
+                    bare.append(run_job([sys.executable, str(job), str(length), str(n)]))
+                    continue
+                out = tmp / f"run-{length}-{r}"
+                loop = run_job([sys.executable, "-m", "stallwatch", "--quiet", "run", "--report", "off", "--out",
+                                str(out), "--node", "n", "--", sys.executable, str(job), str(length), str(n)])
+                sw.append(loop)
+                node = json.loads((out / "nodes" / "n.json").read_text())
+                sampler_pct.append(100 * node.get("sampler_cpu_s", 0) / max(loop, 1e-9))
+                from stallwatch.store.reader import open_run
+
+                steps_seen.append(open_run(str(out)).framework(kinds=["step"], fields=["step"]).num_rows)
+        b, s = statistics.median(bare), statistics.median(sw)
+        rows.append([f"{length:g} µs", f"{n:,}", f"{b:.2f}", f"{s:.2f}", f"{100 * (s / b - 1):+.1f} %",
+                     f"{(s - b) / n * 1e6:+.1f}", f"{statistics.median(sampler_pct):.1f} %",
+                     f"{min(steps_seen):,} / {n:,}"])
+        print(rows[-1], flush=True)
+    print(f"\n{machine()}; {args.rounds} rounds per length; medians\n")
+    print(table(["step", "steps", "bare s", "stallwatch s", "slowdown", "µs per step", "sampler CPU",
+                 "steps recorded"], rows))
+
+
+if __name__ == "__main__":
+    main()
