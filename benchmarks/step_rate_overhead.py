@@ -7,9 +7,10 @@ Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S]
 
 Method
 ------
-* The job: `for x in DataLoader(range(N), batch_size=None): busy(L)` — the DataLoader's `__next__` is the
-  step boundary stallwatch hooks (as in every DataLoader loop), and a busy-wait on `perf_counter_ns` makes
-  each step L µs long (the bare loop's own iteration cost, ~5 µs, is part of L where L is small). N is
+* The job: `for _ in DataLoader(range(N), batch_size=None): model(x); busy(L)` under `no_grad` — the
+  DataLoader's `__next__` is the step boundary stallwatch hooks (as in every DataLoader loop), the forward
+  of a 1×1 Linear makes it a step (EVAL: a loader loop with no model call is not a training loop), and a
+  busy-wait on `perf_counter_ns` makes each step L µs long (the loop's own cost, ~15 µs, is inside L). N is
   chosen so each run lasts about S seconds. The job times its own loop and prints it.
 * Variants per step length, interleaved: the bare job; `stallwatch run --report off` (the real sampler, the
   real hooks). Slowdown = median loop time with stallwatch / median bare loop time - 1. The sampler's CPU
@@ -31,14 +32,19 @@ from _common import machine, table  # noqa: E402
 
 JOB = '''
 import sys, time
+import torch
 from torch.utils.data import DataLoader
+torch.set_num_threads(1)
 step_ns, n = int(float(sys.argv[1]) * 1000), int(sys.argv[2])
+model, x = torch.nn.Linear(1, 1), torch.ones(1)
 clock = time.perf_counter_ns
 t0 = clock()
-for x in DataLoader(range(n), batch_size=None):
-    end = clock() + step_ns
-    while clock() < end:
-        pass
+with torch.no_grad():
+    for _ in DataLoader(range(n), batch_size=None):
+        end = clock() + step_ns
+        model(x)
+        while clock() < end:
+            pass
 print("loop_s", (clock() - t0) / 1e9, flush=True)
 '''
 
