@@ -138,6 +138,7 @@ class EventSender:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
+        self._retry_at = 0.0  # a last chance now, whatever the back-off said
         self._send_queued(deadline=deadline)
         with self._lock:
             self._disconnect()
@@ -222,7 +223,14 @@ class EventSender:
         on the next one: the sampler discards an unfinished line, so nothing is written twice."""
         while self._offset < len(self._line):
             if not self._connect():
-                return False
+                # At exit (a deadline) of a process that started moments ago: the sampler may still be
+                # starting (a job that ends at once). Later, a sampler out of reach is not waited for.
+                now = time.monotonic()
+                if deadline is None or now + 0.05 > deadline or now - self._born > CONNECT_GRACE_S:
+                    return False
+                time.sleep(0.05)
+                self._retry_at = 0.0
+                continue
             assert self._sock is not None
             try:
                 self._offset += self._sock.send(memoryview(self._line)[self._offset:])
