@@ -157,10 +157,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on
     live = LiveRules(config)
+    dashboard = _start_dashboard(config.out, args.dashboard) if getattr(args, "dashboard", None) is not None else None
     try:
         result = launch(command, config)
     except RunConflictError as exc:
         live.cancel()
+        _stop_dashboard(dashboard)
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
     uri = result.local_copy or result.run_uri
@@ -176,7 +178,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         _write_run_report(uri, results)
     elif mode == "background":
         _start_report_builder(uri)
+    _stop_dashboard(dashboard)
     return result.exit_code
+
+
+def _start_dashboard(uri: str, port: int) -> Any:
+    """`run --dashboard`: `stallwatch dashboard RUN` in its own process (a failure there never reaches the
+    job); it prints its URL itself."""
+    import subprocess
+
+    try:
+        return subprocess.Popen([sys.executable, "-m", "stallwatch", "dashboard", uri, "--port", str(port),
+                                 "--wait", "30"], stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        print(f"stallwatch: the dashboard could not be started ({exc.strerror or exc})", file=sys.stderr)
+        return None
+
+
+def _stop_dashboard(proc: Any) -> None:
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except Exception:
+            proc.kill()
+        print(f"stallwatch: dashboard stopped; `stallwatch dashboard {proc.args[4]}` serves the run again",
+              file=sys.stderr)
 
 
 def _start_report_builder(uri: str) -> None:
@@ -376,6 +405,64 @@ def _price(text: str) -> float:
     if not 0 <= value <= 1_000_000:
         raise argparse.ArgumentTypeError(f"{text} must be from 0 to 1000000")
     return value
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard until interrupted; every problem before serving is one line and exit 2."""
+    import ipaddress
+
+    try:
+        from stallwatch.present.dashboard.server import Dashboard, bind, run_files_exist, serve
+    except ImportError as exc:
+        print(f"stallwatch dashboard: {exc.name or exc} is not installed (pip install 'stallwatch[dashboard]')",
+              file=sys.stderr)
+        return 2
+    target = args.target or ProfilerConfig().runs_dir
+    import time
+
+    deadline = time.monotonic() + max(0.0, args.wait)
+    while not run_files_exist(target) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        from stallwatch.store.catalog import list_runs
+
+        if not run_files_exist(target) and not list_runs(target):
+            print(f"stallwatch dashboard: {target} is not a run and holds no runs", file=sys.stderr)
+            return 2
+    except (OSError, ValueError) as exc:
+        print(f"stallwatch dashboard: cannot read {target}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    if not loopback and not args.token:  # other machines can reach it: never without a token
+        import secrets
+
+        args.token = secrets.token_urlsafe(18)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        print(f"stallwatch dashboard: cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); "
+              "choose another --port", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{shown}:{port}/" + (f"?token={args.token}" if args.token else "")
+    print(f"stallwatch: dashboard of {target} at {url}", file=sys.stderr, flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(url)
+    hosts = (args.host, shown) if loopback else (args.host, shown, socket_hostname())
+    serve(Dashboard(target, token=args.token, allowed_hosts=hosts), sock)
+    return 0
+
+
+def socket_hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -676,6 +763,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="end with the run's summary as one JSON document on stderr instead of text (stdout is "
                         "the command's own)")
+    p.add_argument("--dashboard", nargs="?", type=int, const=8050, default=None, metavar="PORT",
+                   help="serve the live dashboard of this run while it goes on (default port 8050), in its own "
+                        "process; it stops when the command ends")
     p.add_argument("--report", choices=["wait", "background", "off"], default="wait",
                    help="the HTML report after the job: built before returning (default: it exists when the "
                         "command returns), built by a detached process (returns the job's status at once), or "
@@ -722,6 +812,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_price_flag(p)
     _add_custom_rule_flag(p)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("dashboard", help="serve the live dashboard of a run, or of a folder or bucket prefix of runs")
+    p.add_argument("target", nargs="?", default=None, metavar="RUN|RUNS_DIR|s3://…",
+                   help="a run, or a folder of runs (default: ./stallwatch-runs)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks a free one)")
+    p.add_argument("--token", default=None, help="require this token (needed to listen beyond loopback)")
+    p.add_argument("--open", action="store_true", help="open the page in a browser")
+    p.add_argument("--wait", type=float, default=0.0, help=argparse.SUPPRESS)  # for `run --dashboard`: the run is being made
+    p.set_defaults(func=cmd_dashboard)
     p = sub.add_parser("compare", help="compare a run with a baseline run: step times, phases, utilization, "
                                        "findings, operators")
     p.add_argument("baseline", help="the baseline run (directory or s3:// URI)")

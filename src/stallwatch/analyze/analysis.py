@@ -309,6 +309,13 @@ class RunAnalysis:
         frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
         return _timeline.panels(frames)
 
+    def timeline_window(self, node: str, start_us: int, end_us: int) -> list[Panel]:
+        """One node's panels over [start_us, end_us) only (a zoom): read for that range, min/max-downsampled
+        to the same point budget, so a short range is at full resolution."""
+        frame = node_frame(node, self.run.system_wide(node, start_us, end_us, metrics=_timeline.METRICS),
+                           self.node_info(node))
+        return _timeline.panels({node: frame})
+
     @cached_property
     def phase_spans(self) -> list[Span]:
         return _timeline.phase_spans(self.steps, _int(self.info.get("start_us")), _int(self.info.get("end_us")))
