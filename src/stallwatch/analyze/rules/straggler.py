@@ -137,8 +137,12 @@ class Straggler(Rule):
             table[f"{node}/{rank}"] = entry
         fired = np.array([table[f"{n}/{r}"]["triggered"] for n, r in ranks])
         # the job waits for the slowest straggler at every step: its excess, step by step
-        stake = float(np.nansum(np.nanmax(np.where(fired[:, None], np.maximum(excess, 0), np.nan), axis=0))) / US \
-            if fired.any() else 0.0
+        stake = 0.0
+        if fired.any():
+            chosen = np.where(fired[:, None], np.maximum(excess, 0), np.nan)
+            with np.errstate(all="ignore"):  # steps where no straggler has a value: NaN, left out of the sum
+                per_step = np.nanmax(chosen, axis=0, initial=-np.inf, where=~np.isnan(chosen))
+            stake = float(np.sum(per_step[np.isfinite(per_step)])) / US
         nodes = _straggling_nodes(ranks, fired)
         details: dict[str, Any] = {"stragglers": stragglers, "ranks": table, "straggling_nodes": nodes,
                                    "time_at_stake_s": stake, "shared_steps": int(len(numbers)),

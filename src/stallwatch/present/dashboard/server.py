@@ -46,6 +46,7 @@ class _Watched:
     version: int = 0
     analysis: RunAnalysis | None = None
     report: tuple[int, bytes] | None = None  # (version, HTML) built for that version
+    documents: dict[str, tuple[int, Any]] = field(default_factory=dict)  # request -> (version, document)
     clients: set[asyncio.Queue] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -220,8 +221,18 @@ def build_app(dashboard: Dashboard) -> Starlette:
             w = dashboard.watched(request.path_params["run"])
             if w is None:
                 return _json({"error": "no such run"}, 404)
+            key = f"{request.url.path}?{request.url.query}"
+            cached = w.documents.get(key)
             try:
-                doc = await run_in_threadpool(compute, w, request)
+                if cached is not None and cached[0] == w.version:
+                    doc = cached[1]  # every tab asks the same after a notice: computed once per version
+                else:
+                    version = w.version
+                    doc = await run_in_threadpool(compute, w, request)
+                    if not isinstance(doc, Response):
+                        if len(w.documents) > 64:
+                            w.documents.clear()
+                        w.documents[key] = (version, doc)
             except Exception as exc:  # one clear line for the page; the server goes on
                 logger.warning("dashboard: %s failed (%s: %s)", request.url.path, type(exc).__name__, exc)
                 return _json({"error": f"{type(exc).__name__}: {exc}"}, 500)
