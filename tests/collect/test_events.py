@@ -87,6 +87,8 @@ def test_a_full_queue_drops_and_counts_instead_of_growing(address):
     for i in range(25):
         sender.emit(_event(i))
     assert len(sender._queue) == 10 and sender.dropped == 15
+    sender.close(timeout_s=0)  # nobody listens: the 10 kept are lost at the end, counted
+    assert sender.dropped == 25
 
 
 def test_the_sender_reconnects_when_the_sampler_comes_back(address, monkeypatch):

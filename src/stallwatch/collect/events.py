@@ -82,6 +82,7 @@ class EventSender:
         self._offset = 0  # bytes of `_line` already sent on the current connection
         self._retry_at = 0.0  # while unreachable: no connection attempts before this (monotonic) time
         self._forked = False  # a copy inherited by a forked child: inert
+        self._closed = False
         self._born = time.monotonic()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -132,8 +133,9 @@ class EventSender:
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (bounded by `timeout_s`) and disconnect; called at exit too."""
-        if self._forked:
-            return
+        if self._forked or (self._closed and not self._queue):
+            return  # the exit hook after an explicit close has nothing left to do
+        self._closed = True
         deadline = time.monotonic() + timeout_s
         self._stop.set()
         self._wake.set()
