@@ -208,7 +208,8 @@ class RunAnalysis:
     @cached_property
     def losses(self) -> _loss.Losses:
         """Framework events that were dropped and stretches without system snapshots, per node and rank."""
-        events = _loss.event_losses(self.run.framework(kinds=[LOSS], fields=["start_us", "end_us", "args"]))
+        markers = self._markers
+        events = _loss.event_losses(markers.filter(pc.equal(markers["kind"], LOSS)))
         gaps = [g for node in self.nodes
                 for g in _loss.sample_gaps(node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node))]
         return _loss.Losses(events, gaps)
@@ -216,7 +217,13 @@ class RunAnalysis:
     @cached_property
     def loop_shapes(self) -> _steps.LoopShapes:
         """How each rank's steps were delimited (DataLoader, marks, optimizer steps, forward/backward pairs)."""
-        return _steps.loop_shapes(self.run.framework(kinds=[LOOP], fields=["name", "args"]))
+        markers = self._markers
+        return _steps.loop_shapes(markers.filter(pc.equal(markers["kind"], LOOP)))
+
+    @cached_property
+    def _markers(self) -> pa.Table:
+        """The rare marker events (how steps were found, what was lost), read in one pass over the run's files."""
+        return self.run.framework(kinds=[LOOP, LOSS], fields=["kind", "name", "start_us", "end_us", "args"])
 
     @cached_property
     def findings(self) -> _findings.Findings:
