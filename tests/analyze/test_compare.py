@@ -95,3 +95,18 @@ def test_run_with_a_price_prints_the_cost_and_keeps_it_in_the_run(run_stallwatch
     assert "Cost: " in p.stderr and "at 3.06 per node-hour" in p.stderr
     findings = json.loads((run / "findings.json").read_text())
     assert findings["cost"]["price_per_hour"] == 3.06 and findings["cost"]["total"] > 0
+
+
+def test_operator_time_per_profiled_step_is_compared(tmp_path):
+    """Runs with detailed windows: `stallwatch compare` raised KeyError on the operators' column name."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.analyze.compare import operators_per_step
+
+    from ..present.report._full_runs import full_run
+
+    full_run(tmp_path / "a", nodes=("algo-1",), gpus=2)
+    full_run(tmp_path / "b", nodes=("algo-1",), gpus=2)
+    per_step = operators_per_step(RunAnalysis(str(tmp_path / "a")))
+    assert per_step and all(k.endswith("]") and v > 0 for k, v in per_step.items())
+    doc = RunAnalysis(str(tmp_path / "b"), baseline=RunAnalysis(str(tmp_path / "a"))).comparison.to_json()
+    assert doc["operators_us_per_step"]
