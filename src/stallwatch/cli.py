@@ -510,8 +510,11 @@ def cmd_upload(args: argparse.Namespace) -> int:
     run = _open("upload", args.source)
     if run is None:
         return 2
+    from stallwatch.present.progress import Progress
+
     try:
-        result = copy_run(run.location, RunLocation(args.dest), delete_source=args.delete)
+        with Progress("upload", unit="B") as bar:
+            result = copy_run(run.location, RunLocation(args.dest), delete_source=args.delete, progress=bar.update)
     except Exception as exc:
         print(f"stallwatch upload: could not copy to {args.dest}: {exc}. Nothing in {args.source} was removed; "
               "run the same command again once the destination is reachable.", file=sys.stderr)
@@ -695,9 +698,13 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stallwatch timeline: {exc}", file=sys.stderr)
         return 2
+    from stallwatch.present.progress import Progress
+
     try:
-        s = export_timeline(run, out, start_us=start, end_us=end, max_points=args.max_points,
-                            max_events=args.max_events, all_metrics=args.all_metrics, profiler=args.profiler)
+        with Progress("timeline", unit="nodes") as bar:
+            s = export_timeline(run, out, start_us=start, end_us=end, max_points=args.max_points,
+                                max_events=args.max_events, all_metrics=args.all_metrics, profiler=args.profiler,
+                                progress=bar.update)
     except OSError as exc:
         print(f"stallwatch timeline: cannot write {out} ({exc})", file=sys.stderr)
         return 1

@@ -46,3 +46,27 @@ def test_a_bar_on_a_terminal_without_colour_under_no_color(monkeypatch):
         tty.close()
         os.close(main)
     assert "stallwatch: timeline" in shown and "5/10" in shown and "\x1b[32m" not in shown
+
+
+def test_upload_timeline_and_import_report_progress(monkeypatch, tmp_path, capsys):
+    """Every command that can take long says how far it is (plain lines here: stderr is not a terminal)."""
+    from stallwatch.cli import main
+
+    from ..run_builder import make_run
+
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    monkeypatch.setattr(progress, "QUIET", False)  # restored after: `--quiet` below sets it for the process
+    make_run(tmp_path / "run", nodes=("a", "b"), seconds=5)
+    assert main(["upload", str(tmp_path / "run"), str(tmp_path / "copy")]) == 0
+    assert main(["timeline", str(tmp_path / "run"), "-o", str(tmp_path / "t.json.gz")]) == 0
+    err = capsys.readouterr().err
+    assert "stallwatch: upload: " in err and " B, " in err
+    assert "stallwatch: timeline: 1/2 nodes" in err
+    import logging
+
+    level = logging.getLogger("stallwatch").level
+    try:
+        assert main(["--quiet", "timeline", str(tmp_path / "run"), "-o", str(tmp_path / "u.json.gz")]) == 0
+    finally:
+        logging.getLogger("stallwatch").setLevel(level)
+    assert "stallwatch: timeline:" not in capsys.readouterr().err

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -268,10 +268,12 @@ def _output(path: Path) -> Iterator[IO[str]]:
 
 def export_timeline(run: Run, out: str | Path, *, start_us: int | None = None, end_us: int | None = None,
                     max_points: int = DEFAULT_MAX_POINTS, max_events: int = DEFAULT_MAX_EVENTS,
-                    all_metrics: bool = False, profiler: bool = True) -> TimelineSummary:
+                    all_metrics: bool = False, profiler: bool = True,
+                    progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
     """Write the run's timeline (events overlapping [start_us, end_us), all when None) to `out`. `max_points`
     bounds each counter series (min/max downsampling keeps spikes); `max_events` bounds framework events by
-    cutting the time axis: events starting after the cut are left out on every node alike (0: no cap)."""
+    cutting the time axis: events starting after the cut are left out on every node alike (0: no cap).
+    `progress(nodes_done, nodes)` after each node."""
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
     if max_events < 0:
@@ -291,6 +293,8 @@ def export_timeline(run: Run, out: str | Path, *, start_us: int | None = None, e
     with _output(Path(out)) as fh:
         trace = TraceFile(fh)
         for i, node in enumerate(nodes):
+            if progress is not None:
+                progress(i, len(nodes))
             pid = trace.process(f"node {node}", 2 * i)
             threads = _Threads(trace, pid)
             summary.framework_events += _framework(trace, threads, run, node, origin, start_us, events_end)

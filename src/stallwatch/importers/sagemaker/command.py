@@ -11,8 +11,11 @@ from stallwatch.store.run_writer import RunExistsError
 def run_import(source: str, out: str | None, runs_dir: str = "stallwatch-runs") -> int:
     """0: imported (losses, if any, are listed); 2: a bad source or destination; 1: the import failed midway
     (what was written stays; the message says what to do)."""
+    from stallwatch.present.progress import Progress
+
     try:
-        summary = import_sagemaker(source, out, runs_dir=runs_dir)
+        with Progress("import", unit="files") as bar:
+            summary = import_sagemaker(source, out, runs_dir=runs_dir, progress=bar.update)
     except (SourceError, RunExistsError) as exc:
         print(f"stallwatch import-sagemaker: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import groupby
 from posixpath import basename
-from typing import Any
+from typing import Any, Callable
 
 from stallwatch import __version__
 from stallwatch.config import MAX_SAMPLE_INTERVAL_MS, MIN_SAMPLE_INTERVAL_MS, ProfilerConfig
@@ -126,9 +126,10 @@ class ImportSummary:
         return "\n".join(lines)
 
 
-def import_sagemaker(source: str, out: str | None = None, *, runs_dir: str = "stallwatch-runs") -> ImportSummary:
+def import_sagemaker(source: str, out: str | None = None, *, runs_dir: str = "stallwatch-runs",
+                     progress: Callable[[int, int], None] | None = None) -> ImportSummary:
     """Import `source` into a new run at `out` (default `<runs_dir>/<run id>`); raises SourceError for a bad
-    source and store.run_writer.RunExistsError when `out` is not empty."""
+    source and store.run_writer.RunExistsError when `out` is not empty. `progress(files_done, files)`."""
     began = time.monotonic()
     src = _open_source(source)
     listing = discover(src, _rule_output_of(source))
@@ -150,10 +151,20 @@ def import_sagemaker(source: str, out: str | None = None, *, runs_dir: str = "st
     run_writer.create_run(dest, record, config.to_json())
     budget = StorageBudget(_UNLIMITED)
 
+    total = len(listing.system) + len(listing.traces) + len(listing.tf_traces) + len(listing.stats)
+    done = 0
+
+    def advance(n: int = 1) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
     for node, files in groupby(listing.system, key=lambda f: f.node):
         importer = NodeSystemImporter(dest, node, budget)
         for f in files:
             importer.read_file(src, f)
+            advance()
         summary.nodes[node] = importer.finish()
         logger.info("system %s: %d snapshots", node, summary.nodes[node].snapshots)
 
@@ -169,7 +180,9 @@ def import_sagemaker(source: str, out: str | None = None, *, runs_dir: str = "st
     for process, pfiles in groupby(listing.traces, key=lambda f: f.process):
         host, rank = split_process(process)
         node = resolve(host, process)
-        stats = import_process(src, dest, process, node, rank, list(pfiles), budget)
+        pfiles = list(pfiles)
+        stats = import_process(src, dest, process, node, rank, pfiles, budget)
+        advance(len(pfiles))
         summary.processes.append(stats)
         if listing.tf_traces:  # kept only where a window needs its steps
             steps[(node, rank)] = stats.step_index
@@ -182,8 +195,10 @@ def import_sagemaker(source: str, out: str | None = None, *, runs_dir: str = "st
     windows = WindowImporter(src, dest, resolve, steps_in)
     for t in listing.tf_traces:
         windows.tf_trace(t)
+        advance()
     for s in listing.stats:
         windows.python_stats(s)
+        advance()
     summary.windows = windows.stats
     summary.rules = import_rules(listing.rules, dest)
 
