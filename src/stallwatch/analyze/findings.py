@@ -351,8 +351,13 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str
         return (f"No training step was recorded (the job {state}, {lasted}): nothing in the training loop can be "
                 "judged." + (f" {top.title}." if top else ""))
     if top is not None:
-        stake = (f": about {format_duration(top.time_at_stake_s)} of the {format_duration(summary.loop_s)} "
-                 "training loop at stake" if top.time_at_stake_s is not None and summary.loop_s > 0 else "")
+        stake = ""
+        if top.time_at_stake_s is not None and summary.loop_s > 0:
+            # start-up and other time outside the loop are measured against the job, not the loop
+            outside = top.time_at_stake_s > summary.loop_s and (summary.duration_s or 0) > summary.loop_s
+            whole = (f"the job's {format_duration(summary.duration_s or 0)}" if outside
+                     else f"the {format_duration(summary.loop_s)} training loop")
+            stake = f": about {format_duration(top.time_at_stake_s)} of {whole} at stake"
         more = f" ({len(found)} findings)" if len(found) > 1 else ""
         prefix = "So far: " if fate.state == "running" else ""
         return f"{prefix}{top.title}{stake}{more}."

@@ -56,7 +56,7 @@ def test_a_starved_loop_fires_and_the_reason_follows_the_worker_count(workers, r
     assert node["wait_share"] == pytest.approx(40.0, abs=1.0) and out["Details"]["bottleneck"] is True
     assert (out["RuleTriggered"], out["Violations"]) == (1, 1)
     assert out["Details"]["cores"] == 8 and out["Details"]["dataloaders"] == workers
-    assert out["RuleParameters"] == "min_threshold:70\nmax_threshold:200\nwait_threshold:20"
+    assert out["RuleParameters"] == "min_threshold:70\nmax_threshold:200\nwait_threshold:20\nmin_wait_ms:1.0"
     if reason in ("below", "above"):
         assert f"ran {workers} data-loader workers in parallel on 8 CPU cores" in out["Recommendation"]
         assert "try num_workers=8" in out["Recommendation"]
@@ -156,3 +156,18 @@ def test_dataloader_bad_thresholds():
 def test_dataloader_chunk_invariance():
     assert_chunk_invariant(Dataloader, loader_run(5, waits_ms=np.arange(500) % 17), pieces=20)
     assert_chunk_invariant(Dataloader, loader_run(None, ranks=3, num_workers=1), pieces=20)
+
+
+def test_a_tiny_model_on_in_memory_data_is_not_told_to_add_workers():
+    """Half of a 0.5 ms step fetching an in-memory batch is no bottleneck a worker could remove: it fired."""
+    gen = FwGen()
+    gen.dataloader(rank=0, at_us=LOOP_START - 1 * S, num_workers=0, pin_memory=False)
+    _, ends = gen.steps(rank=0, n=500, start_us=LOOP_START, step_us=500, data_wait_us=250, jitter_us=0)
+    info = node_info(start_us=T0, end_us=int(ends[-1]) + 30 * S, cores=8, gpus=0)
+    system = {"algo-1": snapshots("algo-1", T0, int(ends[-1]) + 30 * S, interval_us=10 * S, info=info,
+                                  cpu__cpu_util=30)}
+    out = evaluate(Dataloader, whole(gen.table(), system, run_info(info)))
+    node = out["Details"]["nodes"]["algo-1"]
+    assert node["wait_share"] > 40 and not node["triggered"] and node["reason"] == "not_a_bottleneck"
+    assert evaluate(Dataloader, whole(gen.table(), system, run_info(info)), min_wait_ms=0.1
+                    )["RuleTriggered"] == 1  # with a lower floor the same run fires

@@ -52,7 +52,7 @@ def _run(tmp_path, name: str, *, workers: int, slow: tuple[int, ...], sample_s: 
 
 @pytest.fixture(scope="module")
 def troubled(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("troubled"), "troubled", workers=0, slow=SLOW_STEPS, sample_s=0.0005)
+    return _run(tmp_path_factory.mktemp("troubled"), "troubled", workers=0, slow=SLOW_STEPS, sample_s=0.001)
 
 
 @pytest.fixture(scope="module")

@@ -82,8 +82,8 @@ def test_isolated_stalls_are_named():
 
 
 def test_patience_and_a_short_run():
-    """The first `patience` steps (start-up) never decide; a run shorter than a window is judged on what it has
-    but reports no window above the threshold."""
+    """The first `patience` steps (start-up) never decide; a run shorter than a window is one window (a short
+    job that waits for data all the time was called healthy), unless it has too few steps to say."""
     gen = FwGen()
     waits = np.r_[np.full(10, 90 * MS), np.full(290, 2 * MS)]
     gen.steps(n=300, data_wait_us=waits, jitter_us=0)
@@ -91,7 +91,11 @@ def test_patience_and_a_short_run():
     short = FwGen()
     short.steps(n=50, data_wait_us=60 * MS, jitter_us=0)
     entry = _ranks(evaluate(InputBound, whole(short.table())))["algo-1/0/TRAIN"]
-    assert entry["windows_above"] == 0 and entry["worst_window"]["steps"] == 40
+    assert entry["windows_above"] == 1 and entry["worst_window"]["steps"] == 40 and entry["triggered"]
+    tiny = FwGen()
+    tiny.steps(n=25, data_wait_us=60 * MS, jitter_us=0)  # 15 steps after patience: too few to judge
+    entry = _ranks(evaluate(InputBound, whole(tiny.table())))["algo-1/0/TRAIN"]
+    assert entry["windows_above"] == 0 and not entry["triggered"]
 
 
 def test_eval_only_runs_are_judged_on_their_steps_and_no_framework_is_not_applicable():

@@ -36,6 +36,8 @@ class Dataloader(Rule):
     process), above `max_threshold` % (`above`: they compete with training for the CPU), or enough workers that
     still cannot keep up (`slow_fetch`). Below the wait threshold the loader is not a bottleneck whatever its
     worker count: an in-memory dataset with num_workers=0 is fine, and more workers would only cost memory.
+    Nor is it when the median wait for a batch is under `min_wait_ms` (a tiny model on in-memory data spends a
+    large share of a very short step fetching, but a worker's hand-over costs as much as it would save).
 
     Evaluation points: one per node, on all of its data (the median needs all of it). RuleTriggered =
     Violations = nodes that fire; Datapoints = the samples of the worker count (snapshots, or dataloader
@@ -49,14 +51,16 @@ class Dataloader(Rule):
                    "number of available cores. If too small, it might lead to low GPU utilization. If too large, it "
                    "might impact other compute intensive operations on CPU.")
     recommendation = "Change the number of data loader processes."
-    defaults = {"min_threshold": 70, "max_threshold": 200, "wait_threshold": 20}
+    # min_wait_ms: a typical wait for a batch shorter than this is not worth worker processes (handing a batch
+    # over from a worker costs about as much): an in-memory TensorDataset feeding a tiny model is not a finding.
+    defaults = {"min_threshold": 70, "max_threshold": 200, "wait_threshold": 20, "min_wait_ms": 1.0}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        for key in ("min_threshold", "max_threshold", "wait_threshold"):
+        for key in ("min_threshold", "max_threshold", "wait_threshold", "min_wait_ms"):
             value = self.params[key]
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-                raise ParameterError(f"{self.name}.{key}={value!r}: must be a percentage >= 0")
+                raise ParameterError(f"{self.name}.{key}={value!r}: must be a number >= 0")
         if self.params["min_threshold"] > self.params["max_threshold"]:
             raise ParameterError(f"{self.name}: min_threshold ({self.params['min_threshold']}) must not exceed "
                                  f"max_threshold ({self.params['max_threshold']})")
@@ -179,6 +183,10 @@ class Dataloader(Rule):
         shares = self.wait_shares()
         typical = self.typical_wait_shares()
         material = {n for (n, _), v in typical.items() if v is not None and v > wait_pct}
+        waits = self._waits_train if self._waits_train.n else self._waits_other
+        median_wait_ms = float(waits.percentiles((50,))[0]) / 1000 if waits.n else None
+        if median_wait_ms is not None and median_wait_ms < float(self.params["min_wait_ms"]):
+            material = set()  # batches arrive within a millisecond: no worker count would make that faster
         nodes: dict[str, dict[str, Any]] = {}
         triggered = datapoints = 0
         for node in sorted(set(self._alive) | {k[0] for k in self._loaders}):

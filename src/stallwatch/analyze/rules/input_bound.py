@@ -44,10 +44,14 @@ class _Rank:
         return number, start, dur, np.minimum(wait, dur)
 
 
+MIN_SHORT_RUN_STEPS = 20  # after patience: fewer steps than a window are judged as one window from this many
+
+
 class InputBound(Rule):
     """Per node and rank (TRAIN steps; all steps when a rank has none): the share of step time spent waiting
     for data, over the whole run and over every window of `window` consecutive steps after the first
-    `patience`. A rank fires when a window's share exceeds `threshold` %.
+    `patience`. A rank fires when a window's share exceeds `threshold` %; a rank with fewer steps than a window
+    (but at least MIN_SHORT_RUN_STEPS after patience) is one window.
 
     Evaluation points: each window position of each rank. RuleTriggered = ranks that fire; Violations = window
     positions above the threshold; Datapoints = steps evaluated. Everything is decided from all the steps seen
@@ -143,7 +147,10 @@ class InputBound(Rule):
                 wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
                 with np.errstate(invalid="ignore", divide="ignore"):
                     share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
-                above = int(np.count_nonzero(share > threshold)) if len(d) >= window else 0
+                # A run shorter than a window is one window (a 96-step job waiting 99 % of its time is
+                # input-bound), once it has enough steps to say so.
+                judged = len(d) >= window or len(d) >= MIN_SHORT_RUN_STEPS
+                above = int(np.count_nonzero(share > threshold)) if judged else 0
                 i = int(np.argmax(share))
                 a, b = body.start + i, body.start + i + k - 1
                 worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),

@@ -18,6 +18,7 @@ from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResul
 from stallwatch.analyze.rules.gpu import check_non_negative
 from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, MODES, OPTIMIZER, STEP
+from stallwatch.timeutil import format_duration
 
 MAX_LISTED = 100  # outlier steps listed per rank and phase (the slowest ones)
 HISTOGRAM_BINS = 100  # SageMaker's step histogram resolution
@@ -614,8 +615,8 @@ class MaxInitializationTime(Rule):
         if fires:
             waited = (first if first is not None else now) - job_start
             what = "started" if first is not None else "has not started after"
-            recommendation = (f"The first training step {what} {waited / 60 / US:.1f} minutes after the job started "
-                              f"(threshold {self.params['threshold']} minutes). " + self.recommendation)
+            recommendation = (f"The first training step {what} {format_duration(waited / US)} after the job "
+                              f"started (threshold {self.params['threshold']} minutes). " + self.recommendation)
         return self.make_result(triggered=int(fires), violations=int(fires), datapoints=self._steps,
                                 details=details, message=message, recommendation=recommendation)
 
