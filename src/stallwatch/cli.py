@@ -157,12 +157,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on
     live = LiveRules(config)
+    dashboard = _start_dashboard(config.out, args.dashboard) if getattr(args, "dashboard", None) is not None else None
     try:
         result = launch(command, config)
     except RunConflictError as exc:
         live.cancel()
+        _stop_dashboard(dashboard)
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
+    except BaseException:
+        _stop_dashboard(dashboard)
+        raise
     uri = result.local_copy or result.run_uri
     if getattr(args, "json", False):
         results = _finish_rules(live, uri, quiet=True)
@@ -172,7 +177,70 @@ def cmd_run(args: argparse.Namespace) -> int:
         results = _finish_rules(live, uri)
         _print_findings(uri, results)
     _write_run_report(uri, results)
+    _stop_dashboard(dashboard)
     return result.exit_code
+
+
+def _start_dashboard(uri: str, port: int) -> Any:
+    """`stallwatch run --dashboard`: the dashboard in a process of its own (its own session: the terminal's
+    Ctrl-C goes to the job, not to it), so nothing it does can reach the job; it prints its URL itself. A
+    dashboard that cannot start says why in one line and the job runs anyway."""
+    import subprocess
+
+    try:
+        return subprocess.Popen([sys.executable, "-m", "stallwatch", "dashboard", uri, "--port", str(port),
+                                 "--wait", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
+    except OSError as exc:
+        print(f"stallwatch run: the dashboard could not start ({exc}); the job runs without it", file=sys.stderr)
+        return None
+
+
+def _stop_dashboard(proc: Any) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is not within 0-65535")
+    return value
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard until Ctrl-C; every reason it cannot start is one line and exit 2."""
+    try:
+        from stallwatch.present.dashboard.server import DashboardError, listen, open_served, serve
+    except ImportError as exc:
+        print(f"stallwatch dashboard: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
+              file=sys.stderr)
+        return 2
+    from stallwatch.present.dashboard.security import is_loopback
+
+    try:
+        served = open_served(args.root, wait_s=max(args.wait, 0.0))
+        listening, policy = listen(args.host, args.port, args.token)
+    except DashboardError as exc:
+        print(f"stallwatch dashboard: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host) and args.token is None:
+        print(f"stallwatch dashboard: listening on {args.host}, beyond this machine: every request needs the "
+              "token in the URL below (give your own with --token)", file=sys.stderr)
+    try:
+        serve(served, listening, policy, open_browser=args.open)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _print_json_summary(uri: str, result: Any, results: list | None) -> None:
@@ -652,6 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="end with the run's summary as one JSON document on stderr instead of text (stdout is "
                         "the command's own)")
+    p.add_argument("--dashboard", nargs="?", const=8050, type=_port, metavar="PORT",
+                   help="serve the live dashboard of this run on 127.0.0.1:PORT (default 8050) while it runs, in a "
+                        "process of its own")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("rules", help="evaluate the profiler rules on a run and write rules/<RuleName>.json")
@@ -736,6 +807,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profiler", dest="profiler", action="store_false",
                    help="leave out the torch.profiler events of detailed-profiling windows")
     p.set_defaults(func=cmd_timeline)
+    p = sub.add_parser("dashboard", help="serve the live insights dashboard of a run, or of a folder or bucket of runs")
+    p.add_argument("root", nargs="?", default="stallwatch-runs",
+                   help="a run, a folder of runs or s3://bucket/prefix (default ./stallwatch-runs)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; any other needs a token, generated unless given)")
+    p.add_argument("--port", type=_port, default=8050, help="port (default 8050; 0: any free one)")
+    p.add_argument("--token", metavar="TOKEN", help="require this token (in the printed URL, then a cookie)")
+    p.add_argument("--open", action="store_true", help="open the dashboard in the default browser")
+    p.add_argument("--wait", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds for the run to appear
+    p.set_defaults(func=cmd_dashboard)
     p = sub.add_parser("import-sagemaker", help="turn a SageMaker Debugger profiler output into a run")
     p.add_argument("source", metavar="SRC", help="the job's profiler output: a folder or s3://BUCKET/JOB/profiler-output")
     p.add_argument("--out", metavar="RUN", help="the new run (a path or s3:// URI; default ./stallwatch-runs/<run-id>)")

@@ -146,8 +146,8 @@ def operators_per_step(analysis: RunAnalysis) -> dict[str, float]:
     if not ops.num_rows or steps <= 0:
         return {}
     totals: dict[str, float] = {}
-    for row in ops.select(["name", "device", "self_us"]).to_pylist():
-        key = f"{row['name']} [{row['device']}]"
+    for row in ops.select(["operator", "device", "self_us"]).to_pylist():
+        key = f"{row['operator']} [{row['device']}]"
         totals[key] = totals.get(key, 0.0) + float(row["self_us"] or 0)
     return {k: v / steps for k, v in totals.items()}
 

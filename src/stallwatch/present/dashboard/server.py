@@ -1,0 +1,115 @@
+"""Serving the dashboard: the socket is bound here (uvicorn would `sys.exit` on a taken port), so every way it
+can fail to start — port taken, not a run, bucket unreachable, a public bind without a token — is one clear
+line (`DashboardError`) for the command line to print."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from stallwatch.present.dashboard.security import Policy, is_loopback, new_token
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8050
+
+
+class DashboardError(RuntimeError):
+    """The dashboard cannot start; the message is the one line to print."""
+
+
+@dataclass(frozen=True)
+class Listening:
+    sock: socket.socket
+    host: str
+    port: int
+    url: str  # what to open (with the token when there is one)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: any free one)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise DashboardError(f"cannot listen on {host!r}: {exc.strerror or exc}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno in (98, 48):  # EADDRINUSE (Linux, macOS)
+            raise DashboardError(f"port {port} on {host} is taken: pick another with --port "
+                                 f"(or --port 0 for any free one)") from None
+        raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def policy_for(host: str, token: str | None) -> tuple[Policy, str | None]:
+    """Loopback binds need no token (one may still be given); any other bind gets one, generated unless given."""
+    if token is not None and not token.strip():
+        raise DashboardError("--token is empty: give a token, or leave it out on 127.0.0.1")
+    if not is_loopback(host) and token is None:
+        token = new_token()
+    return Policy(token=token, bind_host=host), token
+
+
+def listen(host: str, port: int, token: str | None) -> tuple[Listening, Policy]:
+    policy, token = policy_for(host, token)
+    sock = bind(host, port)
+    real_port = sock.getsockname()[1]
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    url = f"http://{shown}:{real_port}/" + (f"?token={token}" if token else "")
+    return Listening(sock, host, real_port, url), policy
+
+
+def open_served(root: str, wait_s: float = 0.0) -> Any:
+    """The runs to serve, or DashboardError saying why `root` is not something to serve. `wait_s`: how long to
+    wait for a run that is about to be created (`stallwatch run --dashboard`)."""
+    from stallwatch.present.dashboard.served import RootError, ServedRuns
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            served = ServedRuns(root)
+        except (RootError, OSError, ValueError) as exc:
+            if time.monotonic() < deadline:
+                time.sleep(0.25)
+                continue
+            raise DashboardError(" ".join(str(exc).split())[:400]) from None
+        if served.single or served.ids() or time.monotonic() >= deadline:
+            return served
+        time.sleep(0.25)
+
+
+def serve(served: Any, listening: Listening, policy: Policy, *, open_browser: bool = False,
+          announce: Any = None) -> None:
+    """Run the server until interrupted (Ctrl-C, SIGTERM)."""
+    import uvicorn
+
+    from stallwatch.present.dashboard.app import create_app
+
+    app = create_app(served, policy)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2,
+                            server_header=False)
+    server = uvicorn.Server(config)
+    (announce or _announce)(listening)
+    if open_browser:
+        import webbrowser
+
+        try:
+            webbrowser.open(listening.url)
+        except Exception:
+            pass
+    server.run(sockets=[listening.sock])
+
+
+def _announce(listening: Listening) -> None:
+    print(f"stallwatch dashboard: {listening.url}", file=sys.stderr, flush=True)
