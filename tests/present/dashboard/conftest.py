@@ -66,7 +66,7 @@ def start_dashboard(root: Path, *, host: str = "127.0.0.1", token: str | None = 
     served = open_served(str(root))
     listening, policy = listen(host, 0, token)
     app = create_app(served, policy)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listening.sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
