@@ -165,6 +165,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _stop_dashboard(dashboard)
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
+    except BaseException:
+        _stop_dashboard(dashboard)
+        raise
     uri = result.local_copy or result.run_uri
     if getattr(args, "json", False):
         results = _finish_rules(live, uri, quiet=True)
@@ -183,29 +186,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _start_dashboard(uri: str, port: int) -> Any:
-    """`run --dashboard`: `stallwatch dashboard RUN` in its own process (a failure there never reaches the
-    job); it prints its URL itself."""
+    """`stallwatch run --dashboard`: the dashboard in a process of its own (its own session: the terminal's
+    Ctrl-C goes to the job, not to it), so nothing it does can reach the job; it prints its URL itself. A
+    dashboard that cannot start says why in one line and the job runs anyway."""
     import subprocess
 
     try:
         return subprocess.Popen([sys.executable, "-m", "stallwatch", "dashboard", uri, "--port", str(port),
-                                 "--wait", "30"], stdin=subprocess.DEVNULL, start_new_session=True)
+                                 "--wait", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
     except OSError as exc:
-        print(f"stallwatch: the dashboard could not be started ({exc.strerror or exc})", file=sys.stderr)
+        print(f"stallwatch run: the dashboard could not start ({exc}); the job runs without it", file=sys.stderr)
         return None
 
 
 def _stop_dashboard(proc: Any) -> None:
-    if proc is None:
+    if proc is None or proc.poll() is not None:
         return
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except Exception:
-            proc.kill()
-        print(f"stallwatch: dashboard stopped; `stallwatch dashboard {proc.args[4]}` serves the run again",
-              file=sys.stderr)
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except Exception:
+        proc.kill()
+        proc.wait()
 
 
 def _start_report_builder(uri: str) -> None:
@@ -226,6 +229,42 @@ def _start_report_builder(uri: str) -> None:
 
     print(f"stallwatch: report {run_files.report_uri(RunLocation(uri))} (being written in the background)",
           file=sys.stderr)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is not within 0-65535")
+    return value
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the dashboard until Ctrl-C; every reason it cannot start is one line and exit 2."""
+    try:
+        from stallwatch.present.dashboard.server import DashboardError, listen, open_served, serve
+    except ImportError as exc:
+        print(f"stallwatch dashboard: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
+              file=sys.stderr)
+        return 2
+    from stallwatch.present.dashboard.security import is_loopback
+
+    try:
+        served = open_served(args.root, wait_s=max(args.wait, 0.0))
+        listening, policy = listen(args.host, args.port, args.token)
+    except DashboardError as exc:
+        print(f"stallwatch dashboard: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host) and args.token is None:
+        print(f"stallwatch dashboard: listening on {args.host}, beyond this machine: every request needs the "
+              "token in the URL below (give your own with --token)", file=sys.stderr)
+    try:
+        serve(served, listening, policy, open_browser=args.open)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _print_json_summary(uri: str, result: Any, results: list | None) -> None:
@@ -405,64 +444,6 @@ def _price(text: str) -> float:
     if not 0 <= value <= 1_000_000:
         raise argparse.ArgumentTypeError(f"{text} must be from 0 to 1000000")
     return value
-
-
-def cmd_dashboard(args: argparse.Namespace) -> int:
-    """Serve the dashboard until interrupted; every problem before serving is one line and exit 2."""
-    import ipaddress
-
-    try:
-        from stallwatch.present.dashboard.server import Dashboard, bind, run_files_exist, serve
-    except ImportError as exc:
-        print(f"stallwatch dashboard: {exc.name or exc} is not installed (pip install 'stallwatch[dashboard]')",
-              file=sys.stderr)
-        return 2
-    target = args.target or ProfilerConfig().runs_dir
-    import time
-
-    deadline = time.monotonic() + max(0.0, args.wait)
-    while not run_files_exist(target) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    try:
-        from stallwatch.store.catalog import list_runs
-
-        if not run_files_exist(target) and not list_runs(target):
-            print(f"stallwatch dashboard: {target} is not a run and holds no runs", file=sys.stderr)
-            return 2
-    except (OSError, ValueError) as exc:
-        print(f"stallwatch dashboard: cannot read {target}: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    try:
-        loopback = ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        loopback = args.host == "localhost"
-    if not loopback and not args.token:  # other machines can reach it: never without a token
-        import secrets
-
-        args.token = secrets.token_urlsafe(18)
-    try:
-        sock = bind(args.host, args.port)
-    except OSError as exc:
-        print(f"stallwatch dashboard: cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); "
-              "choose another --port", file=sys.stderr)
-        return 2
-    port = sock.getsockname()[1]
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{shown}:{port}/" + (f"?token={args.token}" if args.token else "")
-    print(f"stallwatch: dashboard of {target} at {url}", file=sys.stderr, flush=True)
-    if args.open:
-        import webbrowser
-
-        webbrowser.open(url)
-    hosts = (args.host, shown) if loopback else (args.host, shown, socket_hostname())
-    serve(Dashboard(target, token=args.token, allowed_hosts=hosts), sock)
-    return 0
-
-
-def socket_hostname() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -770,9 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="end with the run's summary as one JSON document on stderr instead of text (stdout is "
                         "the command's own)")
-    p.add_argument("--dashboard", nargs="?", type=int, const=8050, default=None, metavar="PORT",
-                   help="serve the live dashboard of this run while it goes on (default port 8050), in its own "
-                        "process; it stops when the command ends")
+    p.add_argument("--dashboard", nargs="?", const=8050, type=_port, metavar="PORT",
+                   help="serve the live dashboard of this run on 127.0.0.1:PORT (default 8050) while it runs, in a "
+                        "process of its own")
     p.add_argument("--report", choices=["wait", "background", "off"], default="wait",
                    help="the HTML report after the job: built before returning (default: it exists when the "
                         "command returns), built by a detached process (returns the job's status at once), or "
@@ -819,15 +800,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_price_flag(p)
     _add_custom_rule_flag(p)
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("dashboard", help="serve the live dashboard of a run, or of a folder or bucket prefix of runs")
-    p.add_argument("target", nargs="?", default=None, metavar="RUN|RUNS_DIR|s3://…",
-                   help="a run, or a folder of runs (default: ./stallwatch-runs)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks a free one)")
-    p.add_argument("--token", default=None, help="require this token (needed to listen beyond loopback)")
-    p.add_argument("--open", action="store_true", help="open the page in a browser")
-    p.add_argument("--wait", type=float, default=0.0, help=argparse.SUPPRESS)  # for `run --dashboard`: the run is being made
-    p.set_defaults(func=cmd_dashboard)
     p = sub.add_parser("compare", help="compare a run with a baseline run: step times, phases, utilization, "
                                        "findings, operators")
     p.add_argument("baseline", help="the baseline run (directory or s3:// URI)")
@@ -870,6 +842,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profiler", dest="profiler", action="store_false",
                    help="leave out the torch.profiler events of detailed-profiling windows")
     p.set_defaults(func=cmd_timeline)
+    p = sub.add_parser("dashboard", help="serve the live insights dashboard of a run, or of a folder or bucket of runs")
+    p.add_argument("root", nargs="?", default="stallwatch-runs",
+                   help="a run, a folder of runs or s3://bucket/prefix (default ./stallwatch-runs)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; any other needs a token, generated unless given)")
+    p.add_argument("--port", type=_port, default=8050, help="port (default 8050; 0: any free one)")
+    p.add_argument("--token", metavar="TOKEN", help="require this token (in the printed URL, then a cookie)")
+    p.add_argument("--open", action="store_true", help="open the dashboard in the default browser")
+    p.add_argument("--wait", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds for the run to appear
+    p.set_defaults(func=cmd_dashboard)
     p = sub.add_parser("import-sagemaker", help="turn a SageMaker Debugger profiler output into a run")
     p.add_argument("source", metavar="SRC", help="the job's profiler output: a folder or s3://BUCKET/JOB/profiler-output")
     p.add_argument("--out", metavar="RUN", help="the new run (a path or s3:// URI; default ./stallwatch-runs/<run-id>)")

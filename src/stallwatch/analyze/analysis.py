@@ -24,9 +24,11 @@ from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import loss as _loss
+from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
+from stallwatch.analyze import step_window as _step_window
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
@@ -316,13 +318,6 @@ class RunAnalysis:
         frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
         return _timeline.panels(frames)
 
-    def timeline_window(self, node: str, start_us: int, end_us: int) -> list[Panel]:
-        """One node's panels over [start_us, end_us) only (a zoom): read for that range, min/max-downsampled
-        to the same point budget, so a short range is at full resolution."""
-        frame = node_frame(node, self.run.system_wide(node, start_us, end_us, metrics=_timeline.METRICS),
-                           self.node_info(node))
-        return _timeline.panels({node: frame})
-
     @cached_property
     def phase_spans(self) -> list[Span]:
         return _timeline.phase_spans(self.steps, _int(self.info.get("start_us")), _int(self.info.get("end_us")))
@@ -351,6 +346,31 @@ class RunAnalysis:
     def rank_steps(self, mode: str = TRAIN) -> _ranks.RankSteps | None:
         """The rank × step matrices of step time and data wait for `mode` (None without such steps)."""
         return _ranks.rank_steps(self.steps, self.data_waits, mode=mode)
+
+    def node_series(self, node: str, start_us: int | None = None, end_us: int | None = None,
+                    buckets: int = 600) -> _node_series.NodeSeries:
+        """One node's CPU, cores, GPUs, memory, I/O wait and network in [start_us, end_us), min / max / mean per
+        time bucket (the node is read once; zooming slices what is in memory)."""
+        return _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets)
+
+    def events_window(self, node: str, start_us: int | None, end_us: int | None,
+                      limit: int = 4000) -> _step_window.EventsWindow:
+        """The node's steps and phases overlapping [start_us, end_us): totals per kind, and the events when few."""
+        events = self.run.framework(start_us, end_us, kinds=_step_window.EVENT_KINDS, nodes=[node],
+                                    fields=("kind", "name", "mode", "step", "start_us", "end_us"))
+        return _step_window.events_window(events, start_us, end_us, limit)
+
+    def recent_steps(self, node: str, last: int = 30) -> list[_step_window.StepBreakdown]:
+        """The node's first rank's last `last` steps, each split into its phases."""
+        cols = self.steps
+        if not cols.n or node not in cols.nodes:
+            return []
+        mine = np.flatnonzero(cols.node == cols.nodes.index(node))
+        starts = np.sort(cols.start[mine])
+        frm = int(starts[-min(len(starts), last * max(len(self.ranks.get(node, [])), 1))])
+        events = self.run.framework(frm, None, kinds=_step_window.EVENT_KINDS, nodes=[node],
+                                    fields=("kind", "name", "mode", "step", "start_us", "end_us"))
+        return _step_window.step_breakdown(events, last)
 
     @cached_property
     def node_comparison(self) -> _nodes.NodeComparison:

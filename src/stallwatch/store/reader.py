@@ -52,6 +52,12 @@ class SystemTail:
     metrics: list[str] | None = None
     last_us: dict[str, int] = field(default_factory=dict)
 
+    def skip_to_end(self) -> SystemTail:
+        """Start after what is stored now: `read()` then returns only rows written from here on."""
+        for chunk in self.run._system_chunks(nodes=self.nodes):
+            self.last_us[chunk.node] = max(chunk.end_us, self.last_us.get(chunk.node, chunk.end_us))
+        return self
+
     def read(self) -> pa.Table:
         tables = []
         gap: set[str] = set()  # nodes with a file that vanished under us (compacted): read past it next time

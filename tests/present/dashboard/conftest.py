@@ -1,64 +1,94 @@
-"""A real `stallwatch dashboard` process on a free loopback port, over generated runs."""
+"""Real dashboards for the tests: uvicorn serving the app on a free loopback port, in a thread of the test
+process, over runs generated in the store's own format (tests/present/report/_full_runs.py: a planted CPU
+bottleneck on the first node, planted slow steps, an operator window)."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
+import json
+import threading
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 import pytest
 
-from ..report._full_runs import Planted, full_run
+from stallwatch.present.dashboard.app import create_app
+from stallwatch.present.dashboard.server import listen, open_served
+from tests.present.generated_run import training_run
+from tests.present.report._full_runs import IMG, full_run
 
 
 @dataclass
-class Served:
-    proc: subprocess.Popen
+class Dashboard:
     url: str
-    stderr: Path
+    port: int
+    root: Path
+    server: Any
+    thread: threading.Thread
+    token: str | None
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        return request(self.url.rstrip("/") + path, headers=headers)
+
+    def json(self, path: str) -> Any:
+        status, _, body = self.get(path)
+        assert status == 200, (path, status, body[:300])
+        return json.loads(body)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.server.should_exit = True
+        self.thread.join(10)
 
 
-def serve(target: Path, tmp: Path, *args: str) -> Served:
-    """`stallwatch dashboard TARGET --port 0 ARGS`, once it prints its URL."""
-    err = tmp / f"dashboard-{time.monotonic_ns()}.err"
-    with open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "stallwatch", "dashboard", str(target), "--port", "0", *args],
-                                stdout=subprocess.DEVNULL, stderr=e, env=dict(os.environ))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        m = re.search(r"at (http://\S+)", err.read_text())
-        if m:
-            return Served(proc, m.group(1), err)
-        if proc.poll() is not None:
-            raise AssertionError(f"the dashboard exited: {err.read_text()}")
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the dashboard printed no URL")
+def request(url: str, *, method: str = "GET", data: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(req, timeout=60) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def start_dashboard(root: Path, *, host: str = "127.0.0.1", token: str | None = None) -> Dashboard:
+    import uvicorn
+
+    served = open_served(str(root))
+    listening, policy = listen(host, 0, token)
+    app = create_app(served, policy)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening.sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.05)
+    return Dashboard(f"http://127.0.0.1:{listening.port}/", listening.port, root, server, thread, policy.token)
 
 
 @pytest.fixture(scope="package")
-def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Planted]:
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of runs: `run-a` (2 nodes × 2 ranks, planted findings), `run-b` (1 node, healthy) and
+    `run-xss` (its command is an HTML payload)."""
     root = tmp_path_factory.mktemp("dash-runs")
-    planted = full_run(root / "two-nodes", nodes=("algo-1", "algo-2"), gpus=2, ranks=2)
-    full_run(root / "cpu-only", nodes=("vm",), gpus=0)
-    return root, planted
+    full_run(root / "run-a", nodes=("algo-1", "algo-2"), ranks=2)
+    training_run(root / "run-b")
+    full_run(root / "run-xss", command=["python", IMG], operators=False)
+    return root
 
 
 @pytest.fixture(scope="package")
-def served(runs_dir, tmp_path_factory) -> Iterator[Served]:
-    s = serve(runs_dir[0], tmp_path_factory.mktemp("dash-log"))
-    yield s
-    s.stop()
+def dashboard(runs_root: Path) -> Iterator[Dashboard]:
+    d = start_dashboard(runs_root)
+    yield d
+    d.stop()

@@ -32,6 +32,16 @@ class LiveFeed:
         self._seen_starts = np.empty(0, np.int64)
         self._read_files: set[str] = set()  # framework files read already (files never change once written)
 
+    def skip_existing(self) -> LiveFeed:
+        """Hand out only events stored from now on (a viewer joining a long run does not read its history)."""
+        self._read_files = self.run.framework_files()
+        self._floor = self.run.time_range()[1]
+        return self
+
+    def new_events(self) -> pa.Table:
+        """The framework events new since the last call, each once."""
+        return self._new_events()
+
     def next(self, final: bool = False) -> Chunk:
         run = self.run
         info = dict(run.info)

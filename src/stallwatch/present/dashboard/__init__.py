@@ -1,3 +1,3 @@
-"""The live dashboard: a small web server (Starlette on uvicorn, in its own process) that renders what the
-analysis layer computes as JSON and one offline page (no CDN): Overview, Nodes, Ranks and Runs, updated
-while the job runs through one shared follower per run."""
+"""The live insights dashboard (`stallwatch dashboard`): a small ASGI server (Starlette on uvicorn) with one
+offline page and a JSON API, both answering from `RunAnalysis`. Imported only by the command that serves it:
+starlette and uvicorn are the `dashboard` extra."""

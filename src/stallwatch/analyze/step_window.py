@@ -1,0 +1,117 @@
+"""Framework events of a time range, as the dashboard lists and draws them: the events themselves when they are
+few (phases, steps, forward / backward / optimizer, data wait on one time axis), always the totals per kind
+(what brushing an interval lists), and the last steps of a rank split into their phases (time per event over
+the last 30 steps)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stallwatch.analyze.steps import PHASES
+from stallwatch.records import STEP
+
+EVENT_KINDS = (STEP, *PHASES)
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    name: str
+    rank: int
+    mode: str
+    step: int | None
+    start_us: int
+    end_us: int
+
+
+@dataclass(frozen=True)
+class KindTotal:
+    kind: str
+    count: int
+    total_s: float  # time inside the range (events clipped to it), all ranks together
+
+
+@dataclass(frozen=True)
+class EventsWindow:
+    start_us: int | None
+    end_us: int | None
+    totals: list[KindTotal]
+    steps: int  # step events overlapping the range
+    events: list[Event]  # empty when more than the limit overlap the range (`truncated`)
+    truncated: bool
+    total_events: int
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """One step of one rank: its duration and the time of each phase inside it (ms); `other` is the rest."""
+    node: str
+    rank: int
+    step: int | None
+    mode: str
+    start_us: int
+    end_us: int
+    duration_ms: float
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    other_ms: float = 0.0
+
+
+def events_window(events: pa.Table, start_us: int | None, end_us: int | None, limit: int = 4000) -> EventsWindow:
+    """The events of `events` (framework_schema rows) overlapping [start_us, end_us)."""
+    n = events.num_rows
+    if n == 0:
+        return EventsWindow(start_us, end_us, [], 0, [], False, 0)
+    kinds = events["kind"].cast(pa.string()).to_numpy(zero_copy_only=False)
+    start = events["start_us"].to_numpy()
+    end = events["end_us"].to_numpy()
+    lo = start if start_us is None else np.maximum(start, start_us)
+    hi = end if end_us is None else np.minimum(end, end_us)
+    inside = np.maximum(hi - lo, 0)
+    totals = []
+    for kind in EVENT_KINDS:
+        mask = kinds == kind
+        if mask.any():
+            totals.append(KindTotal(kind, int(mask.sum()), float(inside[mask].sum()) / 1e6))
+    steps = int((kinds == STEP).sum())
+    if n > limit:
+        return EventsWindow(start_us, end_us, totals, steps, [], True, n)
+    rows = events.select(["kind", "name", "rank", "mode", "step", "start_us", "end_us"]).to_pylist()
+    out = [Event(str(e["kind"]), str(e["name"]), int(e["rank"]), str(e["mode"]), e["step"], int(e["start_us"]),
+                 int(e["end_us"])) for e in rows]
+    out.sort(key=lambda e: (e.start_us, e.rank))
+    return EventsWindow(start_us, end_us, totals, steps, out, False, n)
+
+
+def step_breakdown(events: pa.Table, last: int = 30) -> list[StepBreakdown]:
+    """The last `last` steps of the first rank that has steps in `events` (all modes), each with its phases'
+    time; phases are matched to the step they fall in on the same rank."""
+    if events.num_rows == 0:
+        return []
+    kinds = events["kind"].cast(pa.string())
+    steps = events.filter(pc.equal(kinds, STEP))
+    if steps.num_rows == 0:
+        return []
+    node = str(steps["node"][0].as_py())
+    rank = int(steps["rank"][0].as_py())
+    mine = events.filter(pc.and_(pc.equal(events["node"].cast(pa.string()), node), pc.equal(events["rank"], rank)))
+    mine_kinds = mine["kind"].cast(pa.string()).to_numpy(zero_copy_only=False)
+    s_rows = np.flatnonzero(mine_kinds == STEP)
+    start, end = mine["start_us"].to_numpy(), mine["end_us"].to_numpy()
+    order = s_rows[np.argsort(start[s_rows], kind="stable")][-last:]
+    out = []
+    modes = mine["mode"].cast(pa.string()).to_numpy(zero_copy_only=False)
+    step_no = mine["step"].to_pylist()
+    for i in order:
+        s, e = int(start[i]), int(end[i])
+        inside = (start >= s) & (end <= e) & (mine_kinds != STEP)
+        phases = {k: float((end[inside & (mine_kinds == k)] - start[inside & (mine_kinds == k)]).sum()) / 1e3
+                  for k in PHASES}
+        dur = (e - s) / 1e3
+        out.append(StepBreakdown(node, rank, step_no[i], str(modes[i]), s, e, dur,
+                                 {k: v for k, v in phases.items() if v > 0},
+                                 max(dur - sum(phases.values()), 0.0)))
+    return out

@@ -1,0 +1,305 @@
+"""The dashboard's ASGI app (Starlette): one static page and the JSON API under /api that it uses, plus the
+live event stream. Handlers ask the run's `RunAnalysis` and hand its answers to `documents`; slow questions run
+on worker threads, never on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from stallwatch.log import logger
+from stallwatch.present.dashboard import controls, documents
+from stallwatch.present.dashboard.feed import Hub
+from stallwatch.present.dashboard.security import Guard, Policy
+from stallwatch.present.dashboard.served import NotServed, RunState, ServedRuns, row_id
+
+STATIC = Path(__file__).with_name("static")
+HEARTBEAT_S = 15.0
+MAX_POINTS = 4000
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], float] | None = None) -> Any:
+    """The app serving `served` behind `policy` (host, token and origin checks)."""
+    hub = Hub(poll_s)
+
+    def api(handler: Callable[..., Any]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if "id" in request.path_params:
+                    state = served.state(request.path_params["id"])
+                    body = None
+                    if request.method == "POST":
+                        try:
+                            body = await request.json()
+                        except ValueError:
+                            raise BadRequest("the request body must be a JSON object") from None
+                        if not isinstance(body, dict):
+                            raise BadRequest("the request body must be a JSON object")
+                    doc = await asyncio.to_thread(handler, state, request.query_params, body) if body is not None \
+                        else await asyncio.to_thread(handler, state, request.query_params)
+                else:
+                    doc = await asyncio.to_thread(handler, request.query_params)
+            except NotServed:
+                return _json({"error": "no such run here"}, 404)
+            except (BadRequest, controls.ControlError) as exc:
+                return _json({"error": str(exc)}, 400)
+            except Exception as exc:  # one question failing is one error answer, never the server
+                logger.warning("dashboard: %s failed (%s: %s)", request.url.path, type(exc).__name__, exc)
+                return _json({"error": f"{type(exc).__name__}: {exc}"}, 500)
+            return doc if isinstance(doc, Response) else _json(doc)
+        return endpoint
+
+    def runs(q: Any) -> dict[str, Any]:
+        rows = served.rows()
+        doc = documents.runs_doc(served.root, rows)
+        for row, out in zip(rows, doc["runs"]):
+            out["id"] = row_id(row, served)
+            out["run_id"] = row.id
+        doc["single"] = served.single
+        return doc
+
+    def summary(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        with state.lock:
+            doc = documents.summary_doc(state.id, a)
+        doc["version"] = state.version
+        return doc
+
+    def findings(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        with state.lock:
+            return documents.findings_doc(a)
+
+    def usage(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        per_node = {}
+        for node in a.nodes:
+            with state.node_lock(node):
+                per_node[node] = a.usage(node)
+        with state.lock:
+            return documents.usage_doc(a, per_node)
+
+    def operators(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        with state.lock:
+            return documents.operators_doc(a)
+
+    def timeline(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        frm, to = _time(q, "from"), _time(q, "to")
+        points = min(max(_int(q, "points", 600), 10), MAX_POINTS)
+        with state.node_lock(node):
+            ns = a.node_series(node, frm, to, points)
+            frame_ts = a.system(node, ()).timestamps
+        last = int(frame_ts[-1]) if len(frame_ts) else None
+        return documents.timeline_doc(ns, a.node_info(node), last)
+
+    def events(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        return documents.events_doc(node, a.events_window(node, _time(q, "from"), _time(q, "to")))
+
+    def steps(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        with state.lock:
+            return documents.steps_doc(node, a.recent_steps(node, min(max(_int(q, "last", 30), 1), 200)))
+
+    def ranks(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        mode = q.get("mode", "TRAIN")
+        if mode not in ("TRAIN", "EVAL", "GLOBAL"):
+            raise BadRequest("mode must be TRAIN, EVAL or GLOBAL")
+        with state.lock:
+            return documents.ranks_doc(a, mode)
+
+    def heatmap(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        with state.node_lock(node):
+            rows = a.heatmaps(node_names=[node]).get(node)
+        return documents.heatmap_doc(node, rows)
+
+    def profiling(state: RunState, q: Any, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if body is not None:
+            layer = str(body.get("layer", ""))
+            if layer not in controls.LAYERS:
+                raise BadRequest(f"layer must be one of {', '.join(controls.LAYERS)}")
+            if body.get("clear"):
+                controls.apply(state.run.location, layer, None)
+            else:
+                rng = controls.profiling_range(layer, body, _latest_step(state))
+                controls.apply(state.run.location, layer, rng)
+                state.requests.append({"layer": layer, "range": rng.to_spec(), "requested_us": int(time.time() * 1e6)})
+                del state.requests[:-20]
+        config = controls.current_config(state.run.location)
+        windows = state.run.profiles()
+        return documents.profiling_doc(config, [controls.request_status(r, windows) for r in state.requests], windows)
+
+    def report(state: RunState, q: Any) -> Response:
+        from stallwatch.present.report import render_report
+
+        a = state.analysis()
+        with state.report_lock:
+            if state.report is None or state.report[0] != state.version:
+                with state.lock:
+                    state.report = (state.version, render_report(a).encode("utf-8"))
+            data = state.report[1]
+        return Response(data, media_type="text/html; charset=utf-8", headers={
+            "content-disposition": f'attachment; filename="{state.id}-report.html"', "cache-control": "no-store"})
+
+    async def live(request: Request) -> Response:
+        try:
+            state = served.state(request.path_params["id"])
+        except NotServed:
+            return _json({"error": "no such run here"}, 404)
+        client = hub.subscribe(state.id, state)
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                yield _event("hello", {"now_us": int(time.time() * 1e6), "readers": hub.readers,
+                                       "clients": hub.clients(state.id)})
+                while True:
+                    try:
+                        message = await asyncio.wait_for(client.queue.get(), HEARTBEAT_S)
+                    except asyncio.TimeoutError:
+                        yield b": heartbeat\n\n"
+                        continue
+                    if message["event"] == "steps":
+                        _note_steps(state, message["data"])
+                    yield _event(message["event"], message["data"])
+            finally:
+                hub.unsubscribe(state.id, client)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+
+    def health(q: Any) -> dict[str, Any]:
+        return {"ok": True, "readers": hub.readers, "readers_started": hub.readers_started}
+
+    def metrics(q: Any) -> Response:
+        """Prometheus: the served runs that are still running (a finished run's numbers no longer change)."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from stallwatch.present.dashboard.metrics import exposition
+
+        live = []
+        for row in served.rows():
+            if row.status == "running":
+                state = served.state(row_id(row, served))
+                live.append((state.id, state.analysis()))
+        return Response(exposition(live), media_type=CONTENT_TYPE_LATEST)
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    routes = [
+        Route("/", index),
+        Route("/api/health", api(health)),
+        Route("/metrics", api(metrics)),
+        Route("/api/runs", api(runs)),
+        Route("/api/run/{id}/summary", api(summary)),
+        Route("/api/run/{id}/findings", api(findings)),
+        Route("/api/run/{id}/usage", api(usage)),
+        Route("/api/run/{id}/operators", api(operators)),
+        Route("/api/run/{id}/timeline", api(timeline)),
+        Route("/api/run/{id}/events", api(events)),
+        Route("/api/run/{id}/steps", api(steps)),
+        Route("/api/run/{id}/ranks", api(ranks)),
+        Route("/api/run/{id}/heatmap", api(heatmap)),
+        Route("/api/run/{id}/profiling", api(profiling), methods=["GET", "POST"]),
+        Route("/api/run/{id}/report", api(report)),
+        Route("/api/run/{id}/live", live),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        await hub.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.hub = hub
+    return Guard(app, policy)
+
+
+def _note_steps(state: RunState, data: dict[str, Any]) -> None:
+    recent = data.get("recent") or []
+    steps = [s.get("step") for s in recent if s.get("mode") == "TRAIN" and isinstance(s.get("step"), int)]
+    if steps:
+        state.latest_step = max(steps + ([state.latest_step] if state.latest_step is not None else []))
+
+
+def _latest_step(state: RunState) -> int | None:
+    if state.latest_step is not None:
+        return state.latest_step
+    a = state.analysis()
+    with state.lock:
+        cols = a.steps
+        return int(cols.step.max()) if cols.n else None
+
+
+def _node(a: Any, q: Any) -> str:
+    node = q.get("node") or (a.nodes[0] if a.nodes else "")
+    if node not in a.nodes:
+        raise BadRequest("no such node in this run")
+    return node
+
+
+def _int(q: Any, name: str, default: int) -> int:
+    text = q.get(name)
+    if text in (None, ""):
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer") from None
+
+
+def _time(q: Any, name: str) -> int | None:
+    text = q.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadRequest(f"{name} must be µs since the Unix epoch (an integer)") from None
+    if not 0 <= value < 2**62:
+        raise BadRequest(f"{name} is out of range")
+    return value
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(json.dumps(_plain(doc), allow_nan=False, separators=(",", ":")), status,
+                    media_type="application/json", headers={"cache-control": "no-store"})
+
+
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(_plain(data), allow_nan=False, separators=(',', ':'))}\n\n".encode()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return _plain(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

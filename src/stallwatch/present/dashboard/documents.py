@@ -1,0 +1,144 @@
+"""The dashboard's JSON documents: what `RunAnalysis` returns, as plain JSON for the page (numbers rounded for
+size, NaN as null). Nothing is computed here beyond picking, rounding and shaping."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from stallwatch import __version__
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.catalog import RunRow
+from stallwatch.analyze.node_series import NodeSeries
+from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
+from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
+
+SCHEMA = 1
+TOP_OPERATORS = 15
+
+
+def header(kind: str) -> dict[str, Any]:
+    return {"schema": f"stallwatch.dashboard.{kind}/{SCHEMA}", "stallwatch_version": __version__}
+
+
+def runs_doc(root: str, rows: Sequence[RunRow]) -> dict[str, Any]:
+    return {**header("runs"), "root": root, "runs": [r.to_json() for r in rows]}
+
+
+def summary_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
+    """The job summary: span, fate, nodes and ranks, steps per mode, the phase pie and training progress."""
+    s = a.summary
+    nodes = []
+    for name in a.nodes:
+        rec = a.node_info(name)
+        nodes.append({"name": name, "status": _text(rec.get("status")), "cores": _num(rec.get("cpu_cores_logical")),
+                      "gpus": len(rec.get("gpus") or []) if isinstance(rec.get("gpus"), list) else 0,
+                      "ranks": a.ranks.get(name, []), "sample_interval_ms": s.sample_interval_ms.get(name),
+                      "end_us": _num(rec.get("end_us_from_data") or rec.get("end_us"))})
+    return {**header("summary"), "id": run_id, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,
+            "end_us": s.end_us, "last_us": s.last_us, "duration_s": s.duration_s, "fate": s.fate.to_json(),
+            "nodes": nodes, "steps": s.steps, "total_steps": s.total_steps, "loop_s": s.loop_s,
+            "parts_s": s.parts_s(), "phase_shares": a.phase_shares, "notes": s.notes,
+            "progress": _progress(a)}
+
+
+def findings_doc(a: RunAnalysis) -> dict[str, Any]:
+    """Every finding (ranked) and every rule's result, fired or not or not applicable."""
+    f = a.findings.to_json()
+    rules = []
+    for r in a.rule_results:
+        j = r.to_json()
+        rules.append({"name": r.name, "status": _text(j.get("Status")), "triggered": bool(j.get("RuleTriggered")),
+                      "violations": j.get("Violations"), "datapoints": j.get("Datapoints"),
+                      "description": _text(j.get("Description")), "recommendation": _text(j.get("Recommendation")),
+                      "message": _text(j.get("Message")), "parameters": j.get("Parameters") or {},
+                      "details": j.get("Details") or {}})
+    return {**header("findings"), **f, "rules": rules, "spans": [asdict(x) for x in a.flagged_spans[:500]]}
+
+
+def usage_doc(a: RunAnalysis, nodes: dict[str, list[Any]]) -> dict[str, Any]:
+    """The resource utilization table per node, and all nodes together (mean of means, highest max)."""
+    mean, peak = a.usage_over_nodes
+    return {**header("usage"), "nodes": {n: [asdict(u) for u in stats] for n, stats in nodes.items()},
+            "all": [{"label": k, "mean": mean[k], "max": peak.get(k)} for k in mean]}
+
+
+def operators_doc(a: RunAnalysis) -> dict[str, Any]:
+    from stallwatch.analyze.compare import operators_per_step
+
+    ops = sorted(operators_per_step(a).items(), key=lambda kv: -kv[1])
+    return {**header("operators"), "windows": len(a.profiles("detailed")),
+            "operators": [{"name": k, "self_us_per_step": v} for k, v in ops[:TOP_OPERATORS]]}
+
+
+def timeline_doc(ns: NodeSeries, info: dict[str, Any], last_sample_us: int | None) -> dict[str, Any]:
+    return {**header("timeline"), "node": ns.node, "from": ns.start_us, "to": ns.end_us, "bucket_us": ns.bucket_us,
+            "full_resolution": ns.full_resolution, "snapshots": ns.snapshots, "ts": ns.ts.tolist(),
+            "cores": ns.cores, "gpus": ns.gpus, "last_sample_us": last_sample_us,
+            "status": _text(info.get("status")),
+            "series": {k: {"min": _arr(b.min), "max": _arr(b.max), "mean": _arr(b.mean)} for k, b in ns.series.items()}}
+
+
+def events_doc(node: str, w: EventsWindow) -> dict[str, Any]:
+    return {**header("events"), "node": node, "from": w.start_us, "to": w.end_us, "steps": w.steps,
+            "totals": [asdict(t) for t in w.totals], "truncated": w.truncated, "total_events": w.total_events,
+            "events": [asdict(e) for e in w.events]}
+
+
+def steps_doc(node: str, steps: list[StepBreakdown]) -> dict[str, Any]:
+    return {**header("steps"), "node": node, "steps": [asdict(s) for s in steps]}
+
+
+def ranks_doc(a: RunAnalysis, mode: str) -> dict[str, Any]:
+    rs = a.rank_steps(mode)
+    straggler = [f.to_json() for f in a.findings.findings if f.rule == "Straggler"]
+    if rs is None:
+        return {**header("ranks"), "mode": mode, "ranks": [], "straggler": straggler}
+    return {**header("ranks"), "mode": mode, "ranks": rs.ranks, "first_step": rs.first_step,
+            "steps_per_column": rs.steps_per_column, "ranks_total": rs.ranks_total,
+            "step_ms": [_arr(row) for row in rs.step_ms],
+            "wait_pct": None if rs.wait_pct is None else [_arr(row) for row in rs.wait_pct], "straggler": straggler}
+
+
+def heatmap_doc(node: str, rows: Any) -> dict[str, Any]:
+    if rows is None:
+        return {**header("heatmap"), "node": node, "names": []}
+    return {**header("heatmap"), "node": node, "names": rows.names, "start_us": rows.start_us,
+            "width_us": rows.width_us, "values": [_arr(v, 0) for v in rows.values]}
+
+
+def profiling_doc(config: ProfilerConfig, requests: list[dict[str, Any]], windows: list[dict[str, Any]]) -> dict[str, Any]:
+    live = {}
+    for name in LIVE_FIELDS:
+        v = getattr(config, name)
+        live[name] = v.to_spec() if isinstance(v, ProfilingRange) else v
+    return {**header("profiling"), "live": live, "sample_interval_ms": config.sample_interval_ms,
+            "sample_interval_presets_ms": list(SAMPLE_INTERVAL_PRESETS_MS), "requests": requests,
+            "captures": [{k: w.get(k) for k in ("node", "rank", "window", "layer", "start_us", "end_us",
+                                                  "first_step", "last_step")} for w in windows]}
+
+
+def _progress(a: RunAnalysis, points: int = 200) -> dict[str, list[Any]]:
+    """Training steps done over time (all ranks), at most `points` points."""
+    cols = a.steps
+    if not cols.n:
+        return {"t": [], "steps": []}
+    ends = np.sort(cols.end)
+    idx = np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).astype(np.int64))
+    return {"t": ends[idx].tolist(), "steps": (idx + 1).tolist()}
+
+
+def _arr(values: np.ndarray, digits: int = 2) -> list[float | None]:
+    rounded = np.round(np.asarray(values, dtype=np.float64), digits)
+    return [None if not math.isfinite(v) else v for v in rounded.tolist()]
+
+
+def _num(value: Any) -> int | float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,165 @@
+"""Live updates: ONE reader per run, however many tabs watch it. While at least one client listens, the
+reader polls the store for what is new (snapshots, step events, node status) on a worker thread and pushes the
+delta to every client's bounded queue; a slow client loses its oldest messages and is told to resync, never
+slowing the others or the reader. The reader stops when its last client goes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import anyio.to_thread
+import numpy as np
+
+from stallwatch.analyze.node_series import LIVE_SERIES, METRICS, named_columns, tidy_frame
+from stallwatch.analyze.rules.live import LiveFeed
+from stallwatch.analyze.step_window import EVENT_KINDS, step_breakdown
+from stallwatch.log import logger
+from stallwatch.records import STEP
+
+POLL_LOCAL_S = 0.5
+POLL_REMOTE_S = 2.0
+QUEUE_MAX = 64  # messages a client may lag behind before its oldest are dropped
+MAX_ROWS = 2000  # snapshots per node in one message (a reader that fell far behind sends the newest)
+
+
+@dataclass(eq=False)
+class Client:
+    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=lambda: asyncio.Queue(QUEUE_MAX))
+    dropped: int = 0
+
+    def put(self, message: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            try:
+                self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                pass
+            self.dropped += 1
+            self.queue.put_nowait({"event": "resync", "data": {"dropped": self.dropped}})
+
+
+class RunReader:
+    """Follows one run for its clients: `poll()` (on a worker thread) returns the messages new data makes."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.tail = run.tail_system(metrics=METRICS).skip_to_end()
+        self.events = LiveFeed(run).skip_existing()
+        self.statuses: dict[str, Any] = {}
+        self.polls = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        self.polls += 1
+        out: list[dict[str, Any]] = []
+        now = int(time.time() * 1e6)
+        rows = self.tail.read()
+        info = self.run.info
+        nodes = info.get("nodes") or {}
+        if rows.num_rows:
+            for node in sorted(set(rows["node"].cast("string").to_pylist())):
+                out.append({"event": "samples", "data": _samples(node, rows, nodes.get(node), now)})
+        statuses = {n: (r.get("status"), r.get("exit_code")) for n, r in nodes.items() if isinstance(r, dict)}
+        if statuses != self.statuses:
+            self.statuses = statuses
+            out.append({"event": "status", "data": {"nodes": {n: {"status": s, "exit_code": c}
+                                                              for n, (s, c) in statuses.items()}}})
+        events = self.events.new_events()
+        if events.num_rows:
+            kinds = np.asarray(events["kind"].cast("string").to_pylist(), dtype=object)
+            modes = np.asarray(events["mode"].cast("string").to_pylist(), dtype=object)
+            is_step = kinds == STEP
+            counts = {str(m): int((modes[is_step] == m).sum()) for m in set(modes[is_step].tolist())}
+            mine = events.filter(np.isin(kinds, EVENT_KINDS))
+            steps = [_plain(s.__dict__) for s in step_breakdown(mine, 30)]
+            out.append({"event": "steps", "data": {"new": counts, "recent": steps, "now_us": now}})
+        if out:
+            out.append({"event": "changed", "data": {"now_us": now}})
+        return out
+
+
+def _samples(node: str, rows: Any, record: Any, now_us: int) -> dict[str, Any]:
+    frame = tidy_frame(node, rows, record if isinstance(record, dict) else {})
+    cols = named_columns(frame)
+    ts = frame.timestamps[-MAX_ROWS:]
+    series = {k: _round(cols[k][-MAX_ROWS:]) for k in LIVE_SERIES if k in cols}
+    return {"node": node, "ts": ts.tolist(), "series": series, "now_us": now_us}
+
+
+def _round(values: np.ndarray) -> list[float | None]:
+    v = np.round(values.astype(np.float64), 2)
+    return [None if x != x else x for x in v.tolist()]
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in d.items()}
+
+
+class Hub:
+    """The readers of the served runs, one per run with listeners."""
+
+    def __init__(self, poll_s: Callable[[Any], float] | None = None) -> None:
+        self._clients: dict[str, set[Client]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._poll_s = poll_s
+        self.readers_started = 0
+
+    def clients(self, run_id: str) -> int:
+        return len(self._clients.get(run_id, ()))
+
+    @property
+    def readers(self) -> int:
+        return sum(1 for t in self._tasks.values() if not t.done())
+
+    def subscribe(self, run_id: str, state: Any) -> Client:
+        client = Client()
+        self._clients.setdefault(run_id, set()).add(client)
+        task = self._tasks.get(run_id)
+        if task is None or task.done():
+            self.readers_started += 1
+            self._tasks[run_id] = asyncio.get_running_loop().create_task(self._follow(run_id, state))
+        return client
+
+    def unsubscribe(self, run_id: str, client: Client) -> None:
+        clients = self._clients.get(run_id)
+        if clients is not None:
+            clients.discard(client)
+            if not clients:
+                self._clients.pop(run_id, None)
+                task = self._tasks.pop(run_id, None)
+                if task is not None:
+                    task.cancel()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        self._tasks.clear()
+
+    async def _follow(self, run_id: str, state: Any) -> None:
+        reader: RunReader | None = None
+        interval = POLL_REMOTE_S if state.run.location.remote else POLL_LOCAL_S
+        if self._poll_s is not None:
+            interval = self._poll_s(state)
+        failures = 0
+        while self._clients.get(run_id):
+            try:
+                if reader is None:
+                    reader = await anyio.to_thread.run_sync(RunReader, state.run)
+                messages = await anyio.to_thread.run_sync(reader.poll)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store hiccuped: say so once, keep following
+                failures += 1
+                if failures == 1:
+                    logger.warning("dashboard: reading %s failed (%s: %s); retrying", run_id, type(exc).__name__, exc)
+                messages = []
+            if any(m["event"] == "changed" for m in messages):
+                state.changed()
+            for message in messages:
+                for client in list(self._clients.get(run_id, ())):
+                    client.put(message)
+            await asyncio.sleep(interval * (1 if failures == 0 else min(2 ** failures, 30)))

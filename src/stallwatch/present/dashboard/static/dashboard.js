@@ -1,0 +1,447 @@
+// stallwatch dashboard: Overview, Nodes, Ranks and Runs from the JSON API; live updates from one event stream
+// per tab (closed while the tab is hidden). Everything read from a run is untrusted: it reaches the page only
+// through textContent and attributes, never as HTML.
+"use strict";
+
+const $ = id => document.getElementById(id);
+const state = { runs: null, run: null, view: "overview", node: null, from: null, to: null, summary: null,
+                cores: new Set(), gpus: new Set(), source: null, liveSteps: 0, lastSample: {}, clockSkew: 0,
+                timeline: null, refreshTimer: null, changedAt: 0, fetchedAt: 0 };
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(e.dataset, v); else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) e.appendChild(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
+  return e;
+}
+
+async function api(path, opts) {
+  const r = await fetch(path, Object.assign({ credentials: "same-origin" }, opts || {}));
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(body.error || `${r.status} ${r.statusText}`);
+  return body;
+}
+const runApi = (what, params) => api(`/api/run/${encodeURIComponent(state.run)}/${what}` + (params ? "?" + new URLSearchParams(params) : ""));
+
+function fmtUs(us) { return us ? new Date(us / 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "–"; }
+function fmtDur(s) { if (s === null || s === undefined) return "–"; if (s < 120) return `${s.toFixed(1)} s`; if (s < 7200) return `${(s / 60).toFixed(1)} min`; return `${(s / 3600).toFixed(2)} h`; }
+function num(v, d = 1) { return v === null || v === undefined ? "–" : Number(v).toFixed(d); }
+function showError(e) { $("error").textContent = e ? String(e.message || e) : ""; }
+
+// -- routing -----------------------------------------------------------------------------------------------
+function readHash() {
+  const p = new URLSearchParams(location.hash.slice(1));
+  state.view = p.get("view") || state.view;
+  if (p.get("run")) state.run = p.get("run");
+  state.node = p.get("node") || state.node;
+  state.from = p.get("from") ? Number(p.get("from")) : null;
+  state.to = p.get("to") ? Number(p.get("to")) : null;
+}
+function writeHash() {
+  const p = new URLSearchParams();
+  if (state.run) p.set("run", state.run);
+  p.set("view", state.view);
+  if (state.view === "nodes" && state.node) p.set("node", state.node);
+  if (state.view === "nodes" && state.from !== null) { p.set("from", String(Math.round(state.from))); p.set("to", String(Math.round(state.to))); }
+  history.replaceState(null, "", "#" + p.toString());
+}
+function show(view) {
+  state.view = view;
+  for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.view === view);
+  for (const s of document.querySelectorAll(".view")) s.classList.toggle("active", s.id === "view-" + view);
+  writeHash();
+  render().catch(showError);
+}
+
+async function render() {
+  showError(null);
+  if (state.view === "runs" || !state.run) return renderRuns();
+  if (state.view === "overview") return renderOverview();
+  if (state.view === "nodes") return renderNodes();
+  if (state.view === "ranks") return renderRanks();
+}
+
+// -- runs ----------------------------------------------------------------------------------------------------
+async function renderRuns() {
+  if (state.view !== "runs") { for (const s of document.querySelectorAll(".view")) s.classList.toggle("active", s.id === "view-runs"); }
+  const doc = await api("/api/runs");
+  state.runs = doc;
+  const t = $("runs-table"); t.textContent = "";
+  t.appendChild(el("tr", {}, ...["Run", "Status", "Start", "Duration", "Nodes", "Top finding"].map(h => el("th", {}, h))));
+  for (const r of doc.runs) {
+    t.appendChild(el("tr", { class: "clickable", dataset: { run: r.id }, onclick: () => openRun(r.id) },
+      el("td", {}, r.run_id), el("td", { class: "text" }, r.status + (r.exit_code ? ` (${r.exit_code})` : "")),
+      el("td", { class: "text" }, fmtUs(r.start_us)), el("td", {}, fmtDur(r.duration_s)), el("td", { class: "text" }, r.nodes.join(", ")),
+      el("td", { class: "text" }, r.top_finding || (r.verdict ? "–" : ""))));
+  }
+  if (!doc.runs.length) t.appendChild(el("tr", {}, el("td", {}, "No runs here yet.")));
+}
+
+function openRun(id) {
+  state.run = id; state.node = null; state.from = state.to = null; state.summary = null; state.liveSteps = 0;
+  $("download").href = `/api/run/${encodeURIComponent(id)}/report`;
+  connectLive();
+  show("overview");
+}
+
+// -- overview ------------------------------------------------------------------------------------------------
+async function renderOverview() {
+  const [summary, findings] = await Promise.all([runApi("summary"), runApi("findings")]);
+  state.summary = summary; state.liveSteps = 0; state.fetchedAt = Date.now();
+  renderHeader(summary);
+  renderSummary(summary);
+  renderFindings(findings);
+  runApi("usage").then(renderUsage).catch(showError);
+  runApi("operators").then(renderOperators).catch(showError);
+  runApi("profiling").then(renderProfiling).catch(showError);
+}
+
+function renderHeader(s) {
+  $("run-name").textContent = s.run_id;
+  const b = $("run-status"); b.textContent = s.fate.state + (s.fate.code ? ` (exit ${s.fate.code})` : "");
+  b.className = "badge " + s.fate.state;
+}
+
+function renderSummary(s) {
+  const t = $("summary-table"); t.textContent = "";
+  const steps = Object.entries(s.steps).map(([m, n]) => `${m} ${n.toLocaleString()}`).join(" · ") || "none yet";
+  const intervals = [...new Set(s.nodes.map(n => n.sample_interval_ms))].map(v => `${v} ms`).join(", ");
+  const rows = [["Status", s.fate.state + (s.fate.code !== null && s.fate.code !== undefined ? `, exit code ${s.fate.code}` : "") + (s.fate.signal ? `, ${s.fate.signal}` : "")],
+    ["Command", s.command.join(" ")], ["Start", fmtUs(s.start_us)], ["Duration", fmtDur(s.duration_s)],
+    ["Nodes", `${s.nodes.length} (${s.nodes.map(n => n.name).join(", ")})`],
+    ["Ranks", String(s.nodes.reduce((a, n) => a + n.ranks.length, 0))],
+    ["Steps", steps], ["Training loop", fmtDur(s.loop_s)], ["Sampling interval", intervals]];
+  for (const [k, v] of rows) t.appendChild(el("tr", {}, el("td", {}, k), el("td", { id: k === "Steps" ? "steps-cell" : null }, v)));
+  const parts = s.parts_s ? Object.entries(s.parts_s).map(([label, value]) => ({ label, value })) : [];
+  Charts.pie($("phase-pie"), parts);
+  const pc = new Charts.TimeChart($("progress-chart"), { height: 120, title: "steps done (all ranks)" });
+  pc.setData({ ts: s.progress.t, lines: [{ name: "steps", color: Charts.PALETTE[0], values: s.progress.steps }], bands: [] });
+  for (const n of s.notes || []) t.appendChild(el("tr", {}, el("td", {}, "Note"), el("td", {}, n)));
+}
+
+function updateStepCount() {
+  const cell = $("steps-cell"); if (!cell || !state.summary) return;
+  const total = state.summary.total_steps + state.liveSteps;
+  cell.textContent = Object.entries(state.summary.steps).map(([m, n]) => `${m} ${n.toLocaleString()}`).join(" · ") + (state.liveSteps ? ` · total now ${total.toLocaleString()}` : "");
+  cell.dataset.total = String(total);
+}
+
+function renderFindings(f) {
+  $("verdict").textContent = f.verdict || "";
+  const box = $("findings"); box.textContent = "";
+  for (const x of f.findings) {
+    const where = [x.where.nodes.length ? "nodes " + x.where.nodes.join(", ") : null, x.where.ranks.length ? "ranks " + x.where.ranks.join(", ") : null].filter(Boolean).join(" · ");
+    const card = el("div", { class: "finding " + x.severity, dataset: { rule: x.rule } },
+      el("div", { class: "title" }, x.title),
+      el("div", { class: "muted" }, `${x.rule} · ${x.severity}` + (x.time_at_stake_s ? ` · ${fmtDur(x.time_at_stake_s)} at stake` : "") + (where ? ` · ${where}` : "")),
+      el("div", {}, x.recommendation),
+      el("details", {}, el("summary", {}, "evidence"), el("pre", {}, JSON.stringify(x.evidence, null, 2))));
+    if (x.where.windows && x.where.windows.length) {
+      card.appendChild(el("button", { class: "show-on-nodes", onclick: () => showWindows(x) }, `Show on Nodes (${x.where.windows.length} window${x.where.windows.length > 1 ? "s" : ""})`));
+    }
+    box.appendChild(card);
+  }
+  if (!f.findings.length) box.appendChild(el("p", { class: "muted" }, "No findings."));
+  const rules = $("rules"); rules.textContent = "";
+  for (const r of f.rules) {
+    const label = r.triggered ? "fired" : (r.status === "not_applicable" || r.status === "no_data" ? "not applicable" : r.status || "ok");
+    rules.appendChild(el("details", { dataset: { rule: r.name } },
+      el("summary", {}, el("span", { class: "rule-state " + (r.triggered ? "fired" : label === "ok" ? "ok" : "") }, label), r.name,
+        el("span", { class: "muted" }, ` — ${r.violations ?? 0} violations of ${r.datapoints ?? 0} datapoints`)),
+      el("p", {}, r.description || ""), el("p", {}, el("b", {}, "Recommendation: "), r.recommendation || ""),
+      r.message ? el("p", { class: "muted" }, r.message) : null,
+      el("p", {}, el("b", {}, "Criteria: "), Object.entries(r.parameters).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")),
+      el("pre", {}, JSON.stringify(r.details, null, 2).slice(0, 20000))));
+  }
+}
+
+function showWindows(finding) {
+  const w = finding.where.windows;
+  const lo = Math.min(...w.map(x => x[0])), hi = Math.max(...w.map(x => x[1]));
+  const pad = Math.max((hi - lo) * 0.1, 5e6);
+  state.from = lo - pad; state.to = hi + pad;
+  state.node = finding.where.nodes[0] || state.node;
+  state.flagged = w;
+  show("nodes");
+}
+
+function renderUsage(u) {
+  const t = $("usage-table"); t.textContent = "";
+  t.appendChild(el("tr", {}, ...["Node", "Metric", "mean", "p50", "p95", "max", "unit"].map(h => el("th", {}, h))));
+  const scale = unit => unit === "B/s" || unit === "B" ? [1e6, unit === "B" ? "MB" : "MB/s"] : [1, unit];
+  for (const [node, stats] of Object.entries(u.nodes)) for (const s of stats) {
+    const [k, unit] = scale(s.unit);
+    t.appendChild(el("tr", {}, el("td", {}, node), el("td", { class: "text" }, s.label), el("td", {}, num(s.mean / k)), el("td", {}, num(s.p50 / k)), el("td", {}, num(s.p95 / k)), el("td", {}, num(s.max / k)), el("td", { class: "text" }, unit)));
+  }
+  for (const s of u.all) t.appendChild(el("tr", {}, el("td", {}, "all nodes"), el("td", { class: "text" }, s.label), el("td", {}, num(s.mean)), el("td", {}, "–"), el("td", {}, "–"), el("td", {}, num(s.max)), el("td", { class: "text" }, "%")));
+}
+
+function renderOperators(o) {
+  const box = $("operators"); box.textContent = "";
+  if (!o.operators.length) { box.appendChild(el("p", { class: "muted" }, o.windows ? "The detailed windows recorded no operators." : "No detailed-profiling window yet: request one below.")); return; }
+  const t = el("table", { class: "data" }, el("tr", {}, el("th", {}, "Operator [device]"), el("th", {}, "self time per step (ms)")));
+  for (const x of o.operators) t.appendChild(el("tr", {}, el("td", {}, x.name), el("td", {}, num(x.self_us_per_step / 1000, 2))));
+  box.appendChild(t);
+}
+
+function renderProfiling(p) {
+  $("interval").textContent = `${p.sample_interval_ms} ms`;
+  $("presets").textContent = p.sample_interval_presets_ms.map(v => v >= 1000 ? `${v / 1000} s` : `${v} ms`).join(", ");
+  const t = $("requests"); t.textContent = "";
+  if (!p.requests.length && !p.captures.length) return;
+  t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
+  for (const r of p.requests.slice().reverse()) {
+    t.appendChild(el("tr", { dataset: { layer: r.layer } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
+      el("td", { class: "text picked" }, r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…")),
+      el("td", { class: "text" }, ...r.captures.map(c => el("a", { href: "#", onclick: ev => { ev.preventDefault(); state.node = c.node; state.from = c.start_us - 5e6; state.to = (c.end_us || c.start_us) + 5e6; show("nodes"); } }, `${c.node}/${c.rank} ${c.window} `)))));
+  }
+}
+
+async function submitProfiling(ev) {
+  ev.preventDefault();
+  const f = new FormData($("profile-form")), body = { layer: f.get("layer") };
+  for (const k of ["start_step", "num_steps", "duration_s"]) if (f.get(k)) body[k] = f.get(k);
+  $("profile-error").textContent = "";
+  try {
+    const p = await api(`/api/run/${encodeURIComponent(state.run)}/profiling`, { method: "POST", body: JSON.stringify(body),
+      headers: { "content-type": "application/json", "x-stallwatch": "1" } });
+    renderProfiling(p);
+  } catch (e) { $("profile-error").textContent = e.message; }
+}
+
+// -- nodes ---------------------------------------------------------------------------------------------------
+let charts = null;
+function makeCharts() {
+  const sync = new Charts.Sync((x0, x1) => { state.from = x0; state.to = x1; writeHash(); loadTimeline(false).catch(showError); });
+  const c = {
+    sync,
+    cpu: new Charts.TimeChart($("chart-cpu"), { title: "CPU utilization (%)", percent: true, unit: " %" }),
+    net: new Charts.TimeChart($("chart-net"), { title: "Network (MB/s)", unit: " MB/s" }),
+    gpu: new Charts.TimeChart($("chart-gpu"), { title: "GPU utilization (%)", percent: true, unit: " %" }),
+    gpumem: new Charts.TimeChart($("chart-gpumem"), { title: "GPU memory (% used)", percent: true, unit: " %" }),
+    mem: new Charts.TimeChart($("chart-mem"), { title: "CPU memory and I/O wait (%)", percent: true, unit: " %" }),
+    events: new Charts.TimeChart($("chart-events"), { title: "steps and phases", height: 120, brushOnDrag: true, onBrush: brushed }),
+  };
+  for (const k of ["cpu", "net", "gpu", "gpumem", "mem", "events"]) sync.add(c[k]);
+  return c;
+}
+
+async function renderNodes() {
+  if (!state.summary) state.summary = await runApi("summary");
+  renderHeader(state.summary);
+  const nodes = state.summary.nodes.map(n => n.name);
+  if (!state.node || !nodes.includes(state.node)) state.node = nodes[0];
+  const pick = $("node-pick"); pick.textContent = "";
+  for (const n of nodes) pick.appendChild(el("option", n === state.node ? { value: n, selected: "" } : { value: n }, n));
+  if (!charts) charts = makeCharts();
+  writeHash();
+  await loadTimeline(true);
+  loadSteps().catch(showError);
+  runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
+  renderBadges();
+}
+
+async function loadTimeline(first) {
+  if (state.view !== "nodes") return;
+  const q = { node: state.node, points: String(Math.min(Math.max(Math.round(($("chart-cpu").clientWidth || 800) / 2), 200), 1500)) };
+  if (state.from !== null) { q.from = String(Math.floor(state.from)); q.to = String(Math.ceil(state.to)); }
+  const t = await runApi("timeline", q);
+  state.timeline = t;
+  if (t.last_sample_us) state.lastSample[t.node] = t.last_sample_us;
+  if (first) pickers(t);
+  drawTimeline();
+  if (first) {
+    if (state.from !== null) charts.sync.set(state.from, state.to, false); else { charts.sync.x0 = charts.sync.x1 = null; drawTimeline(); }
+  }
+  $("range-label").textContent = t.snapshots ? `${t.snapshots.toLocaleString()} snapshots · ${t.full_resolution ? "full resolution" : `min/max per ${fmtDur(t.bucket_us / 1e6)}`}` : "no snapshots in this range";
+  const ev = await runApi("events", { node: state.node, ...(state.from !== null ? { from: String(Math.floor(state.from)), to: String(Math.ceil(state.to)) } : {}) });
+  drawEvents(ev);
+}
+
+function pickers(t) {
+  const mk = (box, names, set, label) => {
+    box.textContent = "";
+    for (const n of names) {
+      const cb = el("input", { type: "checkbox", value: n, dataset: { device: n } }); cb.checked = set.has(n);
+      cb.addEventListener("change", () => { if (cb.checked) set.add(n); else set.delete(n); drawTimeline(); });
+      box.appendChild(el("label", {}, cb, label(n)));
+    }
+  };
+  mk($("core-pick"), t.cores, state.cores, n => n);
+  mk($("gpu-pick"), t.gpus, state.gpus, n => n);
+}
+
+function line(t, key, name, color, band) {
+  const s = t.series[key]; if (!s) return null;
+  return { name, color, values: s.mean, lo: band ? s.min : null, hi: band ? s.max : null };
+}
+
+function drawTimeline() {
+  const t = state.timeline; if (!t || !charts) return;
+  const P = Charts.PALETTE, ts = t.ts, lines = xs => xs.filter(Boolean);
+  const spans = (state.flagged || []).map(w => ({ start: w[0], end: w[1] }));
+  charts.cpu.setData({ ts, spans, bands: [], lines: lines([line(t, "cpu", "all cores", P[0], true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))]) });
+  charts.net.setData({ ts, spans, bands: [], lines: lines([line(t, "net_rx", "received", P[0], true), line(t, "net_tx", "sent", P[1], true)]) });
+  const band = t.series.gpu_lo ? [{ lo: t.series.gpu_lo.min, hi: t.series.gpu_hi.max, color: P[2] }] : [];
+  charts.gpu.setData({ ts, spans, bands: band, lines: lines([line(t, "gpu", "mean of GPUs", P[2]), ...[...state.gpus].map((g, i) => line(t, g, g, P[(i + 3) % P.length]))]) });
+  charts.gpumem.setData({ ts, spans, bands: [], lines: lines([line(t, "gpu_mem", "mean of GPUs", P[2], true), ...[...state.gpus].map((g, i) => line(t, g + "_mem", g, P[(i + 3) % P.length]))]) });
+  charts.mem.setData({ ts, spans, bands: [], lines: lines([line(t, "memory", "memory", P[4], true), line(t, "iowait", "I/O wait", P[3], true)]) });
+}
+
+function drawEvents(ev) {
+  // Steps as a series of durations at their start (events when few), otherwise the totals only.
+  const steps = ev.events.filter(e => e.kind === "step");
+  const ts = steps.map(e => e.start_us), kinds = ["data_wait", "forward", "backward", "optimizer"];
+  const lines = [{ name: "step (ms)", color: Charts.PALETTE[0], values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
+  const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: "rgba(224,138,0,.25)" }));
+  charts.events.setData({ ts, lines, bands: [], spans: phaseSpans });
+  const box = $("brush-list"); if (box.dataset.brushed) return;
+  box.textContent = ev.truncated ? `${ev.total_events.toLocaleString()} events in view: zoom in (or drag an interval) to see them one by one. ` : "";
+  box.appendChild(totalsTable(ev));
+}
+
+function totalsTable(ev) {
+  const t = el("table", { class: "data" }, el("tr", {}, el("th", {}, "event"), el("th", {}, "count"), el("th", {}, "time (s)")));
+  for (const x of ev.totals) t.appendChild(el("tr", {}, el("td", {}, x.kind), el("td", {}, String(x.count)), el("td", {}, num(x.total_s, 3))));
+  return t;
+}
+
+async function brushed(x0, x1) {
+  const ev = await runApi("events", { node: state.node, from: String(Math.floor(x0)), to: String(Math.ceil(x1)) });
+  const box = $("brush-list"); box.textContent = ""; box.dataset.brushed = "1";
+  box.appendChild(el("p", {}, `${Charts.fmtTime(x0, 0)} – ${Charts.fmtTime(x1, 0)}: ${ev.steps} steps`));
+  box.appendChild(totalsTable(ev));
+  if (!ev.truncated && ev.events.length <= 60) {
+    const t = el("table", { class: "data" }, el("tr", {}, ...["kind", "name", "rank", "step", "start", "ms"].map(h => el("th", {}, h))));
+    for (const e of ev.events) t.appendChild(el("tr", {}, el("td", {}, e.kind), el("td", { class: "text" }, e.name), el("td", {}, String(e.rank)), el("td", {}, e.step === null ? "" : String(e.step)), el("td", {}, Charts.fmtTime(e.start_us, 0)), el("td", {}, num((e.end_us - e.start_us) / 1000, 2))));
+    box.appendChild(t);
+  }
+}
+
+async function loadSteps() {
+  const s = await runApi("steps", { node: state.node, last: "30" });
+  drawSteps(s.steps);
+}
+let recentSteps = [];
+function drawSteps(steps) {
+  recentSteps = steps.slice(-30);
+  const keys = ["data_wait", "forward", "backward", "optimizer", "other"];
+  Charts.stacked($("chart-steps"), { title: "ms per step", keys, items: recentSteps.map(s => ({ label: s.step, parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
+}
+
+function renderBadges() {
+  const box = $("node-badges"); box.textContent = "";
+  const now = Date.now() * 1000 + state.clockSkew;
+  for (const n of (state.summary ? state.summary.nodes : [])) {
+    const last = state.lastSample[n.name] || n.end_us;
+    const age = last ? Math.max(0, (now - last) / 1e6) : null;
+    const running = n.status === "running" || n.status === "starting";
+    const text = age === null ? `${n.name}: no sample yet` : running ? `${n.name}: last sample ${age < 120 ? age.toFixed(0) + " s" : fmtDur(age)} ago` : `${n.name}: ${n.status || "ended"}`;
+    box.appendChild(el("span", { class: "node-badge" + (running && age > 30 ? " stale" : ""), dataset: { node: n.name } }, text));
+  }
+}
+
+// -- ranks ---------------------------------------------------------------------------------------------------
+async function renderRanks() {
+  if (!state.summary) { state.summary = await runApi("summary"); renderHeader(state.summary); }
+  const r = await runApi("ranks", { mode: $("mode-pick").value });
+  const box = $("straggler"); box.textContent = "";
+  const hl = new Set();
+  for (const f of r.straggler) {
+    for (const rk of f.where.ranks) hl.add(rk);
+    box.appendChild(el("div", { class: "finding " + f.severity }, el("div", { class: "title" }, f.title), el("div", {}, f.recommendation)));
+  }
+  if (!r.ranks.length) { $("chart-rank-steps").textContent = "No steps of this mode."; $("chart-rank-wait").textContent = ""; return; }
+  const xl = `steps ${r.first_step} … (${r.steps_per_column} per column)`;
+  Charts.heatmap($("chart-rank-steps"), { rows: r.ranks, values: r.step_ms, title: "mean step time (ms)", xLabel: xl, highlight: hl });
+  if (r.wait_pct) Charts.heatmap($("chart-rank-wait"), { rows: r.ranks, values: r.wait_pct, max: 100, title: "data wait (% of step time)", xLabel: xl, highlight: hl });
+  else $("chart-rank-wait").textContent = "No data-wait events recorded.";
+}
+
+// -- live ----------------------------------------------------------------------------------------------------
+function connectLive() {
+  if (state.source) { state.source.close(); state.source = null; }
+  if (!state.run || document.hidden) { $("live").classList.remove("on"); return; }
+  const src = new EventSource(`/api/run/${encodeURIComponent(state.run)}/live`);
+  state.source = src;
+  src.addEventListener("open", () => $("live").classList.add("on"));
+  src.addEventListener("error", () => $("live").classList.remove("on"));
+  src.addEventListener("hello", e => { const d = JSON.parse(e.data); state.clockSkew = d.now_us - Date.now() * 1000; });
+  src.addEventListener("samples", e => onSamples(JSON.parse(e.data)));
+  src.addEventListener("steps", e => onSteps(JSON.parse(e.data)));
+  src.addEventListener("status", e => onStatus(JSON.parse(e.data)));
+  src.addEventListener("changed", () => onChanged());
+  src.addEventListener("resync", () => { render().catch(showError); });
+}
+
+function onSamples(d) {
+  state.clockSkew = d.now_us - Date.now() * 1000;
+  if (d.ts.length) state.lastSample[d.node] = d.ts[d.ts.length - 1];
+  if (state.view === "nodes") renderBadges();
+  const t = state.timeline;
+  if (!t || state.view !== "nodes" || d.node !== t.node || state.from !== null) return;  // a zoomed view stays put
+  for (let i = 0; i < d.ts.length; i++) {
+    if (t.ts.length && d.ts[i] <= t.ts[t.ts.length - 1]) continue;
+    t.ts.push(d.ts[i]);
+    for (const [k, s] of Object.entries(t.series)) {
+      const v = d.series[k] ? d.series[k][i] : null;
+      s.min.push(v); s.max.push(v); s.mean.push(v);
+    }
+  }
+  drawTimeline();
+}
+
+function onSteps(d) {
+  state.liveSteps += Object.values(d.new).reduce((a, b) => a + b, 0);
+  updateStepCount();
+  if (state.view === "nodes" && d.recent.length && d.recent[0].node === state.node) {
+    const seen = new Set(recentSteps.map(s => `${s.rank}/${s.step}/${s.start_us}`));
+    drawSteps(recentSteps.concat(d.recent.filter(s => !seen.has(`${s.rank}/${s.step}/${s.start_us}`))));
+  }
+}
+
+function onStatus(d) {
+  if (!state.summary) return;
+  for (const n of state.summary.nodes) if (d.nodes[n.name]) n.status = d.nodes[n.name].status;
+  if (state.view === "nodes") renderBadges();
+}
+
+function onChanged() {
+  // The whole-run answers (summary, findings) are asked again at most every 10 s while data arrives.
+  state.changedAt = Date.now();
+  if (state.refreshTimer) return;
+  const wait = Math.max(0, 10000 - (Date.now() - state.fetchedAt));
+  state.refreshTimer = setTimeout(() => {
+    state.refreshTimer = null;
+    if (state.view === "overview") renderOverview().catch(showError);
+    else runApi("summary").then(s => { state.summary = s; state.liveSteps = 0; state.fetchedAt = Date.now(); renderHeader(s); }).catch(showError);
+  }, wait);
+}
+
+// -- start ---------------------------------------------------------------------------------------------------
+document.addEventListener("visibilitychange", () => {
+  if (document.hidden) { if (state.source) { state.source.close(); state.source = null; $("live").classList.remove("on"); } }
+  else connectLive();
+});
+window.addEventListener("DOMContentLoaded", async () => {
+  for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => { if (b.dataset.view !== "nodes") state.flagged = null; show(b.dataset.view); });
+  $("node-pick").addEventListener("change", e => { state.node = e.target.value; state.cores.clear(); state.gpus.clear(); renderNodes().catch(showError); });
+  $("reset-zoom").addEventListener("click", () => { state.from = state.to = null; state.flagged = null; delete $("brush-list").dataset.brushed; charts.sync.x0 = charts.sync.x1 = null; writeHash(); loadTimeline(false).catch(showError); });
+  $("mode-pick").addEventListener("change", () => renderRanks().catch(showError));
+  $("profile-form").addEventListener("submit", submitProfiling);
+  setInterval(() => { if (state.view === "nodes") renderBadges(); }, 1000);
+  readHash();
+  try {
+    const runs = await api("/api/runs");
+    state.runs = runs;
+    if (!state.run && runs.single && runs.runs.length) state.run = runs.runs[0].id;
+    if (state.run) {
+      $("download").href = `/api/run/${encodeURIComponent(state.run)}/report`;
+      connectLive();
+      show(state.view === "runs" ? "overview" : state.view);
+    } else show("runs");
+  } catch (e) { showError(e); }
+});
