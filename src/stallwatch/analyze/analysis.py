@@ -28,6 +28,7 @@ from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
+from stallwatch.analyze import rollup_views as _rollup_views
 from stallwatch.analyze import step_window as _step_window
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
@@ -40,9 +41,11 @@ from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, STEP, TRAIN
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MODES, STEP, TRAIN
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
+from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
+from stallwatch.store.rollups import RunRollups
 
 
 class RunAnalysis:
@@ -52,9 +55,12 @@ class RunAnalysis:
 
     def __init__(self, run: Run | str, *, rule_results: Sequence[RuleResult] | None = None,
                  rules: Sequence[type[Rule]] | None = None, params: dict[str, dict[str, Any]] | None = None,
-                 price_per_hour: float | None = None, baseline: RunAnalysis | None = None) -> None:
+                 price_per_hour: float | None = None, baseline: RunAnalysis | None = None,
+                 overview_from_rollups: bool = False) -> None:
         """`price_per_hour`: what a node costs per hour (else the run's config's, if any): enables `cost`;
-        `baseline`: a run to compare this one with (`comparison`)."""
+        `baseline`: a run to compare this one with (`comparison`); `overview_from_rollups`: the summary, phase
+        shares, utilization, whole-run charts and totals from the rollups (the dashboard: a day of eight nodes
+        opens in a second), not from every sample and event (the report)."""
         self.run = open_run(run) if isinstance(run, str) else run
         self._price = price_per_hour
         self.baseline = baseline
@@ -62,6 +68,7 @@ class RunAnalysis:
         self._extra_rules = list(rules or [])
         self._params = params or {}
         self._system: dict[str, tuple[frozenset[str] | None, NodeFrame]] = {}
+        self.overview_from_rollups = overview_from_rollups
 
     # -- the run as recorded ------------------------------------------------------------------------------
     @cached_property
@@ -112,6 +119,20 @@ class RunAnalysis:
         return self.run.framework(kinds={STEP}, fields=("kind", "mode", "step", "start_us", "end_us"))
 
     @cached_property
+    def rollups(self) -> RunRollups:
+        """The run's rollups (stored, or rebuilt from its segments and cached where the run is writable)."""
+        return RunRollups(self.run)
+
+    @cached_property
+    def framework_rollup(self) -> pa.Table:
+        """Every rank's per-minute framework rollup (rollup_codec.FRAMEWORK_SCHEMA + node, rank)."""
+        return self.rollups.framework()
+
+    def system_rollup(self, node: str, level_us: int = SYSTEM_LEVELS_US[0]) -> pa.Table:
+        """One node's system rollup rows at `level_us` over the whole run."""
+        return self.rollups.system(node, level_us).rows
+
+    @cached_property
     def steps(self) -> FrameworkColumns:
         """The step events as numpy columns, decoded once for every analysis that needs them."""
         return FrameworkColumns(self.step_events)
@@ -136,6 +157,8 @@ class RunAnalysis:
         out = {}
         for node in self.nodes:
             known = NodeFrame(node, _NO_TIMES, {}, self.node_info(node)).sample_interval_ms
+            if not known and self.overview_from_rollups:
+                known = _rollup_views.sample_interval_ms(self.system_rollup(node)) or 0.0
             out[node] = known or NodeFrame(node, self.system(node, ()).timestamps, {}, {}).sample_interval_ms
         return out
 
@@ -188,12 +211,17 @@ class RunAnalysis:
         data_end = max((int(r["end_us_from_data"]) for r in records.values()
                         if isinstance(r.get("end_us_from_data"), int)), default=None)
         command = info.get("command")
+        if self.overview_from_rollups:
+            steps, loop = _rollup_views.steps_per_mode(self.framework_rollup), \
+                _rollup_views.loop_span(self.framework_rollup)
+        else:
+            steps, loop = _steps.steps_per_mode(self.steps), _steps.loop_span(self.steps)
         return _summary.JobSummary(
             run_id=str(info.get("run_id") or self.run.uri), uri=self.run.uri,
             command=[str(c) for c in command] if isinstance(command, list) else [],
             start_us=_int(info.get("start_us")), end_us=_int(info.get("end_us")) if self._all_ended() else None,
             data_end_us=data_end if data_end is not None else _int(info.get("end_us")), nodes=self.nodes,
-            ranks=self.ranks, steps=_steps.steps_per_mode(self.steps), loop=_steps.loop_span(self.steps),
+            ranks=self.ranks, steps=steps, loop=loop,
             sample_interval_ms=self.sample_interval_ms,
             fate=_summary.job_fate(records, self.config.stop_training), notes=self.notes,
             loop_undetermined=self.loop_shapes.undetermined)
@@ -212,8 +240,12 @@ class RunAnalysis:
         """Framework events that were dropped and stretches without system snapshots, per node and rank."""
         markers = self._markers
         events = _loss.event_losses(markers.filter(pc.equal(markers["kind"], LOSS)))
-        gaps = [g for node in self.nodes
-                for g in _loss.sample_gaps(node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node))]
+        if self.overview_from_rollups:
+            gaps = [g for node in self.nodes for g in _rollup_views.sample_gaps(
+                node, self.system_rollup(node), self.sample_interval_ms.get(node))]
+        else:
+            gaps = [g for node in self.nodes for g in _loss.sample_gaps(
+                node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node))]
         return _loss.Losses(events, gaps)
 
     @cached_property
@@ -224,7 +256,10 @@ class RunAnalysis:
 
     @cached_property
     def _markers(self) -> pa.Table:
-        """The rare marker events (how steps were found, what was lost), read in one pass over the run's files."""
+        """The rare marker events (how steps were found, what was lost), read in one pass over the run's files
+        (kept verbatim in the rollups)."""
+        if self.overview_from_rollups:
+            return _rollup_views.markers(self.framework_rollup)
         return self.run.framework(kinds=[LOOP, LOSS], fields=["kind", "name", "start_us", "end_us", "args"])
 
     @cached_property
@@ -261,6 +296,8 @@ class RunAnalysis:
     @cached_property
     def phase_shares(self) -> dict[str, dict[str, float]]:
         """Per mode, each phase's share of step time, % (all ranks together)."""
+        if self.overview_from_rollups:
+            return _rollup_views.phase_shares(self.framework_rollup, MODES, _steps.PHASES)
         return _compare.phase_shares(self)
 
     @cached_property
@@ -295,7 +332,10 @@ class RunAnalysis:
         return None if self.baseline is None else self.compare_to(self.baseline)
 
     def usage(self, node: str) -> list[UsageStat]:
-        """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics."""
+        """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics (from the
+        finest rollup with `overview_from_rollups`: p50 / p95 then of 10 s means)."""
+        if self.overview_from_rollups:
+            return _rollup_views.usage(node, self.system_rollup(node))
         frame = self.system(node, usage_metrics())
         table = pa.table({"timestamp_us": frame.timestamps, **frame.columns})
         return usage_stats_wide(node, table)
@@ -350,24 +390,76 @@ class RunAnalysis:
     def node_series(self, node: str, start_us: int | None = None, end_us: int | None = None,
                     buckets: int = 600) -> _node_series.NodeSeries:
         """One node's CPU, cores, GPUs, memory, I/O wait and network in [start_us, end_us), min / max / mean per
-        time bucket (the node is read once; zooming slices what is in memory)."""
+        time bucket (the node is read once; zooming slices what is in memory). With `overview_from_rollups`, a
+        range wide enough for a rollup level is drawn from the coarsest level that fills `buckets`; a narrower one
+        (zooming in) reads the snapshots at full resolution."""
+        if self.overview_from_rollups:
+            coarse = self._rollup_series(node, start_us, end_us, buckets)
+            if coarse is not None:
+                return coarse
         return _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets)
+
+    def _rollup_series(self, node: str, start_us: int | None, end_us: int | None,
+                       buckets: int) -> _node_series.NodeSeries | None:
+        finest = self.system_rollup(node)
+        if not finest.num_rows:
+            return None
+        lo = int(finest["first_us"][0].as_py()) if start_us is None else start_us
+        hi = int(finest["last_us"][-1].as_py()) + 1 if end_us is None else end_us
+        level = _rollup_views.pick_level(hi - lo, buckets, self.sample_interval_ms.get(node))
+        if level is None:
+            return None
+        rows = finest if level == SYSTEM_LEVELS_US[0] else self.system_rollup(node, level)
+        return _rollup_views.node_series(rows, node, start_us, end_us, buckets)
+
+    def progress(self, points: int = 200) -> dict[str, list[Any]]:
+        """Training steps done over time (all ranks), at most `points` points."""
+        if self.overview_from_rollups:
+            return _rollup_views.progress(self.framework_rollup, points)
+        cols = self.steps
+        if not cols.n:
+            return {"t": [], "steps": []}
+        ends = np.sort(cols.end)
+        idx = np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).astype(np.int64))
+        return {"t": ends[idx].tolist(), "steps": (idx + 1).tolist()}
+
+    @property
+    def latest_step(self) -> int | None:
+        """The highest step number recorded (None without steps)."""
+        if self.overview_from_rollups:
+            return _rollup_views.latest_step(self.framework_rollup)
+        cols = self.steps
+        return int(cols.step.max()) if cols.n else None
 
     def events_window(self, node: str, start_us: int | None, end_us: int | None,
                       limit: int = 4000) -> _step_window.EventsWindow:
-        """The node's steps and phases overlapping [start_us, end_us): totals per kind, and the events when few."""
+        """The node's steps and phases overlapping [start_us, end_us): totals per kind, and the events when few
+        (over the whole run, with `overview_from_rollups`, the totals come from the rollups when they are many)."""
+        if self.overview_from_rollups and start_us is None and end_us is None:
+            totals, steps, total = _rollup_views.event_totals(self.framework_rollup, node, _step_window.EVENT_KINDS)
+            if total > limit:
+                return _step_window.EventsWindow(None, None, [_step_window.KindTotal(k, *totals[k])
+                                                              for k in _step_window.EVENT_KINDS if k in totals],
+                                                 steps, [], True, total)
         events = self.run.framework(start_us, end_us, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.events_window(events, start_us, end_us, limit)
 
     def recent_steps(self, node: str, last: int = 30) -> list[_step_window.StepBreakdown]:
         """The node's first rank's last `last` steps, each split into its phases."""
-        cols = self.steps
-        if not cols.n or node not in cols.nodes:
-            return []
-        mine = np.flatnonzero(cols.node == cols.nodes.index(node))
-        starts = np.sort(cols.start[mine])
-        frm = int(starts[-min(len(starts), last * max(len(self.ranks.get(node, [])), 1))])
+        wanted = last * max(len(self.ranks.get(node, [])), 1)
+        if self.overview_from_rollups:
+            found = _rollup_views.node_step_start(self.framework_rollup, node, wanted)
+            if found is None:
+                return []
+            frm = found
+        else:
+            cols = self.steps
+            if not cols.n or node not in cols.nodes:
+                return []
+            mine = np.flatnonzero(cols.node == cols.nodes.index(node))
+            starts = np.sort(cols.start[mine])
+            frm = int(starts[-min(len(starts), wanted)])
         events = self.run.framework(frm, None, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.step_breakdown(events, last)

@@ -72,6 +72,9 @@ class ChunkWriter:
     def _clear(self) -> None:
         raise NotImplementedError
 
+    def _compacted(self, lo: int, hi: int) -> None:
+        """Rows [lo, hi) are now a segment: a subclass writes their rollups (nothing by default)."""
+
     # -- buffering --------------------------------------------------------------------------------------
     @property
     def pending(self) -> int:
@@ -132,6 +135,7 @@ class ChunkWriter:
             except Exception as exc:  # a leftover part is harmless: readers skip parts covered by a segment
                 warn_once("part-delete", "could not delete compacted part %s (%s); readers skip it", path, exc)
         self.samples_written += self._n - self._flushed
+        self._compacted(0, self._n)
         self._last_flush_us = self._span(self._n - 1, self._n)[1]  # the segment holds everything: no flush due
         self._reset()
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from stallwatch.records import FrameworkEvent
 from stallwatch.store import layout
 from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink, StorageBudget
-from stallwatch.store.framework_codec import encode
+from stallwatch.store.framework_codec import STORED_SCHEMA, encode
+from stallwatch.store.rollup_codec import combine_framework, framework_rows
+from stallwatch.store.rollup_writer import FRAMEWORK_BLOCK_US, RollupBlocks
 
 # Events held for one segment at most; a loop of very short steps rotates early instead of growing.
 MAX_BUFFERED_EVENTS = 200_000
@@ -26,6 +30,8 @@ class FrameworkWriter(ChunkWriter):
                          flush_interval_us=flush_interval_us, max_bytes=max_bytes, stored_bytes=stored_bytes,
                          segment_us=segment_us, budget=budget)
         self._cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
+        self._rollups = RollupBlocks(sink, layout.framework_rollup_dir(node, rank), FRAMEWORK_BLOCK_US,
+                                     combine_framework)
 
     def append(self, event: FrameworkEvent) -> None:
         self._make_room()
@@ -39,6 +45,17 @@ class FrameworkWriter(ChunkWriter):
     def _span(self, lo: int, hi: int) -> tuple[int, int]:
         # From the earliest start to the latest end: a time-range read must find every event it overlaps.
         return min(self._cols["start_us"][lo:hi]), max(self._cols["end_us"][lo:hi])
+
+    def _compacted(self, lo: int, hi: int) -> None:
+        try:
+            events = pa.table({c: pa.array(self._cols[c][lo:hi], STORED_SCHEMA.field(c).type)
+                               for c in ("kind", "name", "mode", "step", "start_us", "end_us", "args")})
+        except Exception as exc:  # events the segment encoder took; never let a rollup stop compaction
+            from stallwatch.log import warn_once
+
+            warn_once("rollup-framework-events", "no framework rollups (%s: %s)", type(exc).__name__, exc)
+            return
+        self._rollups.add(framework_rows(events), *self._span(lo, hi))
 
     def _first_us(self) -> int:
         return self._cols["start_us"][0]

@@ -16,6 +16,7 @@ TRACES_DIR = "traces"
 RULES_DIR = "rules"
 ESCALATIONS_DIR = "escalations"  # one JSON record per automatic capture a firing rule asked for
 REPORT_HTML = "report.html"
+ROLLUPS_DIR = "rollups"  # rollups/system/<node>/, rollups/framework/<node>/<rank>/: per-bucket summaries
 
 # One flush: written every few seconds so a crash loses at most one interval. Arrow IPC, because a
 # part lives only until its segment is written and Parquet's encoding would cost ~10 ms per flush.
@@ -69,6 +70,27 @@ def framework_dir(node: str, rank: int | str) -> str:
 
 def system_dir(node: str) -> str:
     return f"{SYSTEM_DIR}/{node}"
+
+
+def system_rollup_dir(node: str) -> str:
+    return f"{ROLLUPS_DIR}/{SYSTEM_DIR}/{node}"
+
+
+def framework_rollup_dir(node: str, rank: int | str) -> str:
+    return f"{ROLLUPS_DIR}/{FRAMEWORK_DIR}/{node}/{rank}"
+
+
+_ROLLUP = re.compile(r"^roll-(\d{16,})-(\d{16,})\.parquet$")
+
+
+def rollup_name(start_us: int, end_us: int) -> str:
+    """A rollup file covers the stream's samples (events) from start_us to end_us, both included."""
+    return f"roll-{start_us:016d}-{end_us:016d}.parquet"
+
+
+def parse_rollup_name(name: str) -> tuple[int, int] | None:
+    m = _ROLLUP.match(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
 def chunk_name(kind: str, start_us: int, end_us: int) -> str:

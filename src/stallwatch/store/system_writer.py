@@ -7,6 +7,8 @@ import numpy as np
 from stallwatch.records import MetricKey
 from stallwatch.store import layout
 from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink, StorageBudget
+from stallwatch.store.rollup_codec import combine_system, system_rows
+from stallwatch.store.rollup_writer import SYSTEM_BLOCK_US, RollupBlocks
 from stallwatch.store.system_codec import encode
 
 __all__ = ["SEGMENT_US", "Sink", "SystemWriter"]
@@ -28,6 +30,7 @@ class SystemWriter(ChunkWriter):
         self.keys = list(keys)
         self._ts = np.zeros(capacity, dtype=np.int64)
         self._values = np.full((capacity, len(self.keys)), np.nan, dtype=np.float64)
+        self._rollups = RollupBlocks(sink, layout.system_rollup_dir(node), SYSTEM_BLOCK_US, combine_system)
 
     def append(self, timestamp_us: int, values: list[float]) -> None:
         self._make_room()
@@ -42,6 +45,10 @@ class SystemWriter(ChunkWriter):
         # min/max, not first/last: after a wall-clock step back, a file's name must still cover all its samples
         ts = self._ts[lo:hi]
         return int(ts.min()), int(ts.max())
+
+    def _compacted(self, lo: int, hi: int) -> None:
+        rows = system_rows(self._ts[lo:hi], self._values[lo:hi], [k.column for k in self.keys])
+        self._rollups.add(rows, *self._span(lo, hi))
 
     def _first_us(self) -> int:
         return int(self._ts[0])

@@ -153,13 +153,17 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         return documents.profiling_doc(config, [controls.request_status(r, windows) for r in state.requests], windows)
 
     def report(state: RunState, q: Any) -> Response:
+        from stallwatch.analyze.analysis import RunAnalysis
         from stallwatch.present.report import render_report
 
         a = state.analysis()
         with state.report_lock:
             if state.report is None or state.report[0] != state.version:
                 with state.lock:
-                    state.report = (state.version, render_report(a).encode("utf-8"))
+                    rules = a.rule_results
+                # the report states exact percentiles: its own analysis from every sample, not the rollups
+                exact = RunAnalysis(state.run, rule_results=rules)
+                state.report = (state.version, render_report(exact).encode("utf-8"))
             data = state.report[1]
         return Response(data, media_type="text/html; charset=utf-8", headers={
             "content-disposition": f'attachment; filename="{state.id}-report.html"', "cache-control": "no-store"})
@@ -250,8 +254,7 @@ def _latest_step(state: RunState) -> int | None:
         return state.latest_step
     a = state.analysis()
     with state.lock:
-        cols = a.steps
-        return int(cols.step.max()) if cols.n else None
+        return a.latest_step
 
 
 def _node(a: Any, q: Any) -> str:

@@ -42,7 +42,7 @@ def summary_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
             "end_us": s.end_us, "last_us": s.last_us, "duration_s": s.duration_s, "fate": s.fate.to_json(),
             "nodes": nodes, "steps": s.steps, "total_steps": s.total_steps, "loop_s": s.loop_s,
             "parts_s": s.parts_s(), "phase_shares": a.phase_shares, "notes": s.notes,
-            "progress": _progress(a)}
+            "progress": a.progress()}
 
 
 def findings_doc(a: RunAnalysis) -> dict[str, Any]:
@@ -62,7 +62,8 @@ def findings_doc(a: RunAnalysis) -> dict[str, Any]:
 def usage_doc(a: RunAnalysis, nodes: dict[str, list[Any]]) -> dict[str, Any]:
     """The resource utilization table per node, and all nodes together (mean of means, highest max)."""
     mean, peak = a.usage_over_nodes
-    return {**header("usage"), "nodes": {n: [asdict(u) for u in stats] for n, stats in nodes.items()},
+    return {**header("usage"), "percentiles_of": "10 s means" if a.overview_from_rollups else "snapshots",
+            "nodes": {n: [asdict(u) for u in stats] for n, stats in nodes.items()},
             "all": [{"label": k, "mean": mean[k], "max": peak.get(k)} for k in mean]}
 
 
@@ -119,16 +120,6 @@ def profiling_doc(config: ProfilerConfig, requests: list[dict[str, Any]], window
             "sample_interval_presets_ms": list(SAMPLE_INTERVAL_PRESETS_MS), "requests": requests,
             "captures": [{k: w.get(k) for k in ("node", "rank", "window", "layer", "start_us", "end_us",
                                                   "first_step", "last_step")} for w in windows]}
-
-
-def _progress(a: RunAnalysis, points: int = 200) -> dict[str, list[Any]]:
-    """Training steps done over time (all ranks), at most `points` points."""
-    cols = a.steps
-    if not cols.n:
-        return {"t": [], "steps": []}
-    ends = np.sort(cols.end)
-    idx = np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).astype(np.int64))
-    return {"t": ends[idx].tolist(), "steps": (idx + 1).tolist()}
 
 
 def _arr(values: np.ndarray, digits: int = 2) -> list[float | None]:

@@ -63,7 +63,7 @@ class RunState:
                     if self._analysis is not None:
                         self.version += 1
                     self._fingerprint = fp
-                    self._analysis = RunAnalysis(self.run)
+                    self._analysis = RunAnalysis(self.run, overview_from_rollups=True)
             return self._analysis
 
     def changed(self) -> None:

@@ -176,6 +176,7 @@ function renderUsage(u) {
     const [k, unit] = scale(s.unit);
     t.appendChild(el("tr", {}, el("td", {}, node), el("td", { class: "text" }, s.label), el("td", {}, num(s.mean / k)), el("td", {}, num(s.p50 / k)), el("td", {}, num(s.p95 / k)), el("td", {}, num(s.max / k)), el("td", { class: "text" }, unit)));
   }
+  t.appendChild(el("caption", { class: "muted" }, `mean and max of every snapshot; p50 and p95 of ${u.percentiles_of}`));
   for (const s of u.all) t.appendChild(el("tr", {}, el("td", {}, "all nodes"), el("td", { class: "text" }, s.label), el("td", {}, num(s.mean)), el("td", {}, "–"), el("td", {}, "–"), el("td", {}, num(s.max)), el("td", { class: "text" }, "%")));
 }
 

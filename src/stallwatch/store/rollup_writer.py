@@ -1,0 +1,74 @@
+"""A stream's rollups written as segments are compacted: one file per aligned block of time (6 h of system
+rollups, a day of framework ones), rewritten under a new name as each segment adds to it, so a day of a node is a
+handful of files. Never raises: rollups can always be rebuilt from the segments (readers do)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from stallwatch.log import warn_once
+from stallwatch.store import layout
+from stallwatch.store.chunk_writer import Sink
+from stallwatch.store.rollup_codec import encode
+
+H = 3600 * 1_000_000
+SYSTEM_BLOCK_US = 6 * H
+FRAMEWORK_BLOCK_US = 24 * H
+
+
+class RollupBlocks:
+    """Not thread-safe: the stream's writer is its only caller. A file's name spans the samples it is responsible
+    for: from the stream's first sample (or its block's start) to the latest sample (its block's end once the
+    stream has moved past it), so readers know which segments it covers."""
+
+    def __init__(self, sink: Sink, directory: str, block_us: int,
+                 combine: Callable[[list[pa.Table]], pa.Table]) -> None:
+        self._sink = sink
+        self._dir = directory
+        self._block_us = block_us
+        self._combine = combine
+        self._block: int | None = None
+        self._rows: pa.Table | None = None
+        self._start = 0
+        self._end = 0
+        self._written: str | None = None
+
+    def add(self, rows: pa.Table, first_us: int, last_us: int) -> None:
+        """A compacted segment's rollup rows (`bucket_us` aligned to a divisor of the block) and sample span."""
+        try:
+            blocks = rows["bucket_us"].to_numpy() // self._block_us
+            for block in np.unique(blocks):
+                part = rows.filter(pa.array(blocks == block))
+                block_start = int(block) * self._block_us
+                if self._block is not None and block != self._block:
+                    self._end = self._block * self._block_us + self._block_us - 1
+                    self._write()
+                    self._block, self._rows, self._written = None, None, None
+                if self._block is None:
+                    self._block, self._rows = int(block), part
+                    self._start = max(first_us, block_start)
+                else:
+                    assert self._rows is not None
+                    self._rows = self._combine([self._rows, part])
+                self._end = min(last_us, block_start + self._block_us - 1)
+            self._write()
+        except Exception as exc:
+            warn_once(f"rollup-{self._dir}", "cannot update the rollups of %s (%s: %s); readers rebuild them",
+                      self._dir, type(exc).__name__, exc)
+
+    def _write(self) -> None:
+        if self._rows is None:
+            return
+        name = f"{self._dir}/{layout.rollup_name(self._start, self._end)}"
+        if name == self._written:
+            return
+        self._sink.write_atomic(name, encode(self._rows))
+        previous, self._written = self._written, name
+        if previous is not None:
+            try:
+                self._sink.delete(previous)
+            except Exception:  # a leftover with the same start and an earlier end is skipped by readers
+                pass
