@@ -397,6 +397,10 @@ class RunAnalysis:
             coarse = self._rollup_series(node, start_us, end_us, buckets)
             if coarse is not None:
                 return coarse
+            if start_us is not None and end_us is not None and node not in self._system:  # a zoom: its range only
+                frame = node_frame(node, self.run.system_wide(node, start_us, end_us, metrics=_node_series.METRICS),
+                                   self.node_info(node))
+                return _node_series.node_series(frame, start_us, end_us, buckets)
         return _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets)
 
     def _rollup_series(self, node: str, start_us: int | None, end_us: int | None,
@@ -411,6 +415,14 @@ class RunAnalysis:
             return None
         rows = finest if level == SYSTEM_LEVELS_US[0] else self.system_rollup(node, level)
         return _rollup_views.node_series(rows, node, start_us, end_us, buckets)
+
+    def last_sample_us(self, node: str) -> int | None:
+        """When the node's latest snapshot was taken (None without snapshots)."""
+        if self.overview_from_rollups:
+            rows = self.system_rollup(node)
+            return int(pc.max(rows["last_us"]).as_py()) if rows.num_rows else None
+        ts = self.system(node, ()).timestamps
+        return int(ts[-1]) if len(ts) else None
 
     def progress(self, points: int = 200) -> dict[str, list[Any]]:
         """Training steps done over time (all ranks), at most `points` points."""

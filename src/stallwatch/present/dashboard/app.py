@@ -106,8 +106,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         points = min(max(_int(q, "points", 600), 10), MAX_POINTS)
         with state.node_lock(node):
             ns = a.node_series(node, frm, to, points)
-            frame_ts = a.system(node, ()).timestamps
-        last = int(frame_ts[-1]) if len(frame_ts) else None
+            last = a.last_sample_us(node)
         return documents.timeline_doc(ns, a.node_info(node), last)
 
     def events(state: RunState, q: Any) -> dict[str, Any]:
