@@ -5,9 +5,11 @@ evidence; findings.json has RULES.md's shape."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from stallwatch.analyze.findings import HIGH, LOW, MEDIUM, build_findings, health_evidence
 from stallwatch.analyze.results import NOT_APPLICABLE, RuleResult
+from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.steps import LoopSpan
 from stallwatch.analyze.summary import JobSummary, node_fate
 
@@ -133,9 +135,24 @@ def test_a_starved_loop_is_one_finding_with_the_loaders_advice():
                                                                     "cause": "main_process"}},
                                        "time_at_stake_s": 24.6, "nodes": ["algo-1"], "ranks_fired": ["algo-1/0"],
                                        "title": "Training waits for data 41 % of the time on rank algo-1/0"})
-    loader = _rule("Dataloader", 1, {"nodes": {"algo-1": {"triggered": True, "reason": "below"}}})
+    loader = _rule("Dataloader", 1, {"nodes": {"algo-1": {"triggered": True, "reason": "above"}}})
     (f,) = build_findings([loader, starved], _summary(loop_s=60.0)).findings
     assert f.rule == "InputBound" and f.time_at_stake_s == 24.6 and f.severity == HIGH
     assert f.recommendation.endswith("Fix what Dataloader found.") and "dataloader" in f.evidence
     (alone,) = build_findings([loader], _summary()).findings
-    assert alone.rule == "Dataloader" and alone.title.startswith("The data loader holds training back: too few")
+    assert alone.rule == "Dataloader" and alone.title.startswith("The data loader holds training back: too many")
+
+
+def test_a_starved_loop_names_the_worker_count_once():
+    """Loading in the training process, and too few workers: both rules say "add workers" — the finding says it once
+    (it said num_workers=1 and then num_workers=2), keeping the loader's pin_memory advice."""
+    starved = _rule("InputBound", 1, {"ranks": {"algo-1/0/TRAIN": {"node": "algo-1", "rank": 0, "triggered": True,
+                                                                    "wait_share": 60.0, "wait_s": 7.2,
+                                                                    "cause": "main_process"}},
+                                       "time_at_stake_s": 7.2, "nodes": ["algo-1"], "ranks_fired": ["algo-1/0"]})
+    for extra, kept in (("", False), (" " + PIN_MEMORY_ADVICE, True)):
+        loader = replace(_rule("Dataloader", 1, {"nodes": {"algo-1": {"triggered": True, "reason": "below"}}}),
+                         recommendation="Node algo-1 ran 0 data-loader workers: try num_workers=7." + extra)
+        (f,) = build_findings([loader, starved], _summary(loop_s=12.0)).findings
+        assert "num_workers=7" not in f.recommendation and f.recommendation.startswith("Fix what InputBound found.")
+        assert (PIN_MEMORY_ADVICE in f.recommendation) is kept

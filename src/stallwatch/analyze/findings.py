@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.summary import JobFate, JobSummary
 from stallwatch.timeutil import format_duration
 
@@ -313,9 +314,15 @@ def _fold_loader_into_input(found: list[Finding]) -> list[Finding]:
     starved = next((f for f in found if f.rule == "InputBound"), None)
     if loader is None or starved is None:
         return found
+    reasons = {str(e.get("reason")) for e in (loader.evidence.get("nodes") or {}).values() if isinstance(e, dict)}
+    causes = {str(e.get("cause")) for e in starved.evidence.values() if isinstance(e, dict)}
+    if reasons <= {"below"} and causes <= {"main_process", "too_few_workers"}:  # both name the worker count: once
+        extra = PIN_MEMORY_ADVICE if PIN_MEMORY_ADVICE in loader.recommendation else ""
+    else:
+        extra = loader.recommendation
     merged = Finding(starved.id, starved.rule, starved.severity, starved.title, starved.time_at_stake_s,
                      starved.share_of_loop, starved.where, {**starved.evidence, "dataloader": loader.evidence},
-                     f"{starved.recommendation} {loader.recommendation}")
+                     f"{starved.recommendation} {extra}".strip())
     return [merged if f is starved else f for f in found if f is not loader]
 
 

@@ -13,6 +13,9 @@ from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.analyze.rules.steps import Appendable, framework_columns, unmeasured_waits
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
+PIN_MEMORY_ADVICE = ("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster and "
+                     "lets them overlap with compute.")
+
 DATALOADER = "dataloader"
 MAX_LOADERS = 50  # loaders listed in Details
 HISTOGRAM_BINS = 50
@@ -331,8 +334,7 @@ class Dataloader(Rule):
         if details["keras"]:
             return " ".join(lines)
         if gpu_nodes and not details["pin_memory"]:
-            lines.append("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster "
-                         "and lets them overlap with compute.")
+            lines.append(PIN_MEMORY_ADVICE)
         if not details["prefetch"]:
             lines.append("The data was not prefetched (num_workers=0 loads each batch in the training process when "
                          "it is needed): use worker processes (num_workers > 0, prefetch_factor >= 2) so batches "

@@ -87,9 +87,11 @@ const Charts = (() => {
         ctx.beginPath(); ctx.moveTo(PAD.l, y); ctx.lineTo(w - PAD.r, y); ctx.stroke();
         ctx.fillText(v >= 100 ? v.toFixed(0) : v.toFixed(v >= 10 ? 0 : 1), 4, y + 4);
       }
-      for (let i = 0; i <= 5; i++) {
-        const t = x0 + (x1 - x0) * i / 5;
-        ctx.fillText(fmtTime(t, x1 - x0), Math.min(X(t) - 18, w - 60), h - 6);
+      const label = ctx.measureText(fmtTime(x0, x1 - x0)).width + 12;  // as many labels as fit side by side
+      const nx = Math.max(1, Math.min(5, Math.floor(pw / label)));
+      for (let i = 0; i <= nx; i++) {
+        const t = x0 + (x1 - x0) * i / nx;
+        ctx.fillText(fmtTime(t, x1 - x0), Math.max(0, Math.min(X(t) - label / 2 + 6, w - label)), h - 6);
       }
       ctx.save(); ctx.beginPath(); ctx.rect(PAD.l, PAD.t, pw, ph); ctx.clip();
       const ts = this.data.ts;
