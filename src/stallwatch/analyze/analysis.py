@@ -34,7 +34,7 @@ from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
 from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
-from stallwatch.analyze.frames import NodeFrame, node_frame
+from stallwatch.analyze.frames import NodeFrame, interval_changes, node_frame
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import Rule
 from stallwatch.analyze.rules.steps import FrameworkColumns
@@ -242,10 +242,12 @@ class RunAnalysis:
         events = _loss.event_losses(markers.filter(pc.equal(markers["kind"], LOSS)))
         if self.overview_from_rollups:
             gaps = [g for node in self.nodes for g in _rollup_views.sample_gaps(
-                node, self.system_rollup(node), self.sample_interval_ms.get(node))]
+                node, self.system_rollup(node), self.sample_interval_ms.get(node),
+                interval_changes(self.node_info(node)))]
         else:
             gaps = [g for node in self.nodes for g in _loss.sample_gaps(
-                node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node))]
+                node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node),
+                interval_changes(self.node_info(node)))]
         return _loss.Losses(events, gaps)
 
     @cached_property

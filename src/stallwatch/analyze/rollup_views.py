@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch import records as r
-from stallwatch.analyze.loss import GAP_INTERVALS, MIN_GAP_US, SampleGap
+from stallwatch.analyze.loss import SampleGap, gap_limits_us
 from stallwatch.analyze.node_series import Band, NodeSeries
 from stallwatch.analyze.steps import LoopSpan, mode_order
 from stallwatch.analyze.usage import USAGE_ROWS, UsageStat, _matches
@@ -141,19 +141,21 @@ def usage(node: str, rows: pa.Table) -> list[UsageStat]:
     return out
 
 
-def sample_gaps(node: str, rows: pa.Table, interval_ms: float | None) -> list[SampleGap]:
+def sample_gaps(node: str, rows: pa.Table, interval_ms: float | None,
+                changes: list[tuple[int, float]] | None = None) -> list[SampleGap]:
     """Stretches without snapshots longer than the loss rule's limit, from the finest rollup: between buckets
-    exactly, inside a bucket its longest one."""
+    exactly, inside a bucket its longest one; each judged against the intervals in force at its ends."""
     if not rows.num_rows:
         return []
-    limit = max(MIN_GAP_US, int(GAP_INTERVALS * (interval_ms or 0) * 1000))
     first, last = rows["first_us"].to_numpy(), rows["last_us"].to_numpy()
     gap, gap_end = rows["gap_us"].to_numpy(), rows["gap_end_us"].to_numpy()
+    between = gap_limits_us(last[:-1], first[1:], interval_ms, changes)
+    inside = gap_limits_us(gap_end - gap, gap_end, interval_ms, changes)
     out = []
     for i in range(len(first)):
-        if i and first[i] - last[i - 1] > limit:
+        if i and first[i] - last[i - 1] > between[i - 1]:
             out.append(SampleGap(node, int(last[i - 1]), int(first[i])))
-        if gap[i] > limit:
+        if gap[i] > inside[i]:
             out.append(SampleGap(node, int(gap_end[i] - gap[i]), int(gap_end[i])))
     return out
 
