@@ -303,11 +303,21 @@ class Run:
                 continue
             if layer is not None and record["layer"] != layer:
                 continue
-            # Where it is stored is the path's word, not the file's.
-            out.append({**record, "node": node, "rank": layout.rank_number(rank), "window": window, "path": rel})
+            # Where it is stored is the path's word, not the file's; so are the files it holds.
+            out.append({**record, "node": node, "rank": layout.rank_number(rank), "window": window, "path": rel,
+                        "stored": sorted(n for n in names if n in layout.CAPTURE_FILES)})
         out.sort(key=lambda r: (str(r.get("node")), _rank_key(str(r.get("rank"))), _int_or(r.get("start_us")),
                                 str(r.get("window"))))
         return out
+
+    def open_capture(self, node: str, rank: int, window: str, name: str) -> Any:
+        """One stored file of a complete profiling window (a trace, a profile; `layout.CAPTURE_FILES`), to be
+        read in blocks. Only what the run's listing holds is opened, and locally never through a link:
+        FileNotFoundError for anything else, whatever the names are."""
+        names = self._profile_windows().get((node, str(rank), window))
+        if name not in layout.CAPTURE_FILES or names is None or name not in names:
+            raise FileNotFoundError(f"no capture file {name!r} in window {window!r} of {node}/{rank}")
+        return self.location.open_input_file(f"{layout.trace_window_dir(node, rank, window)}/{name}")
 
     def operators(self, window: str | None = None, nodes: Iterable[str] | None = None) -> pa.Table:
         """Per-operator totals of torch.profiler windows (`operators_schema()`): node, rank, window, name,

@@ -188,17 +188,54 @@ function renderOperators(o) {
   box.appendChild(t);
 }
 
+const fmtInterval = v => v >= 1000 ? `${v / 1000} s` : `${v} ms`;
+function openRange(node, start, end) {
+  const pad = Math.max(((end || start) - start) * 0.5, 2e6);
+  state.node = node; state.from = start - pad; state.to = (end || start) + pad; state.flagged = [[start, end || start]];
+  show("nodes");
+}
+function captureLinks(c) {
+  const links = (c.stored || []).map(f => el("a", { class: "capture-file", download: "", href: `/api/run/${encodeURIComponent(state.run)}/capture?` +
+    new URLSearchParams({ node: c.node, rank: String(c.rank), window: c.window, file: f }) }, f));
+  links.push(el("a", { class: "capture-timeline", href: "#", onclick: ev => { ev.preventDefault(); openRange(c.node, c.start_us, c.end_us); } }, "timeline"));
+  return el("span", { class: "capture", dataset: { window: c.window } }, `${c.node}/${c.rank} `, ...links.flatMap(a => [a, " "]));
+}
 function renderProfiling(p) {
-  $("interval").textContent = `${p.sample_interval_ms} ms`;
-  $("presets").textContent = p.sample_interval_presets_ms.map(v => v >= 1000 ? `${v / 1000} s` : `${v} ms`).join(", ");
+  $("interval").textContent = fmtInterval(p.sample_interval_ms);
+  const pick = $("interval-pick");
+  if (!pick.options.length) for (const v of p.sample_interval_presets_ms) pick.appendChild(el("option", { value: String(v) }, fmtInterval(v)));
+  if (!pick.dataset.touched) pick.value = String(p.sample_interval_ms);
   const t = $("requests"); t.textContent = "";
-  if (!p.requests.length && !p.captures.length) return;
-  t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
+  let waiting = false;
+  if (p.requests.length) t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
   for (const r of p.requests.slice().reverse()) {
+    const pending = !r.picked_up_us && r.layer !== "dataloader";
+    waiting = waiting || pending;
+    const picked = r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…");
+    const perNode = r.layer === "interval" && r.nodes && r.nodes.length > 1 ? " (" + r.nodes.map(n => `${n.node}: ${n.picked_up_us ? fmtUs(n.picked_up_us) : "waiting"}`).join(", ") + ")" : "";
     t.appendChild(el("tr", { dataset: { layer: r.layer } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
-      el("td", { class: "text picked" }, r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…")),
-      el("td", { class: "text" }, ...r.captures.map(c => el("a", { href: "#", onclick: ev => { ev.preventDefault(); state.node = c.node; state.from = c.start_us - 5e6; state.to = (c.end_us || c.start_us) + 5e6; show("nodes"); } }, `${c.node}/${c.rank} ${c.window} `)))));
+      el("td", { class: "text picked" }, picked + perNode), el("td", { class: "text" }, ...r.captures.map(captureLinks))));
   }
+  const c = $("captures"); c.textContent = "";
+  if (!p.captures.length) c.appendChild(el("tr", {}, el("td", { class: "muted" }, "No capture yet.")));
+  else c.appendChild(el("tr", {}, ...["Layer", "Start", "Steps", "Files and timeline"].map(h => el("th", {}, h))));
+  for (const w of p.captures.slice().reverse()) {
+    const steps = w.first_step === null || w.first_step === undefined ? "–" : `${w.first_step}–${w.last_step ?? "…"}`;
+    c.appendChild(el("tr", { dataset: { layer: w.layer } }, el("td", { class: "text" }, w.layer), el("td", {}, fmtUs(w.start_us)), el("td", {}, steps), el("td", { class: "text" }, captureLinks(w))));
+  }
+  clearTimeout(state.profilingTimer);
+  if (waiting && state.view === "overview") state.profilingTimer = setTimeout(() => runApi("profiling").then(renderProfiling).catch(showError), 2000);
+}
+
+async function submitInterval(ev) {
+  ev.preventDefault();
+  $("profile-error").textContent = "";
+  try {
+    const p = await api(`/api/run/${encodeURIComponent(state.run)}/profiling`, { method: "POST", body: JSON.stringify({ interval_ms: Number($("interval-pick").value) }),
+      headers: { "content-type": "application/json", "x-stallwatch": "1" } });
+    delete $("interval-pick").dataset.touched;
+    renderProfiling(p);
+  } catch (e) { $("profile-error").textContent = e.message; }
 }
 
 async function submitProfiling(ev) {
@@ -433,6 +470,8 @@ window.addEventListener("DOMContentLoaded", async () => {
   $("reset-zoom").addEventListener("click", () => { state.from = state.to = null; state.flagged = null; delete $("brush-list").dataset.brushed; charts.sync.x0 = charts.sync.x1 = null; writeHash(); loadTimeline(false).catch(showError); });
   $("mode-pick").addEventListener("change", () => renderRanks().catch(showError));
   $("profile-form").addEventListener("submit", submitProfiling);
+  $("interval-form").addEventListener("submit", submitInterval);
+  $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
   setInterval(() => { if (state.view === "nodes") renderBadges(); }, 1000);
   readHash();
   try {
