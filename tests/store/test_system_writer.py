@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 
-import numpy as np
 import pyarrow as pa
 import pytest
 

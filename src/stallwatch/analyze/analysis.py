@@ -47,6 +47,8 @@ from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
 from stallwatch.store.rollups import RunRollups
 
+MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
+
 
 class RunAnalysis:
     """One run, read lazily and once. Rule results are the stored ones when the run has finished and holds
@@ -395,15 +397,18 @@ class RunAnalysis:
         time bucket (the node is read once; zooming slices what is in memory). With `overview_from_rollups`, a
         range wide enough for a rollup level is drawn from the coarsest level that fills `buckets`; a narrower one
         (zooming in) reads the snapshots at full resolution."""
+        changes = interval_changes(self.node_info(node))
         if self.overview_from_rollups:
             coarse = self._rollup_series(node, start_us, end_us, buckets)
             if coarse is not None:
-                return coarse
+                return _node_series.without_quiet_buckets(coarse, changes)
             if start_us is not None and end_us is not None and node not in self._system:  # a zoom: its range only
                 frame = node_frame(node, self.run.system_wide(node, start_us, end_us, metrics=_node_series.METRICS),
                                    self.node_info(node))
-                return _node_series.node_series(frame, start_us, end_us, buckets)
-        return _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets)
+                return _node_series.without_quiet_buckets(
+                    _node_series.node_series(frame, start_us, end_us, buckets), changes)
+        return _node_series.without_quiet_buckets(
+            _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets), changes)
 
     def _rollup_series(self, node: str, start_us: int | None, end_us: int | None,
                        buckets: int) -> _node_series.NodeSeries | None:
@@ -451,10 +456,12 @@ class RunAnalysis:
         (over the whole run, with `overview_from_rollups`, the totals come from the rollups when they are many)."""
         if self.overview_from_rollups and start_us is None and end_us is None:
             totals, steps, total = _rollup_views.event_totals(self.framework_rollup, node, _step_window.EVENT_KINDS)
-            if total > limit:
+            minutes = _rollup_views.bucket_count(self.framework_rollup, node)
+            if total > limit and minutes >= MIN_ROLLUP_BUCKETS:  # a shorter run is drawn from its events
                 return _step_window.EventsWindow(None, None, [_step_window.KindTotal(k, *totals[k])
                                                               for k in _step_window.EVENT_KINDS if k in totals],
-                                                 steps, [], True, total)
+                                                 steps, [], True, total, _rollup_views.event_buckets(
+                                                     self.framework_rollup, node, _step_window.EVENT_KINDS))
         events = self.run.framework(start_us, end_us, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.events_window(events, start_us, end_us, limit)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Container, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,6 @@ from stallwatch.store import framework_codec, layout, profiles_codec, trace_code
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.records_check import MAX_TIME_US, NODE_FIELDS, RUN_FIELDS, WINDOW_FIELDS, checked
 from stallwatch.store.system_codec import column_span, count_rows, read_columns, read_schema, to_tidy
-
 
 _LIST_ATTEMPTS = 3  # a live run's parts can be compacted between listing and reading: list again
 

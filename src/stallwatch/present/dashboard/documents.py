@@ -86,7 +86,7 @@ def timeline_doc(ns: NodeSeries, info: dict[str, Any], last_sample_us: int | Non
 def events_doc(node: str, w: EventsWindow) -> dict[str, Any]:
     return {**header("events"), "node": node, "from": w.start_us, "to": w.end_us, "steps": w.steps,
             "totals": [asdict(t) for t in w.totals], "truncated": w.truncated, "total_events": w.total_events,
-            "events": [asdict(e) for e in w.events]}
+            "events": [asdict(e) for e in w.events], "buckets": [asdict(b) for b in w.buckets]}
 
 
 def steps_doc(node: str, steps: list[StepBreakdown]) -> dict[str, Any]:

@@ -329,15 +329,34 @@ function drawTimeline() {
   charts.mem.setData({ ts, spans, bands: [], lines: lines([line(t, "memory", "memory", P[4], true), line(t, "iowait", "I/O wait", P[3], true)]) });
 }
 
+const PHASE_COLORS = { data_wait: "#e08a00", forward: "#2f6fdf", backward: "#7a4fd0", optimizer: "#2a9d5b" };
 function drawEvents(ev) {
-  // Steps as a series of durations at their start (events when few), otherwise the totals only.
-  const steps = ev.events.filter(e => e.kind === "step");
-  const ts = steps.map(e => e.start_us), kinds = ["data_wait", "forward", "backward", "optimizer"];
-  const lines = [{ name: "step (ms)", color: Charts.PALETTE[0], values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
-  const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: "rgba(224,138,0,.25)" }));
-  charts.events.setData({ ts, lines, bands: [], spans: phaseSpans });
-  const box = $("brush-list"); if (box.dataset.brushed) return;
-  box.textContent = ev.truncated ? `${ev.total_events.toLocaleString()} events in view: zoom in (or drag an interval) to see them one by one. ` : "";
+  // Few events: each step's duration at its start, data waits shaded. Too many (a whole run): per time bucket the
+  // mean step and, stacked under it, each phase's time per step (from the rollups, or the events, in buckets).
+  const box = $("brush-list");
+  $("chart-events").dataset.mode = ev.truncated ? "buckets" : "events";
+  if (ev.truncated) {
+    const b = ev.buckets || [], ts = b.map(x => x.start_us), lines = [], bands = [];
+    let below = b.map(() => 0);
+    for (const k of ["data_wait", "forward", "backward", "optimizer"]) {
+      if (!b.some(x => x.phases_ms[k] !== undefined)) continue;
+      const top = b.map((x, i) => below[i] + (x.phases_ms[k] || 0));
+      bands.push({ lo: below, hi: top, color: PHASE_COLORS[k] });
+      lines.push({ name: k, color: PHASE_COLORS[k], values: top, width: 1 });
+      below = top;
+    }
+    lines.push({ name: "step (ms, mean per bucket)", color: Charts.PALETTE[0], values: b.map(x => x.step_ms), width: 2 });
+    $("chart-events").dataset.buckets = String(b.length);
+    charts.events.setData({ ts, lines, bands, spans: [] });
+  } else {
+    const steps = ev.events.filter(e => e.kind === "step");
+    const lines = [{ name: "step (ms)", color: Charts.PALETTE[0], values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
+    const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: "rgba(224,138,0,.25)" }));
+    charts.events.setData({ ts: steps.map(e => e.start_us), lines, bands: [], spans: phaseSpans });
+  }
+  if (box.dataset.brushed) return;
+  const width = ev.buckets && ev.buckets.length ? ev.buckets[0].width_us : 0;
+  box.textContent = ev.truncated ? `${ev.total_events.toLocaleString()} events in view, drawn per ${width < 1e6 ? `${Math.round(width / 1000)} ms` : fmtDur(width / 1e6)}: zoom in (or drag an interval) to see them one by one. ` : "";
   box.appendChild(totalsTable(ev));
 }
 
