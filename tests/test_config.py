@@ -70,13 +70,11 @@ def test_bad_field_error_names_field_value_and_allowed(name, value, allowed):
     assert allowed in msg
 
 
-def test_flush_shorter_than_sampling_interval_is_rejected():
-    """A flush interval below the sampling interval would write empty parts; the error says why."""
-    with pytest.raises(ConfigError) as err:
-        ProfilerConfig(sample_interval_ms=5000, flush_interval_s=1.0)
-    assert err.value.field == "flush_interval_s"
-    assert err.value.value == 1.0
-    assert "5000 ms" in str(err.value)
+def test_a_flush_interval_shorter_than_the_sampling_interval_is_allowed():
+    """The interval may change live up to a minute whatever the flush interval is; the system writer then
+    flushes at most once per snapshot (tests/store/test_system_writer.py), so no empty parts are written."""
+    cfg = ProfilerConfig(sample_interval_ms=60_000, flush_interval_s=1.0)
+    assert (cfg.sample_interval_ms, cfg.flush_interval_s) == (60_000, 1.0)
 
 
 def test_sample_interval_error_lists_presets():

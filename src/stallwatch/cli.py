@@ -816,7 +816,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("config", help="show a run's profiling config, or change it while the job runs")
     p.add_argument("run", help="run directory or s3:// URI")
-    _add_live_flags(p.add_argument_group("live profiling configuration"))
+    live = p.add_argument_group("live profiling configuration")
+    live.add_argument("--interval", dest="sample_interval_ms", type=parse_interval_ms, metavar="DURATION",
+                      help="system sampling interval from now on, 100ms … 60s (presets 100ms 200ms 500ms 1s 5s 1m); "
+                           "the node records say when each node picked it up")
+    _add_live_flags(live)
     p.add_argument("--clear", action="append", choices=["detailed_profiling", "dataloader_profiling",
                                                         "python_profiling"], help="turn a profiling window off")
     p.set_defaults(func=cmd_config)

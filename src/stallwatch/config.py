@@ -20,8 +20,8 @@ PYTHON_PROFILERS = ("cprofile", "pyinstrument")
 CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
 MAX_TIME_US = 253_402_300_800 * 1_000_000  # 10000-01-01T00:00:00Z
 # What a running job picks up from its run's config.json (`stallwatch config RUN ...`).
-LIVE_FIELDS = ("detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler", "cprofile_timer",
-               "stop_training")
+LIVE_FIELDS = ("sample_interval_ms", "detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler",
+               "cprofile_timer", "stop_training")
 ACTION_KINDS = ("log", "stop_training", "command:", "notify:")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_STORAGE_MB = 1e9  # a petabyte: anything above is a typo, and its bytes would not fit an int64
@@ -193,9 +193,6 @@ class ProfilerConfig:
             )
         if not _is_number(self.flush_interval_s) or not 0.2 <= self.flush_interval_s <= 300:
             raise ConfigError("flush_interval_s", self.flush_interval_s, "must be from 0.2 to 300 seconds")
-        if self.flush_interval_s * 1000 < iv:
-            raise ConfigError("flush_interval_s", self.flush_interval_s,
-                              f"must not be shorter than the sampling interval ({iv} ms)")
         if not _is_number(self.max_storage_mb) or not 0 < self.max_storage_mb <= MAX_STORAGE_MB:
             raise ConfigError("max_storage_mb", self.max_storage_mb,
                               f"must be a number of megabytes > 0 and at most {MAX_STORAGE_MB:.0e} (a petabyte)")

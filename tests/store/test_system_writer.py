@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -304,3 +303,21 @@ def test_appending_the_wrong_number_of_values_raises_and_keeps_the_buffer(locati
         w.append(T0 + 9 * S, [1.0, 2.0, 3.0])
     w.close()
     assert _stored(location)[:2] == _expected(range(2))
+
+
+def test_a_live_interval_change_grows_the_buffer_and_keeps_every_row(location):
+    """From a minute to 100 ms mid-segment (a live change): the rows buffered at the old pace stay, the buffer
+    holds a whole segment at the new pace (no early rotation), and a flush is never due more often than a
+    snapshot arrives."""
+    w = _writer(location, interval_s=60, flush_s=5, segment_s=600)
+    _feed(w, 0, 3)
+    small = w._capacity
+    w.set_interval(100_000)
+    assert w._capacity > small and w._flush_us == 5 * S
+    _feed(w, 3, 200, tick=False)  # more rows than the old buffer held
+    w.close()
+    assert [c.kind for c in _files(location)] == [layout.SEGMENT]
+    assert _stored(location) == _expected(range(203))
+    w2 = _writer(location, interval_s=1, flush_s=5)
+    w2.set_interval(60 * S)
+    assert w2._flush_us == 60 * S  # one flush per snapshot at most: no part per tick of an idle clock

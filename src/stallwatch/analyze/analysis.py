@@ -34,7 +34,7 @@ from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
 from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
-from stallwatch.analyze.frames import NodeFrame, node_frame
+from stallwatch.analyze.frames import NodeFrame, interval_changes, node_frame
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import Rule
 from stallwatch.analyze.rules.steps import FrameworkColumns
@@ -46,6 +46,8 @@ from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
 from stallwatch.store.rollups import RunRollups
+
+MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
 
 
 class RunAnalysis:
@@ -242,10 +244,12 @@ class RunAnalysis:
         events = _loss.event_losses(markers.filter(pc.equal(markers["kind"], LOSS)))
         if self.overview_from_rollups:
             gaps = [g for node in self.nodes for g in _rollup_views.sample_gaps(
-                node, self.system_rollup(node), self.sample_interval_ms.get(node))]
+                node, self.system_rollup(node), self.sample_interval_ms.get(node),
+                interval_changes(self.node_info(node)))]
         else:
             gaps = [g for node in self.nodes for g in _loss.sample_gaps(
-                node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node))]
+                node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node),
+                interval_changes(self.node_info(node)))]
         return _loss.Losses(events, gaps)
 
     @cached_property
@@ -393,15 +397,18 @@ class RunAnalysis:
         time bucket (the node is read once; zooming slices what is in memory). With `overview_from_rollups`, a
         range wide enough for a rollup level is drawn from the coarsest level that fills `buckets`; a narrower one
         (zooming in) reads the snapshots at full resolution."""
+        changes = interval_changes(self.node_info(node))
         if self.overview_from_rollups:
             coarse = self._rollup_series(node, start_us, end_us, buckets)
             if coarse is not None:
-                return coarse
+                return _node_series.without_quiet_buckets(coarse, changes)
             if start_us is not None and end_us is not None and node not in self._system:  # a zoom: its range only
                 frame = node_frame(node, self.run.system_wide(node, start_us, end_us, metrics=_node_series.METRICS),
                                    self.node_info(node))
-                return _node_series.node_series(frame, start_us, end_us, buckets)
-        return _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets)
+                return _node_series.without_quiet_buckets(
+                    _node_series.node_series(frame, start_us, end_us, buckets), changes)
+        return _node_series.without_quiet_buckets(
+            _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets), changes)
 
     def _rollup_series(self, node: str, start_us: int | None, end_us: int | None,
                        buckets: int) -> _node_series.NodeSeries | None:
@@ -449,10 +456,12 @@ class RunAnalysis:
         (over the whole run, with `overview_from_rollups`, the totals come from the rollups when they are many)."""
         if self.overview_from_rollups and start_us is None and end_us is None:
             totals, steps, total = _rollup_views.event_totals(self.framework_rollup, node, _step_window.EVENT_KINDS)
-            if total > limit:
+            minutes = _rollup_views.bucket_count(self.framework_rollup, node)
+            if total > limit and minutes >= MIN_ROLLUP_BUCKETS:  # a shorter run is drawn from its events
                 return _step_window.EventsWindow(None, None, [_step_window.KindTotal(k, *totals[k])
                                                               for k in _step_window.EVENT_KINDS if k in totals],
-                                                 steps, [], True, total)
+                                                 steps, [], True, total, _rollup_views.event_buckets(
+                                                     self.framework_rollup, node, _step_window.EVENT_KINDS))
         events = self.run.framework(start_us, end_us, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.events_window(events, start_us, end_us, limit)

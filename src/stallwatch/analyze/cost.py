@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from stallwatch.analyze.frames import interval_changes
 from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.steps import node_rank_mode
 
@@ -97,7 +98,7 @@ def keep_up(records: Mapping[str, Mapping[str, Any]]) -> tuple[list[SamplerKeepU
     for node, rec in records.items():
         interval = _num(rec.get("sample_interval_ms"))
         start, end = _int(rec.get("start_us")), _int(rec.get("sampler_end_us")) or _int(rec.get("end_us"))
-        expected = int((end - start) / (interval * 1000)) + 1 if interval and start and end and end > start else None
+        expected = _expected(start, end, interval, interval_changes(dict(rec)))
         written, dropped, missed = (_int(rec.get(k)) for k in ("samples_written", "samples_dropped", "ticks_missed"))
         missed_pct = 100.0 * missed / expected if missed is not None and expected else None
         rows.append(SamplerKeepUp(node, interval, expected, written, dropped, missed,
@@ -108,6 +109,17 @@ def keep_up(records: Mapping[str, Mapping[str, Any]]) -> tuple[list[SamplerKeepU
             warnings.append(f"the sampler on {node} missed {missed} ticks ({missed_pct:.1f} % of the snapshots it "
                             "should have taken): the machine was too busy to wake it on time")
     return rows, warnings
+
+
+def _expected(start: int | None, end: int | None, interval: float | None,
+              changes: list[tuple[int, float]]) -> int | None:
+    """Snapshots the sampler should have taken from `start` to `end`: each stretch at its own interval."""
+    if not (interval and start and end and end > start):
+        return None
+    if not changes:
+        return int((end - start) / (interval * 1000)) + 1
+    bounds = [start] + [min(max(t, start), end) for t, _ in changes[1:]] + [end]
+    return sum(int((b - a) / (ms * 1000)) for (a, b), (_, ms) in zip(zip(bounds, bounds[1:]), changes)) + 1
 
 
 def sampler_usage(records: Mapping[str, Mapping[str, Any]]) -> list[SamplerUsage]:

@@ -108,7 +108,9 @@ def _bottleneck(r: RuleResult, s: JobSummary) -> list[Finding]:
         if not isinstance(e, dict) or not e.get("above_threshold"):
             continue
         count = int(e.get("bottlenecks") or 0)
-        stake = count * s.sample_interval_ms.get(node, 0.0) / 1000.0 or None
+        held = e.get("bottleneck_s")  # the snapshots' own intervals; a result of an older version has none
+        stake = (float(held) if isinstance(held, (int, float)) and not isinstance(held, bool)
+                 else count * s.sample_interval_ms.get(node, 0.0) / 1000.0) or None
         windows = [(int(x["start_us"]), int(x["end_us"])) for x in ranges if x.get("node") == node]
         out.append(finding(r, s, node,
                            f"GPUs idle while the {what} was the bottleneck {_pct(e.get('percent'))} of the time "

@@ -56,6 +56,38 @@ class NodeFrame:
             return max(float(np.median(np.diff(self.timestamps))) / 1000.0, 0.001)
         return 0.0
 
+    @property
+    def interval_changes(self) -> list[tuple[int, float]]:
+        """The node record's live interval changes: (from µs, interval ms) in time order; empty when the
+        interval never changed."""
+        return interval_changes(self.info)
+
+    def intervals_ms(self, timestamps: np.ndarray | None = None) -> np.ndarray:
+        """The interval in force at each snapshot (or at `timestamps`): what a snapshot stands for, and what a
+        gap after it is judged against."""
+        ts = self.timestamps if timestamps is None else timestamps
+        return intervals_at(self.interval_changes, ts, self.sample_interval_ms)
+
+
+def interval_changes(info: dict[str, Any] | None) -> list[tuple[int, float]]:
+    """(from µs, interval ms) of a node record's `sample_intervals` (checked by the store), sorted; [] when it
+    holds a single interval."""
+    entries = (info or {}).get("sample_intervals") or []
+    out = sorted((int(e["from_us"]), float(e["sample_interval_ms"])) for e in entries
+                 if isinstance(e, dict) and "from_us" in e and "sample_interval_ms" in e)
+    return out if len({ms for _, ms in out}) > 1 else []
+
+
+def intervals_at(changes: list[tuple[int, float]], timestamps: np.ndarray, default_ms: float) -> np.ndarray:
+    """The interval (ms) in force at each time: the latest change at or before it; before the first change,
+    the first one's (the sampler started with it)."""
+    ts = np.asarray(timestamps, dtype=np.int64)
+    if not changes:
+        return np.full(ts.shape, float(default_ms))
+    starts = np.array([c[0] for c in changes], dtype=np.int64)
+    values = np.array([c[1] for c in changes], dtype=np.float64)
+    return values[np.clip(np.searchsorted(starts, ts, side="right") - 1, 0, None)]
+
 
 
 def node_frame(node: str, table: pa.Table, info: dict[str, Any] | None = None) -> NodeFrame:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from stallwatch.analyze.frames import intervals_at
 from stallwatch.timeutil import format_duration, format_us
 
 MIN_GAP_US = 2_000_000  # a missing stretch shorter than this is a busy machine's jitter, not a loss
@@ -80,11 +81,23 @@ def event_losses(table: pa.Table) -> list[EventLoss]:
     return [EventLoss(node, rank, *values) for (node, rank), values in sorted(acc.items())]
 
 
-def sample_gaps(node: str, timestamps: np.ndarray, interval_ms: float | None) -> list[SampleGap]:
-    """Stretches between consecutive snapshots longer than GAP_INTERVALS intervals and MIN_GAP_US."""
+def sample_gaps(node: str, timestamps: np.ndarray, interval_ms: float | None,
+                changes: list[tuple[int, float]] | None = None) -> list[SampleGap]:
+    """Stretches between consecutive snapshots longer than GAP_INTERVALS intervals and MIN_GAP_US. After a
+    live change of the interval (`changes`, see `NodeFrame.interval_changes`) each stretch is judged against
+    the longer of the intervals in force at its two ends."""
     if len(timestamps) < 2:
         return []
     ts = np.sort(np.asarray(timestamps, dtype=np.int64))
-    limit = max(MIN_GAP_US, int(GAP_INTERVALS * (interval_ms or 0) * 1000))
+    limit = gap_limits_us(ts[:-1], ts[1:], interval_ms, changes)
     where = np.flatnonzero(np.diff(ts) > limit)
     return [SampleGap(node, int(ts[i]), int(ts[i + 1])) for i in where]
+
+
+def gap_limits_us(starts: np.ndarray, ends: np.ndarray, interval_ms: float | None,
+                  changes: list[tuple[int, float]] | None = None) -> np.ndarray:
+    """The longest stretch without a snapshot that is no gap, for stretches [starts, ends): GAP_INTERVALS of
+    the longer interval in force at either end, and at least MIN_GAP_US."""
+    ms = np.maximum(intervals_at(changes or [], starts, interval_ms or 0.0),
+                    intervals_at(changes or [], ends, interval_ms or 0.0))
+    return np.maximum(MIN_GAP_US, (GAP_INTERVALS * ms * 1000).astype(np.int64))

@@ -5,6 +5,7 @@ fewer snapshots than buckets."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import pyarrow.compute as pc
 from stallwatch import records as r
 from stallwatch.analyze.downsample import minmax_matrix
 from stallwatch.analyze.frames import NodeFrame
+from stallwatch.analyze.loss import gap_limits_us
 from stallwatch.records import COLUMN_SEP, TIMESTAMP
 
 # What the Nodes view reads from the store (every device of each metric).
@@ -125,3 +127,29 @@ def _across(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lo = np.where(has, np.where(valid, matrix, np.inf).min(axis=1), np.nan).astype(np.float32)
     hi = np.where(has, np.where(valid, matrix, -np.inf).max(axis=1), np.nan).astype(np.float32)
     return mean, lo, hi
+
+
+def without_quiet_buckets(ns: NodeSeries, changes: list[tuple[int, float]]) -> NodeSeries:
+    """After a live change to a longer interval, buckets narrower than it are mostly empty: drop the empty
+    ones that fall between two snapshots closer than the loss rule's gap, so a line joins them; an empty
+    bucket inside a real gap stays (the chart breaks there)."""
+    if not changes or len(ns.ts) < 3 or not ns.series:
+        return ns
+    filled = np.zeros(len(ns.ts), bool)
+    for band in ns.series.values():
+        filled |= ~np.isnan(np.asarray(band.mean, dtype=np.float64))
+    at = np.flatnonzero(filled)
+    if len(at) < 2:
+        return ns
+    keep = filled.copy()
+    prev = np.maximum.accumulate(np.where(filled, np.arange(len(filled)), -1))  # the last filled bucket so far
+    nxt = np.searchsorted(at, np.arange(len(filled)))  # index in `at` of the next filled bucket
+    for i in np.flatnonzero(~filled):
+        p, j = prev[i], nxt[i]
+        if p < 0 or j >= len(at):
+            continue
+        a, b = ns.ts[p], ns.ts[at[j]]
+        if b - a > gap_limits_us(np.array([a]), np.array([b]), None, changes)[0]:
+            keep[i] = True
+    series = {k: Band(b.min[keep], b.max[keep], b.mean[keep]) for k, b in ns.series.items()}
+    return dataclasses.replace(ns, ts=ns.ts[keep], series=series)

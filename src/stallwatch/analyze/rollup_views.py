@@ -14,12 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch import records as r
-from stallwatch.analyze.loss import GAP_INTERVALS, MIN_GAP_US, SampleGap
+from stallwatch.analyze.loss import SampleGap, gap_limits_us
 from stallwatch.analyze.node_series import Band, NodeSeries
+from stallwatch.analyze.step_window import EventBucket, buckets_of
 from stallwatch.analyze.steps import LoopSpan, mode_order
 from stallwatch.analyze.usage import USAGE_ROWS, UsageStat, _matches
 from stallwatch.records import COLUMN_SEP, LOOP, LOSS, STEP
-from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US, series_names, stat_column
+from stallwatch.store.rollup_codec import FRAMEWORK_LEVEL_US, SYSTEM_LEVELS_US, series_names, stat_column
 
 
 def pick_level(span_us: int, buckets: int, interval_ms: float | None) -> int | None:
@@ -141,19 +142,21 @@ def usage(node: str, rows: pa.Table) -> list[UsageStat]:
     return out
 
 
-def sample_gaps(node: str, rows: pa.Table, interval_ms: float | None) -> list[SampleGap]:
+def sample_gaps(node: str, rows: pa.Table, interval_ms: float | None,
+                changes: list[tuple[int, float]] | None = None) -> list[SampleGap]:
     """Stretches without snapshots longer than the loss rule's limit, from the finest rollup: between buckets
-    exactly, inside a bucket its longest one."""
+    exactly, inside a bucket its longest one; each judged against the intervals in force at its ends."""
     if not rows.num_rows:
         return []
-    limit = max(MIN_GAP_US, int(GAP_INTERVALS * (interval_ms or 0) * 1000))
     first, last = rows["first_us"].to_numpy(), rows["last_us"].to_numpy()
     gap, gap_end = rows["gap_us"].to_numpy(), rows["gap_end_us"].to_numpy()
+    between = gap_limits_us(last[:-1], first[1:], interval_ms, changes)
+    inside = gap_limits_us(gap_end - gap, gap_end, interval_ms, changes)
     out = []
     for i in range(len(first)):
-        if i and first[i] - last[i - 1] > limit:
+        if i and first[i] - last[i - 1] > between[i - 1]:
             out.append(SampleGap(node, int(last[i - 1]), int(first[i])))
-        if gap[i] > limit:
+        if gap[i] > inside[i]:
             out.append(SampleGap(node, int(gap_end[i] - gap[i]), int(gap_end[i])))
     return out
 
@@ -235,6 +238,21 @@ def event_totals(fw: pa.Table, node: str, kinds: tuple[str, ...]) -> tuple[dict[
     for row in mine.group_by("kind").aggregate([("count", "sum"), ("sum_us", "sum")]).to_pylist():
         out[str(row["kind"])] = (int(row["count_sum"]), float(row["sum_us_sum"] or 0) / 1e6)
     return out, out.get(STEP, (0, 0.0))[0], sum(v[0] for v in out.values())
+
+
+def event_buckets(fw: pa.Table, node: str, kinds: tuple[str, ...]) -> list[EventBucket]:
+    """The node's steps per rollup bucket (a minute), all ranks: count, mean step and phases per step."""
+    mine = fw.filter(pc.and_(pc.equal(fw["node"], node), pc.is_in(fw["kind"], pa.array(list(kinds), pa.string()))))
+    if not mine.num_rows:
+        return []
+    g = mine.group_by(["bucket_us", "kind"]).aggregate([("count", "sum"), ("sum_us", "sum")])
+    return buckets_of(g["bucket_us"].to_numpy(), g["kind"].to_numpy(zero_copy_only=False).astype(str),
+                      g["sum_us_sum"].to_numpy(), g["count_sum"].to_numpy(), FRAMEWORK_LEVEL_US)
+
+
+def bucket_count(fw: pa.Table, node: str) -> int:
+    """How many rollup buckets (minutes) hold the node's framework events."""
+    return len(pc.unique(fw.filter(pc.equal(fw["node"], node))["bucket_us"])) if fw.num_rows else 0
 
 
 def latest_step(fw: pa.Table) -> int | None:

@@ -36,6 +36,17 @@ class KindTotal:
 
 
 @dataclass(frozen=True)
+class EventBucket:
+    """The steps that started in one time bucket, all ranks together: how many, their mean time, and each
+    phase's time per step (ms): what the timeline draws when the events are too many to draw one by one."""
+    start_us: int
+    width_us: int
+    steps: int
+    step_ms: float
+    phases_ms: dict[str, float]
+
+
+@dataclass(frozen=True)
 class EventsWindow:
     start_us: int | None
     end_us: int | None
@@ -44,6 +55,35 @@ class EventsWindow:
     events: list[Event]  # empty when more than the limit overlap the range (`truncated`)
     truncated: bool
     total_events: int
+    buckets: list[EventBucket] = field(default_factory=list)  # when `truncated`: the range in time buckets
+
+
+BUCKETS = 200  # buckets across a range whose events are too many to draw
+
+
+def buckets_of(starts: np.ndarray, kinds: np.ndarray, sums_us: np.ndarray, counts: np.ndarray,
+               width_us: int) -> list[EventBucket]:
+    """Per bucket (`starts`, one row per bucket and kind: events `counts`, durations `sums_us`), the steps, the
+    mean step and each phase per step; buckets without a step are left out (nothing to divide by)."""
+    out = []
+    for b in np.unique(starts):
+        here = starts == b
+        is_step = here & (kinds == STEP)
+        n = int(counts[is_step].sum())
+        if n == 0:
+            continue
+        phases = {k: float(sums_us[here & (kinds == k)].sum()) / n / 1000 for k in PHASES
+                  if (here & (kinds == k)).any()}
+        out.append(EventBucket(int(b), width_us, n, float(sums_us[is_step].sum()) / n / 1000, phases))
+    return out
+
+
+def event_buckets(kinds: np.ndarray, start: np.ndarray, end: np.ndarray, lo: int, hi: int,
+                  n: int = BUCKETS) -> list[EventBucket]:
+    """Events (by their start) in `n` equal buckets of [lo, hi)."""
+    width = max(1, -(-(hi - lo) // n))
+    bucket = lo + (start - lo) // width * width
+    return buckets_of(bucket, kinds, (end - start).astype(np.int64), np.ones(len(start), np.int64), int(width))
 
 
 @dataclass(frozen=True)
@@ -78,7 +118,10 @@ def events_window(events: pa.Table, start_us: int | None, end_us: int | None, li
             totals.append(KindTotal(kind, int(mask.sum()), float(inside[mask].sum()) / 1e6))
     steps = int((kinds == STEP).sum())
     if n > limit:
-        return EventsWindow(start_us, end_us, totals, steps, [], True, n)
+        first = int(start.min()) if start_us is None else start_us
+        last = int(end.max()) if end_us is None else end_us
+        return EventsWindow(start_us, end_us, totals, steps, [], True, n,
+                            event_buckets(kinds, start, end, first, max(last, first + 1)))
     rows = events.select(["kind", "name", "rank", "mode", "step", "start_us", "end_us"]).to_pylist()
     out = [Event(str(e["kind"]), str(e["name"]), int(e["rank"]), str(e["mode"]), e["step"], int(e["start_us"]),
                  int(e["end_us"])) for e in rows]

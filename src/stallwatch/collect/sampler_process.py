@@ -117,9 +117,10 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                           flush_interval_us=int(start.flush_interval_s * 1e6),
                           max_bytes=start.max_storage_bytes, stored_bytes=stored, budget=budget)
     events = _EventSide(start, sink, budget, sampler)
-    watcher = _watch_config(location, start) if start.events_address else None
+    watcher = _watch_config(location, start)
     node_record = dict(start.node_record)
     node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.sample_interval_ms,
+                       sample_intervals=[{"from_us": sampler.now_us(), "sample_interval_ms": start.sample_interval_ms}],
                        status="running")
     for rel, text in start.files.items():  # remote runs only: a later node leaves the first one's files alone
         try:
@@ -136,6 +137,10 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         events.receive(ready)
         if watcher is not None and (changed := watcher.take()) is not None:
             events.broadcast({"config": changed.to_dict()})
+            if changed.sample_interval_ms != node_record["sample_interval_ms"]:
+                _change_interval(changed.sample_interval_ms, ticks, writer, node_record, sampler.now_us())
+                interval_s = changed.sample_interval_ms / 1000.0
+                _write_node(sink, start.node, node_record)
         for msg in msgs:
             if "pid" in msg:
                 sampler.set_job_pid(int(msg["pid"]))
@@ -189,6 +194,24 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                 stream.flush()
             os._exit(EXIT_KEPT_IN_SPOOL)
     return 0
+
+
+MAX_INTERVAL_CHANGES = 1000  # the node record keeps the latest changes of the sampling interval
+
+
+def _change_interval(interval_ms: int, ticks: TickSchedule, writer: Any, node_record: dict[str, Any],
+                     at_us: int) -> None:
+    """A live change of the sampling interval (validated by the config watcher): the schedule restarts from
+    the last snapshot, the writer adapts its buffer, and the node record says from when (its acknowledgement)."""
+    was = node_record["sample_interval_ms"]
+    ticks.set_interval(interval_ms / 1000.0)
+    writer.set_interval(interval_ms * 1000)
+    history = node_record.setdefault("sample_intervals", [])
+    history.append({"from_us": at_us, "sample_interval_ms": interval_ms})
+    if len(history) > MAX_INTERVAL_CHANGES:
+        del history[:len(history) - MAX_INTERVAL_CHANGES]
+    node_record["sample_interval_ms"] = interval_ms
+    logger.warning("sampling every %d ms from now on (was %d ms)", interval_ms, was)
 
 
 def _watch_config(location: Any, start: StartMessage) -> Any:

@@ -39,6 +39,12 @@ class TickSchedule:
             self.missed += behind
             self._k += behind
 
+    def set_interval(self, interval_s: float) -> None:
+        """A live change: deadlines restart from the last snapshot (or now), `interval_s` apart."""
+        self._start = self.last_tick if self.last_tick is not None else self._clock()
+        self._k = 1
+        self.interval_s = interval_s
+
     def since_last(self) -> float:
         """Seconds since the last snapshot (or since the start, before the first one)."""
         return self._clock() - (self.last_tick if self.last_tick is not None else self._start)

@@ -158,6 +158,8 @@ PYINSTRUMENT_JSON = "pyinstrument.json"  # pyinstrument session (Session.load re
 PYINSTRUMENT_HTML = "pyinstrument.html"  # pyinstrument's interactive page for that session
 FUNCTIONS_PARQUET = "functions.parquet"  # per-function totals from cProfile or pyinstrument
 PROFILE_LAYERS = ("detailed", "python")
+# The files of a window that are the capture itself (what a user downloads); the rest are summaries of them.
+CAPTURE_FILES = (TRACE_JSON_GZ, PSTATS, PYINSTRUMENT_JSON, PYINSTRUMENT_HTML)
 _WINDOW = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 
 

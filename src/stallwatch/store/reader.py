@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Container, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,6 @@ from stallwatch.store import framework_codec, layout, profiles_codec, trace_code
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.records_check import MAX_TIME_US, NODE_FIELDS, RUN_FIELDS, WINDOW_FIELDS, checked
 from stallwatch.store.system_codec import column_span, count_rows, read_columns, read_schema, to_tidy
-
 
 _LIST_ATTEMPTS = 3  # a live run's parts can be compacted between listing and reading: list again
 
@@ -303,11 +302,21 @@ class Run:
                 continue
             if layer is not None and record["layer"] != layer:
                 continue
-            # Where it is stored is the path's word, not the file's.
-            out.append({**record, "node": node, "rank": layout.rank_number(rank), "window": window, "path": rel})
+            # Where it is stored is the path's word, not the file's; so are the files it holds.
+            out.append({**record, "node": node, "rank": layout.rank_number(rank), "window": window, "path": rel,
+                        "stored": sorted(n for n in names if n in layout.CAPTURE_FILES)})
         out.sort(key=lambda r: (str(r.get("node")), _rank_key(str(r.get("rank"))), _int_or(r.get("start_us")),
                                 str(r.get("window"))))
         return out
+
+    def open_capture(self, node: str, rank: int, window: str, name: str) -> Any:
+        """One stored file of a complete profiling window (a trace, a profile; `layout.CAPTURE_FILES`), to be
+        read in blocks. Only what the run's listing holds is opened, and locally never through a link:
+        FileNotFoundError for anything else, whatever the names are."""
+        names = self._profile_windows().get((node, str(rank), window))
+        if name not in layout.CAPTURE_FILES or names is None or name not in names:
+            raise FileNotFoundError(f"no capture file {name!r} in window {window!r} of {node}/{rank}")
+        return self.location.open_input_file(f"{layout.trace_window_dir(node, rank, window)}/{name}")
 
     def operators(self, window: str | None = None, nodes: Iterable[str] | None = None) -> pa.Table:
         """Per-operator totals of torch.profiler windows (`operators_schema()`): node, rank, window, name,

@@ -97,6 +97,9 @@ _GPU = _record({"index": _int(0, 1 << 16), "name": _text, "uuid": _text,
 _RANK = _record({"rank": _int(0, _INT32), "local_rank": _int(0, _INT32), "world_size": _int(1, _INT32),
                  "pid": PID}, required=("rank",))
 
+_INTERVAL_FROM = _record({"from_us": TIME, "sample_interval_ms": _int(1, 86_400_000)},
+                         required=("from_us", "sample_interval_ms"))
+
 RUN_FIELDS: dict[str, Check] = {
     "format_version": _int(0, 1 << 16), "run_id": _text, "created_us": TIME, "created_by_node": _text,
     "command": TEXT_LIST, "versions": _dict_of(_text), "config": lambda v: _config(v), "imported": _json_object,
@@ -107,7 +110,7 @@ NODE_FIELDS: dict[str, Check] = {
     "cpu_cores_logical": _int(1, 1 << 20), "cpu_cores_physical": _optional(_int(1, 1 << 20)),
     "memory_total_bytes": COUNT, "gpus": _list_of(_GPU), "gpu_driver": _optional(_text),
     "gpu_absent_reason": _optional(_text), "sample_interval_ms": _int(1, 86_400_000), "metrics": TEXT_LIST,
-    "ranks": _list_of(_RANK), "samples_written": COUNT, "samples_dropped": COUNT, "ticks_missed": COUNT,
+    "sample_intervals": _list_of(_INTERVAL_FROM), "ranks": _list_of(_RANK), "samples_written": COUNT, "samples_dropped": COUNT, "ticks_missed": COUNT,
     "sampler_cpu_s": SECONDS, "sampler_max_rss_bytes": COUNT, "platform": _text, "python": _text,
     "sampler_pid": PID, "sampler_end_us": TIME, "exit_signal": _optional(_int(1, 255)),
     "interrupted": lambda v: isinstance(v, bool), "imported": _json_object,

@@ -23,14 +23,26 @@ class SystemWriter(ChunkWriter):
                  max_bytes: int, stored_bytes: int = 0, segment_us: int = SEGMENT_US,
                  budget: StorageBudget | None = None) -> None:
         segment_us = max(segment_us, flush_interval_us)
-        # Room for one segment plus slack for late rotation; beyond it the segment is rotated early.
-        capacity = int(segment_us / max(interval_us, 1)) + 64
-        super().__init__(sink, layout.system_dir(node), capacity=capacity, flush_interval_us=flush_interval_us,
-                         max_bytes=max_bytes, stored_bytes=stored_bytes, segment_us=segment_us, budget=budget)
+        capacity = _capacity(segment_us, interval_us)
+        super().__init__(sink, layout.system_dir(node), capacity=capacity,
+                         flush_interval_us=max(flush_interval_us, interval_us), max_bytes=max_bytes,
+                         stored_bytes=stored_bytes, segment_us=segment_us, budget=budget)
+        self._flush_asked_us = flush_interval_us
         self.keys = list(keys)
         self._ts = np.zeros(capacity, dtype=np.int64)
         self._values = np.full((capacity, len(self.keys)), np.nan, dtype=np.float64)
         self._rollups = RollupBlocks(sink, layout.system_rollup_dir(node), SYSTEM_BLOCK_US, combine_system)
+
+    def set_interval(self, interval_us: int) -> None:
+        """A live change of the sampling interval: the buffer grows to hold a segment at the new pace (it never
+        shrinks: memory stays bounded by the finest interval used), and a flush carries at least one snapshot."""
+        capacity = _capacity(self._segment_us, interval_us)
+        if capacity > self._capacity:
+            ts = np.zeros(capacity, dtype=np.int64)
+            values = np.full((capacity, len(self.keys)), np.nan, dtype=np.float64)
+            ts[:self._n], values[:self._n] = self._ts[:self._n], self._values[:self._n]
+            self._ts, self._values, self._capacity = ts, values, capacity
+        self._flush_us = max(self._flush_asked_us, interval_us)
 
     def append(self, timestamp_us: int, values: list[float]) -> None:
         self._make_room()
@@ -55,3 +67,8 @@ class SystemWriter(ChunkWriter):
 
     def _clear(self) -> None:
         self._values.fill(np.nan)
+
+
+def _capacity(segment_us: int, interval_us: int) -> int:
+    """Room for one segment plus slack for late rotation; beyond it the segment is rotated early."""
+    return int(segment_us / max(interval_us, 1)) + 64

@@ -47,6 +47,7 @@ class _Node:
     evaluated: int = 0
     low_gpu: int = 0
     bottlenecks: int = 0
+    bottleneck_us: int = 0  # the bottleneck snapshots' sampling intervals, summed (intervals may change live)
     triggered: int = 0
     in_run: bool = False  # the last evaluated snapshot was a bottleneck (its run may go on)
     runs: int = 0  # runs of consecutive bottleneck snapshots, all of them
@@ -61,7 +62,6 @@ class _Context:
 
     def __init__(self) -> None:
         self.starts, self.ends = Appendable(), Appendable()
-        self.sample_interval_ms = 0.0
         self.last_ts: int | None = None  # the node's latest snapshot so far
         self.waiting: list[tuple[np.ndarray, ...]] = []  # (kind codes, mode codes, starts, ends, ranks)
         self.kinds: dict[int, int] = {}  # kind code -> µs of overlap
@@ -69,13 +69,14 @@ class _Context:
         self.ranks: set[int] = set()
         self.events = 0
 
-    def add_periods(self, bad: np.ndarray, ts: np.ndarray) -> None:
-        """Bottleneck snapshots (`bad` per snapshot at `ts`) as periods of one sampling interval each."""
+    def add_periods(self, bad: np.ndarray, ts: np.ndarray, widths_us: np.ndarray) -> None:
+        """Bottleneck snapshots (`bad` per snapshot at `ts`) as periods of the sampling interval in force at
+        each (`widths_us`)."""
         if ts.size:
             self.last_ts = int(ts[-1])
         if not bad.any():
             return
-        lo, hi = ts[bad], ts[bad] + int(self.sample_interval_ms * 1000)
+        lo, hi = ts[bad], ts[bad] + widths_us[bad]
         if self.ends.n and lo[0] <= self.ends.view()[-1]:  # continues (or touches) the last period
             self.ends.view()[-1] = max(int(self.ends.view()[-1]), int(hi[0]))
             lo, hi = lo[1:], hi[1:]
@@ -195,8 +196,6 @@ class _Bottleneck(Rule):
             m = n - skip
             if m == 0:
                 continue
-            if not st.context.sample_interval_ms:
-                st.context.sample_interval_ms = frame.sample_interval_ms
             with np.errstate(invalid="ignore"):
                 low, bad = self._flags(frame, skip, st)
             # cumulative condition at every evaluated snapshot: bottlenecks so far > threshold % of so far
@@ -207,7 +206,9 @@ class _Bottleneck(Rule):
             st.low_gpu += int(np.count_nonzero(low))
             st.bottlenecks = int(so_far[-1])
             self._runs(st, bad, frame.timestamps[skip:])
-            st.context.add_periods(bad, frame.timestamps[skip:])
+            widths = (frame.intervals_ms(frame.timestamps[skip:]) * 1000).astype(np.int64)
+            st.bottleneck_us += int(widths[bad].sum())
+            st.context.add_periods(bad, frame.timestamps[skip:], widths)
         self._match_events(chunk)
 
     def _match_events(self, chunk: Chunk) -> None:
@@ -278,7 +279,8 @@ class _Bottleneck(Rule):
             pct = 100.0 * st.bottlenecks / st.evaluated if st.evaluated else 0.0
             above = st.evaluated > 0 and st.bottlenecks * 100.0 > threshold * st.evaluated
             per_node[node] = {"datapoints": st.evaluated, "low_gpu_utilization": st.low_gpu,
-                              "bottlenecks": st.bottlenecks, "percent": round(pct, 2), "above_threshold": above,
+                              "bottlenecks": st.bottlenecks, "bottleneck_s": round(st.bottleneck_us / 1e6, 3),
+                              "percent": round(pct, 2), "above_threshold": above,
                               "triggered": st.triggered, "ranges": st.runs, "gpus": st.gpus, "cores": st.cores}
             ranges += [{"node": node, "start_us": s, "end_us": e, "snapshots": k} for s, e, k in st.ranges]
             if st.bottlenecks:

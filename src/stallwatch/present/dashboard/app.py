@@ -136,7 +136,13 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         return documents.heatmap_doc(node, rows)
 
     def profiling(state: RunState, q: Any, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        if body is not None:
+        if body is not None and "interval_ms" in body:
+            ms = controls.sample_interval(body["interval_ms"])
+            controls.apply_interval(state.run.location, ms)
+            state.requests.append({"layer": "interval", "range": f"{ms} ms", "interval_ms": ms,
+                                   "requested_us": int(time.time() * 1e6)})
+            del state.requests[:-20]
+        elif body is not None:
             layer = str(body.get("layer", ""))
             if layer not in controls.LAYERS:
                 raise BadRequest(f"layer must be one of {', '.join(controls.LAYERS)}")
@@ -149,7 +155,32 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                 del state.requests[:-20]
         config = controls.current_config(state.run.location)
         windows = state.run.profiles()
-        return documents.profiling_doc(config, [controls.request_status(r, windows) for r in state.requests], windows)
+        nodes = (state.run.info.get("nodes") or {}) if any(r["layer"] == "interval" for r in state.requests) else {}
+        return documents.profiling_doc(config, [controls.interval_status(r, nodes) if r["layer"] == "interval"
+                                                else controls.request_status(r, windows) for r in state.requests],
+                                       windows)
+
+    def capture_file(state: RunState, q: Any) -> Response:
+        """A capture's stored file, as a download: only the files of the run's own complete windows."""
+        node, window, name = q.get("node") or "", q.get("window") or "", q.get("file") or ""
+        rank = _int(q, "rank", -1)
+        if not any(w.get("node") == node and w.get("rank") == rank and w.get("window") == window
+                   for w in state.run.profiles()):
+            raise NotServed(window)
+        try:
+            fh = state.run.open_capture(node, rank, window, name)
+        except (FileNotFoundError, OSError):
+            raise NotServed(name) from None
+
+        def blocks() -> Any:
+            with fh:
+                while chunk := fh.read(1 << 20):
+                    yield chunk
+
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{node}-{rank}-{window}-{name}")
+        return StreamingResponse(blocks(), media_type="application/octet-stream", headers={
+            "content-disposition": f'attachment; filename="{safe}"', "cache-control": "no-store",
+            "x-content-type-options": "nosniff", "content-security-policy": "sandbox"})
 
     def report(state: RunState, q: Any) -> Response:
         from stallwatch.analyze.analysis import RunAnalysis
@@ -228,6 +259,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/run/{id}/heatmap", api(heatmap)),
         Route("/api/run/{id}/profiling", api(profiling), methods=["GET", "POST"]),
         Route("/api/run/{id}/report", api(report)),
+        Route("/api/run/{id}/capture", api(capture_file)),
         Route("/api/run/{id}/live", live),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]

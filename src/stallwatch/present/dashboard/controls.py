@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stallwatch.config import ConfigError, ProfilerConfig, ProfilingRange
+from stallwatch.config import SAMPLE_INTERVAL_PRESETS_MS, ConfigError, ProfilerConfig, ProfilingRange
+from stallwatch.present.dashboard.documents import capture
 from stallwatch.store import run_files
 
 LAYERS = {"detailed": "detailed_profiling", "dataloader": "dataloader_profiling", "python": "python_profiling"}
@@ -64,6 +65,43 @@ def apply(location: Any, layer: str, rng: ProfilingRange | None) -> tuple[Profil
     return before, after
 
 
+def sample_interval(value: Any) -> int:
+    """The interval a request asks for: one of the seed's presets (ms); anything else is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or str(value).strip() not in \
+            {str(p) for p in SAMPLE_INTERVAL_PRESETS_MS}:
+        raise ControlError(f"interval_ms must be one of {', '.join(str(p) for p in SAMPLE_INTERVAL_PRESETS_MS)} "
+                           f"(ms), got {str(value)[:40]!r}")
+    return int(str(value).strip())
+
+
+def apply_interval(location: Any, interval_ms: int) -> tuple[ProfilerConfig, ProfilerConfig]:
+    """Write a new sampling interval into the live configuration; (before, after)."""
+    before = current_config(location)
+    try:
+        after = before.replace(sample_interval_ms=interval_ms)
+    except ConfigError as exc:
+        raise ControlError(str(exc)) from None
+    run_files.write_config(location, after)
+    return before, after
+
+
+def interval_status(request: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """An interval request with when each running node's sampler took it (its record's `sample_intervals`);
+    picked up once every node that records intervals has."""
+    taken: dict[str, int | None] = {}
+    for node, record in sorted(nodes.items()):
+        history = record.get("sample_intervals")
+        if not isinstance(history, list):
+            continue
+        taken[node] = min((e["from_us"] for e in history if isinstance(e, dict)
+                           and e.get("sample_interval_ms") == request["interval_ms"]
+                           and isinstance(e.get("from_us"), int) and e["from_us"] >= request["requested_us"] - 1_000_000),
+                          default=None)
+    done = bool(taken) and all(v is not None for v in taken.values())
+    return {**request, "picked_up_us": max(v for v in taken.values() if v is not None) if done else None,
+            "nodes": [{"node": n, "picked_up_us": v} for n, v in taken.items()], "captures": []}
+
+
 def request_status(request: dict[str, Any], windows: list[dict[str, Any]]) -> dict[str, Any]:
     """A request with what became of it: the capture windows of its layer that started after it was made."""
     layer = "python" if request["layer"] == "python" else "detailed"
@@ -72,8 +110,7 @@ def request_status(request: dict[str, Any], windows: list[dict[str, Any]]) -> di
     if request["layer"] == "dataloader":
         found = []  # data-loader timing lands in the framework events, not in a capture window
     return {**request, "picked_up_us": min((w["start_us"] for w in found), default=None),
-            "captures": [{"node": w.get("node"), "rank": w.get("rank"), "window": w.get("window"),
-                          "start_us": w.get("start_us"), "end_us": w.get("end_us")} for w in found]}
+            "captures": [capture(w) for w in found]}
 
 
 def _int(name: str, value: Any) -> int:

@@ -86,7 +86,7 @@ def timeline_doc(ns: NodeSeries, info: dict[str, Any], last_sample_us: int | Non
 def events_doc(node: str, w: EventsWindow) -> dict[str, Any]:
     return {**header("events"), "node": node, "from": w.start_us, "to": w.end_us, "steps": w.steps,
             "totals": [asdict(t) for t in w.totals], "truncated": w.truncated, "total_events": w.total_events,
-            "events": [asdict(e) for e in w.events]}
+            "events": [asdict(e) for e in w.events], "buckets": [asdict(b) for b in w.buckets]}
 
 
 def steps_doc(node: str, steps: list[StepBreakdown]) -> dict[str, Any]:
@@ -118,8 +118,13 @@ def profiling_doc(config: ProfilerConfig, requests: list[dict[str, Any]], window
         live[name] = v.to_spec() if isinstance(v, ProfilingRange) else v
     return {**header("profiling"), "live": live, "sample_interval_ms": config.sample_interval_ms,
             "sample_interval_presets_ms": list(SAMPLE_INTERVAL_PRESETS_MS), "requests": requests,
-            "captures": [{k: w.get(k) for k in ("node", "rank", "window", "layer", "start_us", "end_us",
-                                                  "first_step", "last_step")} for w in windows]}
+            "captures": [capture(w) for w in windows]}
+
+
+def capture(window: dict[str, Any]) -> dict[str, Any]:
+    """What the page shows of a capture window: where, when, and its stored files (to download)."""
+    return {k: window.get(k) for k in ("node", "rank", "window", "layer", "start_us", "end_us", "first_step",
+                                        "last_step", "stored")}
 
 
 def _arr(values: np.ndarray, digits: int = 2) -> list[float | None]:

@@ -188,17 +188,54 @@ function renderOperators(o) {
   box.appendChild(t);
 }
 
+const fmtInterval = v => v >= 1000 ? `${v / 1000} s` : `${v} ms`;
+function openRange(node, start, end) {
+  const pad = Math.max(((end || start) - start) * 0.5, 2e6);
+  state.node = node; state.from = start - pad; state.to = (end || start) + pad; state.flagged = [[start, end || start]];
+  show("nodes");
+}
+function captureLinks(c) {
+  const links = (c.stored || []).map(f => el("a", { class: "capture-file", download: "", href: `/api/run/${encodeURIComponent(state.run)}/capture?` +
+    new URLSearchParams({ node: c.node, rank: String(c.rank), window: c.window, file: f }) }, f));
+  links.push(el("a", { class: "capture-timeline", href: "#", onclick: ev => { ev.preventDefault(); openRange(c.node, c.start_us, c.end_us); } }, "timeline"));
+  return el("span", { class: "capture", dataset: { window: c.window } }, `${c.node}/${c.rank} `, ...links.flatMap(a => [a, " "]));
+}
 function renderProfiling(p) {
-  $("interval").textContent = `${p.sample_interval_ms} ms`;
-  $("presets").textContent = p.sample_interval_presets_ms.map(v => v >= 1000 ? `${v / 1000} s` : `${v} ms`).join(", ");
+  $("interval").textContent = fmtInterval(p.sample_interval_ms);
+  const pick = $("interval-pick");
+  if (!pick.options.length) for (const v of p.sample_interval_presets_ms) pick.appendChild(el("option", { value: String(v) }, fmtInterval(v)));
+  if (!pick.dataset.touched) pick.value = String(p.sample_interval_ms);
   const t = $("requests"); t.textContent = "";
-  if (!p.requests.length && !p.captures.length) return;
-  t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
+  let waiting = false;
+  if (p.requests.length) t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
   for (const r of p.requests.slice().reverse()) {
+    const pending = !r.picked_up_us && r.layer !== "dataloader";
+    waiting = waiting || pending;
+    const picked = r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…");
+    const perNode = r.layer === "interval" && r.nodes && r.nodes.length > 1 ? " (" + r.nodes.map(n => `${n.node}: ${n.picked_up_us ? fmtUs(n.picked_up_us) : "waiting"}`).join(", ") + ")" : "";
     t.appendChild(el("tr", { dataset: { layer: r.layer } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
-      el("td", { class: "text picked" }, r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…")),
-      el("td", { class: "text" }, ...r.captures.map(c => el("a", { href: "#", onclick: ev => { ev.preventDefault(); state.node = c.node; state.from = c.start_us - 5e6; state.to = (c.end_us || c.start_us) + 5e6; show("nodes"); } }, `${c.node}/${c.rank} ${c.window} `)))));
+      el("td", { class: "text picked" }, picked + perNode), el("td", { class: "text" }, ...r.captures.map(captureLinks))));
   }
+  const c = $("captures"); c.textContent = "";
+  if (!p.captures.length) c.appendChild(el("tr", {}, el("td", { class: "muted" }, "No capture yet.")));
+  else c.appendChild(el("tr", {}, ...["Layer", "Start", "Steps", "Files and timeline"].map(h => el("th", {}, h))));
+  for (const w of p.captures.slice().reverse()) {
+    const steps = w.first_step === null || w.first_step === undefined ? "–" : `${w.first_step}–${w.last_step ?? "…"}`;
+    c.appendChild(el("tr", { dataset: { layer: w.layer } }, el("td", { class: "text" }, w.layer), el("td", {}, fmtUs(w.start_us)), el("td", {}, steps), el("td", { class: "text" }, captureLinks(w))));
+  }
+  clearTimeout(state.profilingTimer);
+  if (waiting && state.view === "overview") state.profilingTimer = setTimeout(() => runApi("profiling").then(renderProfiling).catch(showError), 2000);
+}
+
+async function submitInterval(ev) {
+  ev.preventDefault();
+  $("profile-error").textContent = "";
+  try {
+    const p = await api(`/api/run/${encodeURIComponent(state.run)}/profiling`, { method: "POST", body: JSON.stringify({ interval_ms: Number($("interval-pick").value) }),
+      headers: { "content-type": "application/json", "x-stallwatch": "1" } });
+    delete $("interval-pick").dataset.touched;
+    renderProfiling(p);
+  } catch (e) { $("profile-error").textContent = e.message; }
 }
 
 async function submitProfiling(ev) {
@@ -292,15 +329,34 @@ function drawTimeline() {
   charts.mem.setData({ ts, spans, bands: [], lines: lines([line(t, "memory", "memory", P[4], true), line(t, "iowait", "I/O wait", P[3], true)]) });
 }
 
+const PHASE_COLORS = { data_wait: "#e08a00", forward: "#2f6fdf", backward: "#7a4fd0", optimizer: "#2a9d5b" };
 function drawEvents(ev) {
-  // Steps as a series of durations at their start (events when few), otherwise the totals only.
-  const steps = ev.events.filter(e => e.kind === "step");
-  const ts = steps.map(e => e.start_us), kinds = ["data_wait", "forward", "backward", "optimizer"];
-  const lines = [{ name: "step (ms)", color: Charts.PALETTE[0], values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
-  const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: "rgba(224,138,0,.25)" }));
-  charts.events.setData({ ts, lines, bands: [], spans: phaseSpans });
-  const box = $("brush-list"); if (box.dataset.brushed) return;
-  box.textContent = ev.truncated ? `${ev.total_events.toLocaleString()} events in view: zoom in (or drag an interval) to see them one by one. ` : "";
+  // Few events: each step's duration at its start, data waits shaded. Too many (a whole run): per time bucket the
+  // mean step and, stacked under it, each phase's time per step (from the rollups, or the events, in buckets).
+  const box = $("brush-list");
+  $("chart-events").dataset.mode = ev.truncated ? "buckets" : "events";
+  if (ev.truncated) {
+    const b = ev.buckets || [], ts = b.map(x => x.start_us), lines = [], bands = [];
+    let below = b.map(() => 0);
+    for (const k of ["data_wait", "forward", "backward", "optimizer"]) {
+      if (!b.some(x => x.phases_ms[k] !== undefined)) continue;
+      const top = b.map((x, i) => below[i] + (x.phases_ms[k] || 0));
+      bands.push({ lo: below, hi: top, color: PHASE_COLORS[k] });
+      lines.push({ name: k, color: PHASE_COLORS[k], values: top, width: 1 });
+      below = top;
+    }
+    lines.push({ name: "step (ms, mean per bucket)", color: Charts.PALETTE[0], values: b.map(x => x.step_ms), width: 2 });
+    $("chart-events").dataset.buckets = String(b.length);
+    charts.events.setData({ ts, lines, bands, spans: [] });
+  } else {
+    const steps = ev.events.filter(e => e.kind === "step");
+    const lines = [{ name: "step (ms)", color: Charts.PALETTE[0], values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
+    const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: "rgba(224,138,0,.25)" }));
+    charts.events.setData({ ts: steps.map(e => e.start_us), lines, bands: [], spans: phaseSpans });
+  }
+  if (box.dataset.brushed) return;
+  const width = ev.buckets && ev.buckets.length ? ev.buckets[0].width_us : 0;
+  box.textContent = ev.truncated ? `${ev.total_events.toLocaleString()} events in view, drawn per ${width < 1e6 ? `${Math.round(width / 1000)} ms` : fmtDur(width / 1e6)}: zoom in (or drag an interval) to see them one by one. ` : "";
   box.appendChild(totalsTable(ev));
 }
 
@@ -433,6 +489,8 @@ window.addEventListener("DOMContentLoaded", async () => {
   $("reset-zoom").addEventListener("click", () => { state.from = state.to = null; state.flagged = null; delete $("brush-list").dataset.brushed; charts.sync.x0 = charts.sync.x1 = null; writeHash(); loadTimeline(false).catch(showError); });
   $("mode-pick").addEventListener("change", () => renderRanks().catch(showError));
   $("profile-form").addEventListener("submit", submitProfiling);
+  $("interval-form").addEventListener("submit", submitInterval);
+  $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
   setInterval(() => { if (state.view === "nodes") renderBadges(); }, 1000);
   readHash();
   try {
