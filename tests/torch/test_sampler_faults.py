@@ -57,3 +57,24 @@ def test_every_step_survives_a_sampler_fault(tmp_path, fault):
     if fault == "stop":
         assert any("no system samples on n for" in n for n in notes), notes
     assert not any("were lost" in n for n in notes), notes
+
+
+def test_steps_reach_the_store_on_their_own_pace_with_a_slow_sampling_interval(tmp_path):
+    """With a snapshot a minute, framework events are still stored every flush interval (they were stored only
+    at snapshots: the live dashboard saw a job's steps a minute late)."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB.replace('open(sys.argv[1], "w").close()', 'open(sys.argv[1], "w").close(); time.sleep(60)'))
+    run = tmp_path / "run"
+    bg = Background(tmp_path, "run", "--out", str(run), "--node", "n", "--interval", "60s", "--flush-interval", "1",
+                    "--", sys.executable, str(script), str(tmp_path / "going"))
+    try:
+        wait_until(lambda: (tmp_path / "going").exists(), 60, what="the job's step 100")
+
+        def stored() -> int:
+            try:
+                return len(open_run(str(run)).framework(kinds=[STEP]))
+            except Exception:
+                return 0
+        wait_until(lambda: stored() >= 100, 40, period=0.5, what="the first 100 steps in the store")
+    finally:
+        bg.kill_all()

@@ -25,6 +25,7 @@ from stallwatch.timeutil import now_us
 FINAL_UPLOAD_TIMEOUT_S = 30.0
 # Exit status telling the launcher that some of the run is only in the local spool (not uploaded).
 EXIT_KEPT_IN_SPOOL = 3
+EVENTS_TICK_S = 0.5  # framework events are stored on their own pace, not the snapshots' (which may be a minute)
 
 
 @dataclass
@@ -132,9 +133,13 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         os.write(ready_fd, b"ready\n")
 
     ticks = TickSchedule(interval_s)
+    events_due = time.monotonic() + EVENTS_TICK_S
     while not stop["now"] and not control.eof:
-        msgs, ready = control.wait(ticks.time_left(), events.fds())
+        msgs, ready = control.wait(min(ticks.time_left(), events_due - time.monotonic()), events.fds())
         events.receive(ready)
+        if time.monotonic() >= events_due:
+            events.tick(sampler.now_us())
+            events_due = time.monotonic() + EVENTS_TICK_S
         if watcher is not None and (changed := watcher.take()) is not None:
             events.broadcast({"config": changed.to_dict()})
             if changed.sample_interval_ms != node_record["sample_interval_ms"]:
@@ -159,7 +164,6 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         except Exception as exc:  # a reading that fails in a new way must not end sampling
             warn_once(f"snapshot-{type(exc).__name__}", "a snapshot failed (%s: %s); sampling goes on",
                       type(exc).__name__, exc)
-        events.tick(sampler.now_us())
         ticks.done()
 
     # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
