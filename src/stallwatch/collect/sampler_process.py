@@ -135,9 +135,11 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     ticks = TickSchedule(interval_s)
     events_due = time.monotonic() + EVENTS_TICK_S
     while not stop["now"] and not control.eof:
-        msgs, ready = control.wait(min(ticks.time_left(), events_due - time.monotonic()), events.fds())
+        fds = events.fds()  # no socket (system metrics only): no extra wake-ups
+        wait_s = min(ticks.time_left(), events_due - time.monotonic()) if fds else ticks.time_left()
+        msgs, ready = control.wait(wait_s, fds)
         events.receive(ready)
-        if time.monotonic() >= events_due:
+        if fds and time.monotonic() >= events_due:
             events.tick(sampler.now_us())
             events_due = time.monotonic() + EVENTS_TICK_S
         if watcher is not None and (changed := watcher.take()) is not None:
