@@ -40,7 +40,8 @@ def test_render_info_of_a_small_run(tmp_path):
     files = [p for p in root.rglob("*") if p.is_file()]
     size_kb = sum(p.stat().st_size for p in files) / 1024
     assert lines[4] == f"size       {size_kb:.1f} KB in {len(files)} files"
-    assert len(files) == 3 + 6 + 2  # run.json + 2 node records, 3 segments per node, 2 framework files
+    # run.json + 2 node records, 3 segments per node, a system rollup per node, 2 framework files
+    assert len(files) == 3 + 6 + 2 + 2
 
     rows = {line.split()[0]: line.split() for line in lines if line.startswith("algo-")}
     assert rows["algo-1"][:4] == ["algo-1", "2", "0", "30"]
