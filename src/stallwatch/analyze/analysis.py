@@ -34,7 +34,7 @@ from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
 from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
-from stallwatch.analyze.engine import Engine, open_engine
+from stallwatch.analyze.engine import Engine, open_engine, shared_uri
 from stallwatch.analyze.frames import NodeFrame, node_frame
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import Rule
@@ -334,7 +334,7 @@ class RunAnalysis:
         nodes = sorted(self.ranks)
         if self.engine.name == "local":
             return list(self.engine.map(partial(_node_tasks.node_steps, self.run), nodes))
-        return list(self.engine.map(partial(_node_tasks.node_steps_task, self.run.uri), nodes))
+        return list(self.engine.map(partial(_node_tasks.node_steps_task, shared_uri(self.run.uri)), nodes))
 
     def step_stats(self, node: str | None = None) -> list[_steps.StepStat]:
         """Per node, rank and mode: steps, p50/p95/max and the phases' shares of step time."""

@@ -151,6 +151,12 @@ class DaskEngine:
 _END = object()
 
 
+def shared_uri(uri: str) -> str:
+    """The run's URI as a worker elsewhere reads it: an object-store URI as it is, a local path made absolute
+    (a worker's working directory is not the caller's)."""
+    return uri if "://" in uri else os.path.abspath(uri)
+
+
 def parse_engine(spec: str | None) -> tuple[str, str | None]:
     """`local`, `dask` or `dask=ADDRESS` -> (name, address); EngineError for anything else."""
     text = (spec or LOCAL).strip()

@@ -21,7 +21,7 @@ from typing import IO, Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from stallwatch.analyze.engine import Engine, LocalEngine
+from stallwatch.analyze.engine import Engine, LocalEngine, shared_uri
 from stallwatch.analyze.node_tasks import node_timeline, node_timeline_task
 from stallwatch.log import logger
 from stallwatch.records import (
@@ -296,7 +296,7 @@ def export_timeline(run: Run, out: str | Path, *, start_us: int | None = None, e
     options = dict(start_us=start_us, end_us=end_us, events_end_us=events_end, max_points=max_points,
                    metrics=None if all_metrics else DEFAULT_METRICS, scale_of=partial(_scale, all_metrics=all_metrics))
     work = partial(node_timeline, run, **options) if engine.name == "local" else \
-        partial(node_timeline_task, run.uri, **options)
+        partial(node_timeline_task, shared_uri(run.uri), **options)
     with _output(Path(out)) as fh:
         trace = TraceFile(fh)
         for i, part in enumerate(engine.map(work, nodes)):

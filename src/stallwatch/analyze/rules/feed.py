@@ -130,6 +130,8 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
     """The slices read on the engine's workers (each reads the run from its URI), in order."""
     from functools import partial
 
+    from stallwatch.analyze.engine import shared_uri
+
     run = run.pinned()
     info = dict(run.info)
     info["operators"] = run.operators()
@@ -139,7 +141,7 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
         return
     slices = run.time_slices(slice_us)
     token = f"{id(run)}-{lo}-{hi}-{len(slices)}"  # one listing per worker for this evaluation
-    work = partial(slice_task, run.uri, token, rule_metrics(list(rules) if rules is not None else None),
+    work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
                    info.get("nodes", {}))
     for i, (system, cols) in enumerate(engine.map(work, slices)):
         chunk = Chunk(system, cols.table, info, final=i == len(slices) - 1)
