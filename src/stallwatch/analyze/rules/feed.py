@@ -164,6 +164,8 @@ def slice_task(uri: str, token: str, metrics: set[str] | None, nodes: dict[str, 
         run = _WORKER_RUNS[token] = open_run(uri).pinned()
     run, system, events = read_slice(run, bounds[0], bounds[1], metrics, nodes)
     _WORKER_RUNS[token] = run
+    # A slice of a cached file shares the file's buffers, and pickling sends whole buffers: copy just the rows.
+    events = events.take(pa.array(np.arange(events.num_rows)))
     return system, FrameworkColumns(events)
 
 
