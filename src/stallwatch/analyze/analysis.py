@@ -211,7 +211,7 @@ class RunAnalysis:
     def summary(self) -> _summary.JobSummary:
         info = self.info
         records = {n: self.node_info(n) for n in self.nodes}
-        steps, loop = _steps.merge_step_summaries(self.node_steps)
+        steps, loop = _steps.merge_step_summaries(self._node_step_totals)
         data_end = max((int(r["end_us_from_data"]) for r in records.values()
                         if isinstance(r.get("end_us_from_data"), int)), default=None)
         command = info.get("command")
@@ -331,10 +331,19 @@ class RunAnalysis:
     def node_steps(self) -> list[_steps.NodeStepSummary]:
         """Per node (with framework data), its step statistics, step counts and loop span: each node read an
         hour at a time on the engine, so memory holds one node-hour of events and the nodes' durations."""
+        return self._map_nodes(with_stats=True)
+
+    @cached_property
+    def _node_step_totals(self) -> list[_steps.NodeStepSummary]:
+        """`node_steps` without the statistics (step events only) unless those were asked for already."""
+        return self.node_steps if "node_steps" in self.__dict__ else self._map_nodes(with_stats=False)
+
+    def _map_nodes(self, *, with_stats: bool) -> list[_steps.NodeStepSummary]:
         nodes = sorted(self.ranks)
         if self.engine.name == "local":
-            return list(self.engine.map(partial(_node_tasks.node_steps, self.run), nodes))
-        return list(self.engine.map(partial(_node_tasks.node_steps_task, shared_uri(self.run.uri)), nodes))
+            return list(self.engine.map(partial(_node_tasks.node_steps, self.run, with_stats=with_stats), nodes))
+        return list(self.engine.map(partial(_node_tasks.node_steps_task, shared_uri(self.run.uri),
+                                            with_stats=with_stats), nodes))
 
     def step_stats(self, node: str | None = None) -> list[_steps.StepStat]:
         """Per node, rank and mode: steps, p50/p95/max and the phases' shares of step time."""
@@ -344,7 +353,7 @@ class RunAnalysis:
 
     @cached_property
     def loop_spans(self) -> dict[str, _steps.LoopSpan]:
-        return {p.node: p.span for p in self.node_steps if p.span is not None}
+        return {p.node: p.span for p in self._node_step_totals if p.span is not None}
 
     def step_histograms(self, modes: set[str]) -> list[_steps.NodeSteps]:
         return _steps.step_histograms(self.steps, modes)

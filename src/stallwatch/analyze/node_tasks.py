@@ -18,20 +18,22 @@ from stallwatch.store.reader import Run, open_run
 NODE_SLICE_US = 3600 * 1_000_000  # one node's events are read an hour at a time
 
 
-def node_steps_task(uri: str, node: str) -> _steps.NodeStepSummary:
+def node_steps_task(uri: str, node: str, with_stats: bool = True) -> _steps.NodeStepSummary:
     """On a worker: `node_steps` of the run at `uri`."""
-    return node_steps(open_run(uri), node)
+    return node_steps(open_run(uri), node, with_stats)
 
 
-def node_steps(run: Run, node: str) -> _steps.NodeStepSummary:
-    """One node's step statistics, step counts per mode and loop span (`steps.StepStatsAccumulator`)."""
+def node_steps(run: Run, node: str, with_stats: bool = True) -> _steps.NodeStepSummary:
+    """One node's step statistics, step counts per mode and loop span (`steps.StepStatsAccumulator`); without
+    `with_stats` only the step events are read (a fifth of them) and `stats` is empty."""
     run = run.pinned()
     acc = _steps.StepStatsAccumulator()
+    kinds = [STEP, *_steps.PHASES] if with_stats else [STEP]
     for a, b in run.event_slices(NODE_SLICE_US):
-        acc.add(run.framework(a, b, kinds=[STEP, *_steps.PHASES], nodes=[node], starting=True,
+        acc.add(run.framework(a, b, kinds=kinds, nodes=[node], starting=True,
                               fields=("kind", "mode", "step", "start_us", "end_us")))
     spans = acc.spans()
-    return _steps.NodeStepSummary(node, acc.stats(), acc.per_mode(), spans.get(node))
+    return _steps.NodeStepSummary(node, acc.stats() if with_stats else [], acc.per_mode(), spans.get(node))
 
 
 @dataclass(frozen=True)
