@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import uuid
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -140,7 +141,7 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
         yield _empty_chunk(run, info)
         return
     slices = run.time_slices(slice_us)
-    token = f"{id(run)}-{lo}-{hi}-{len(slices)}"  # one listing per worker for this evaluation
+    token = uuid.uuid4().hex  # one listing per worker for this evaluation (a later one lists again)
     work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
                    info.get("nodes", {}))
     for i, (system, cols) in enumerate(engine.map(work, slices)):
