@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 
 import pytest
 
@@ -85,6 +86,10 @@ def test_engine_names():
 
 def test_an_unreachable_scheduler_is_one_line(run_dir, capsys, monkeypatch):
     monkeypatch.setattr(engine_mod, "CONNECT_TIMEOUT_S", 1)
+    # the command line's log handler would outlive this test (bound to capsys's stream): keep logging as it was
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "handlers", [logging.NullHandler()])
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "propagate", logging.getLogger("stallwatch").propagate)
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "level", logging.getLogger("stallwatch").level)
     assert main(["rules", str(run_dir), "--engine", "dask=tcp://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("stallwatch rules: cannot reach the Dask scheduler at tcp://127.0.0.1:9")
