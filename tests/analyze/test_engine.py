@@ -1,5 +1,5 @@
 """The Dask engine gives what the local engine gives, on a real LocalCluster of two worker processes that read the
-run from its path: rule results over many slices, per-node step statistics and the job summary, the timeline
+run from its path: rule results over many slices (node by node), per-node step statistics and the job summary, the timeline
 file byte for byte. A scheduler that cannot be reached is one line on stderr."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.present.generated_run import training_run
 pytest.importorskip("distributed")
 
 SLOW = {k: 2_000_000 for k in range(300, 1500, 100)}
-SLICE_US = 120 * 1_000_000  # the 10-minute run in 5 slices: several tasks, handed back in order
+SLICE_US = 120 * 1_000_000  # the 10-minute run in 5 slices per node: several tasks, handed back in order
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_rules_on_dask_equal_the_local_engine(run_dir, dask_engine):
     tasks = dask_engine.stats.tasks
     remote = _rules(run_dir, dask_engine)
     assert json.dumps(remote, sort_keys=True, default=str) == json.dumps(local, sort_keys=True, default=str)
-    assert dask_engine.stats.tasks - tasks == 5  # one task per slice
+    assert dask_engine.stats.tasks - tasks == 2 * 5  # one task per node and slice
     outliers = next(r for r in local if r["RuleName"] == "StepOutlier")
     assert outliers["RuleTriggered"] == 4  # the planted slow steps, seen across slices, on every rank
     assert outliers["Details"]["step_details"]["algo-2/1/TRAIN"]["step_numbers"] == sorted(SLOW)

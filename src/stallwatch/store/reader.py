@@ -427,6 +427,12 @@ class Run:
         run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
         return run
 
+    def forget_recent(self) -> None:
+        """Drop the files a pinned run keeps for consecutive slices (moving on to another node's streams)."""
+        recent = self.__dict__.get("_recent")
+        if recent is not None:
+            recent.clear()
+
     def vanished_files(self) -> int:
         """How many listed files had gone when they were read (parts compacted into a segment meanwhile). A
         pinned run does not see the new segment: its reader re-pins and reads again when this grows."""
