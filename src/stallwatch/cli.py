@@ -377,6 +377,25 @@ def _open(command: str, uri: str) -> Any:
         return None
 
 
+def _open_engine(command: str, spec: str) -> Any:
+    """The engine `--engine` names, started (a local Dask cluster) or reached (a scheduler); None after
+    saying in one line why it cannot be."""
+    from stallwatch.analyze.engine import EngineError, open_engine
+
+    try:
+        return open_engine(spec)
+    except EngineError as exc:
+        print(f"stallwatch {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def _add_engine_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", default="local", metavar="local|dask[=ADDRESS]",
+                   help="where the per-node and per-slice work runs: local (default, this process), dask (a local "
+                        "Dask cluster) or dask=tcp://HOST:8786 (an existing scheduler; its workers read the run "
+                        "from its path or s3:// URI). Needs pip install 'stallwatch[dask]'")
+
+
 def _one_line(exc: BaseException, limit: int = 300) -> str:
     """An error as one short line (pyarrow's S3 errors run over several)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -416,9 +435,15 @@ def cmd_report(args: argparse.Namespace) -> int:
             if base_run is None:
                 return 2
             baseline = RunAnalysis(base_run, rules=custom)
-        with Progress("report", unit="sections") as bar:
-            where = build_report(RunAnalysis(run, rules=custom, price_per_hour=args.price_per_hour, baseline=baseline),
-                                 args.output, progress=bar.update)
+        engine = _open_engine("report", args.engine)
+        if engine is None:
+            return 2
+        try:
+            with Progress("report", unit="sections") as bar:
+                where = build_report(RunAnalysis(run, rules=custom, price_per_hour=args.price_per_hour,
+                                                 baseline=baseline, engine=engine), args.output, progress=bar.update)
+        finally:
+            engine.close()
     except ImportError as exc:
         print(f"stallwatch report: {exc.name or exc} is not installed: pip install 'stallwatch[dashboard]'",
               file=sys.stderr)
@@ -571,12 +596,22 @@ def cmd_rules(args: argparse.Namespace) -> int:
         for cls in classes:
             cls(**params.get(cls.name, {}))  # a bad parameter is refused before anything is read
         if args.follow:
+            if args.engine != "local":
+                raise ParameterError("--follow evaluates new data as it arrives, in this process: "
+                                     "leave out --engine")
             results = follow(run, classes, params, every_s=args.every,
                              on_results=lambda res, final: _follow_line(run, res, final, args.json))
         else:
-            with Progress("rules", unit="h") as bar:
-                results = evaluate(classes, iter_run(run, classes), params,
-                                   progress=lambda done: bar.update(done, count_slices(run)))
+            engine = _open_engine("rules", args.engine)
+            if engine is None:
+                return 2
+            try:
+                slices = count_slices(run)
+                with Progress("rules", unit="slices") as bar:
+                    results = evaluate(classes, iter_run(run, classes, engine=engine), params,
+                                       progress=lambda done: bar.update(done, slices))
+            finally:
+                engine.close()
     except ParameterError as exc:
         print(f"stallwatch rules: {exc}", file=sys.stderr)
         return 2
@@ -681,14 +716,19 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         return 2
     from stallwatch.present.progress import Progress
 
+    engine = _open_engine("timeline", args.engine)
+    if engine is None:
+        return 2
     try:
         with Progress("timeline", unit="nodes") as bar:
             s = export_timeline(run, out, start_us=start, end_us=end, max_points=args.max_points,
                                 max_events=args.max_events, all_metrics=args.all_metrics, profiler=args.profiler,
-                                progress=bar.update)
+                                progress=bar.update, engine=engine)
     except OSError as exc:
         print(f"stallwatch timeline: cannot write {out} ({exc})", file=sys.stderr)
         return 1
+    finally:
+        engine.close()
     logger.info("timeline: %d framework events, %d counter tracks (%d points), %d detailed profiling window(s)",
                 s.framework_events, s.counter_series, s.counter_points, s.profiler_windows)
     print(s.path)
@@ -762,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("rules", help="evaluate the profiler rules on a run and write rules/<RuleName>.json")
     p.add_argument("run", help="run directory or s3:// URI")
+    _add_engine_flag(p)
     p.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
     p.add_argument("--param", action="append", metavar="RULE.KEY=VALUE",
                    help="a rule parameter, e.g. StepOutlier.stddev=2 (repeatable)")
@@ -795,6 +836,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_completion)
     p = sub.add_parser("report", help="write the run's interactive HTML report (one file that opens offline)")
     p.add_argument("run", help="run directory or s3:// URI")
+    _add_engine_flag(p)
     p.add_argument("-o", "--output", metavar="FILE", help="write it here instead of report.html in the run")
     p.add_argument("--baseline", metavar="RUN", help="add a comparison with this run (e.g. before a change)")
     _add_price_flag(p)
@@ -831,6 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_upload)
     p = sub.add_parser("timeline", help="export the run as one Chrome-trace / Perfetto file (open in ui.perfetto.dev)")
     p.add_argument("run", help="run directory or s3:// URI")
+    _add_engine_flag(p)
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write it (default ./<run-id>-timeline.json.gz; gzipped when it ends in .gz)")
     p.add_argument("--start", metavar="TIME", help="only from here: seconds from the run's start or an ISO time (UTC)")

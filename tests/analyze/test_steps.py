@@ -35,3 +35,36 @@ def test_counts_percentiles_slowest_step_and_phase_shares():
 
 def test_no_events_no_stats():
     assert step_stats(framework_schema().empty_table()) == []
+
+
+def test_streamed_step_statistics_equal_the_whole_run_computation():
+    """Pattern: two nodes × two ranks, training then evaluation with slow steps planted, fed in 37-second slices
+    of event starts (a slice edge inside steps, slices without some ranks): the accumulator's statistics, step
+    counts per mode and loop spans equal those computed from every event at once."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.analyze.steps import StepStatsAccumulator, loop_spans, steps_per_mode
+
+    from .rules._fw_gen import T0, FwGen
+
+    gen = FwGen()
+    for node in ("algo-1", "algo-2"):
+        for rank in (0, 1):
+            _, end = gen.steps(node=node, rank=rank, n=900, start_us=T0 + rank * 3_000_000, seed=rank,
+                               slow={50 * k + 3: 700_000 for k in range(9)})
+            gen.steps(node=node, rank=rank, mode=EVAL, n=120, start_us=int(end[-1]) + 1_000_000, seed=rank)
+    table = gen.table()  # ordered as the reader returns events: by node, rank, then start
+    table = table.take(np.lexsort((table["start_us"].to_numpy(), table["rank"].to_numpy(),
+                                   table["node"].cast(pa.string()).to_numpy(zero_copy_only=False))))
+    acc = StepStatsAccumulator()
+    lo, hi = pc.min(table["start_us"]).as_py(), pc.max(table["start_us"]).as_py()
+    for a in range(lo, hi + 1, 37_000_000):
+        part = table.filter(pc.and_(pc.greater_equal(table["start_us"], a), pc.less(table["start_us"], a + 37_000_000)))
+        acc.add(part)
+    whole = step_stats(table)
+    assert acc.stats() == whole and len(whole) == 8 and whole[0].max_ms >= 700
+    steps = FrameworkColumns(table.filter(pc.equal(table["kind"].cast(pa.string()), STEP)))
+    assert acc.per_mode() == steps_per_mode(steps) == {TRAIN: 3600, EVAL: 480}
+    assert acc.spans() == loop_spans(steps)

@@ -12,7 +12,7 @@ results. Renderers only render what it returns.
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -25,6 +25,7 @@ from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import loss as _loss
 from stallwatch.analyze import node_series as _node_series
+from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
@@ -34,6 +35,7 @@ from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
 from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
+from stallwatch.analyze.engine import Engine, open_engine, shared_uri
 from stallwatch.analyze.frames import NodeFrame, interval_changes, node_frame
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import Rule
@@ -58,11 +60,13 @@ class RunAnalysis:
     def __init__(self, run: Run | str, *, rule_results: Sequence[RuleResult] | None = None,
                  rules: Sequence[type[Rule]] | None = None, params: dict[str, dict[str, Any]] | None = None,
                  price_per_hour: float | None = None, baseline: RunAnalysis | None = None,
-                 overview_from_rollups: bool = False) -> None:
+                 overview_from_rollups: bool = False, engine: str | Engine | None = None) -> None:
         """`price_per_hour`: what a node costs per hour (else the run's config's, if any): enables `cost`;
         `baseline`: a run to compare this one with (`comparison`); `overview_from_rollups`: the summary, phase
         shares, utilization, whole-run charts and totals from the rollups (the dashboard: a day of eight nodes
-        opens in a second), not from every sample and event (the report)."""
+        opens in a second), not from every sample and event (the report); `engine`: where the per-node and
+        per-slice work runs — "local" (default, this process), "dask" (a local Dask cluster),
+        "dask=SCHEDULER_ADDRESS" or an open `analyze.engine` Engine (see `close()`)."""
         self.run = open_run(run) if isinstance(run, str) else run
         self._price = price_per_hour
         self.baseline = baseline
@@ -71,6 +75,27 @@ class RunAnalysis:
         self._params = params or {}
         self._system: dict[str, tuple[frozenset[str] | None, NodeFrame]] = {}
         self.overview_from_rollups = overview_from_rollups
+        self._engine_spec = engine
+        self._opened: Engine | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The engine, opened on first use (a Dask cluster starts then): EngineError when it cannot be."""
+        if self._opened is None:
+            self._opened = open_engine(self._engine_spec)
+        return self._opened
+
+    def close(self) -> None:
+        """Close the engine if this analysis opened it (an Engine passed in is the caller's to close)."""
+        if self._opened is not None and self._opened is not self._engine_spec:
+            self._opened.close()
+        self._opened = None
+
+    def __enter__(self) -> RunAnalysis:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     # -- the run as recorded ------------------------------------------------------------------------------
     @cached_property
@@ -187,7 +212,7 @@ class RunAnalysis:
         from stallwatch.analyze.rules.feed import iter_run
         from stallwatch.analyze.rules.runner import evaluate
 
-        return evaluate(rule_classes, iter_run(self.run, rule_classes), self._params)
+        return evaluate(rule_classes, iter_run(self.run, rule_classes, engine=self.engine), self._params)
 
     def stored_rule_results(self) -> dict[str, RuleResult] | None:
         """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a
@@ -210,6 +235,7 @@ class RunAnalysis:
     def summary(self) -> _summary.JobSummary:
         info = self.info
         records = {n: self.node_info(n) for n in self.nodes}
+        steps, loop = _steps.merge_step_summaries(self._node_step_totals)
         data_end = max((int(r["end_us_from_data"]) for r in records.values()
                         if isinstance(r.get("end_us_from_data"), int)), default=None)
         command = info.get("command")
@@ -344,16 +370,33 @@ class RunAnalysis:
         table = pa.table({"timestamp_us": frame.timestamps, **frame.columns})
         return usage_stats_wide(node, table)
 
+    @cached_property
+    def node_steps(self) -> list[_steps.NodeStepSummary]:
+        """Per node (with framework data), its step statistics, step counts and loop span: each node read an
+        hour at a time on the engine, so memory holds one node-hour of events and the nodes' durations."""
+        return self._map_nodes(with_stats=True)
+
+    @cached_property
+    def _node_step_totals(self) -> list[_steps.NodeStepSummary]:
+        """`node_steps` without the statistics (step events only) unless those were asked for already."""
+        return self.node_steps if "node_steps" in self.__dict__ else self._map_nodes(with_stats=False)
+
+    def _map_nodes(self, *, with_stats: bool) -> list[_steps.NodeStepSummary]:
+        nodes = sorted(self.ranks)
+        if self.engine.name == "local":
+            return list(self.engine.map(partial(_node_tasks.node_steps, self.run, with_stats=with_stats), nodes))
+        return list(self.engine.map(partial(_node_tasks.node_steps_task, shared_uri(self.run.uri),
+                                            with_stats=with_stats), nodes))
+
     def step_stats(self, node: str | None = None) -> list[_steps.StepStat]:
         """Per node, rank and mode: steps, p50/p95/max and the phases' shares of step time."""
-        from stallwatch.analyze.steps import PHASES
-
-        events = self.run.framework(kinds=[STEP, *PHASES], nodes=None if node is None else [node])
-        return _steps.step_stats(events)
+        if node is not None and "node_steps" not in self.__dict__:
+            return _node_tasks.node_steps(self.run, node).stats if node in self.ranks else []
+        return [s for part in self.node_steps if node is None or part.node == node for s in part.stats]
 
     @cached_property
     def loop_spans(self) -> dict[str, _steps.LoopSpan]:
-        return _steps.loop_spans(self.steps)
+        return {p.node: p.span for p in self._node_step_totals if p.span is not None}
 
     def step_histograms(self, modes: set[str]) -> list[_steps.NodeSteps]:
         return _steps.step_histograms(self.steps, modes)

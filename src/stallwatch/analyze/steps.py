@@ -67,6 +67,82 @@ def steps_per_mode(steps: FrameworkColumns) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (mode_order(kv[0]), kv[0])))
 
 
+class StepStatsAccumulator:
+    """`step_stats` and the loop's span over events fed a time slice at a time (in time order): per node, rank
+    and mode the step durations (8 bytes a step, for exact percentiles), the phases' µs, the first start and
+    last end; the events themselves are not kept. Results equal `step_stats` over all the events at once."""
+
+    def __init__(self) -> None:
+        self._durations: dict[tuple[str, int, str], list[np.ndarray]] = {}
+        self._numbers: dict[tuple[str, int, str], list[np.ndarray]] = {}
+        self._phase_us: dict[tuple[str, int, str], dict[str, int]] = {}
+        self._spans: dict[str, tuple[int, int, int]] = {}  # node -> first start, last end, steps
+
+    def add(self, events: pa.Table | FrameworkColumns) -> None:
+        cols = columns(events)
+        if cols.n == 0:
+            return
+        duration = cols.end - cols.start
+        for phase in PHASES:
+            for key, rows in cols.groups(cols.kind_is(phase)):
+                sums = self._phase_us.setdefault(key, {})
+                sums[phase] = sums.get(phase, 0) + int(duration[rows].sum())
+        for key, rows in cols.groups(cols.kind_is(STEP)):
+            self._durations.setdefault(key, []).append(duration[rows])
+            self._numbers.setdefault(key, []).append(cols.step[rows])
+            first, last, n = int(cols.start[rows].min()), int(cols.end[rows].max()), len(rows)
+            old = self._spans.get(key[0])
+            self._spans[key[0]] = (first, last, n) if old is None else (min(old[0], first), max(old[1], last),
+                                                                        old[2] + n)
+
+    def stats(self) -> list[StepStat]:
+        out = []
+        for key, parts in self._durations.items():
+            node, rank, mode = key
+            d = np.concatenate(parts) / 1000.0
+            numbers = np.concatenate(self._numbers[key])
+            total_ms = float(d.sum())
+            phases = {p: 100.0 * us / 1000.0 / total_ms if total_ms > 0 else 0.0
+                      for p, us in self._phase_us.get(key, {}).items()}
+            slowest = int(np.argmax(d))
+            out.append(StepStat(node, rank, mode, len(d), float(np.percentile(d, 50)), float(np.percentile(d, 95)),
+                                float(d[slowest]), int(numbers[slowest]), phases))
+        out.sort(key=lambda s: (s.node, s.rank, mode_order(s.mode), s.mode))
+        return out
+
+    def per_mode(self) -> dict[str, int]:
+        """Step events per mode, in TRAIN/EVAL/GLOBAL order (`steps_per_mode`)."""
+        counts: dict[str, int] = {}
+        for (_, _, mode), parts in self._durations.items():
+            counts[mode] = counts.get(mode, 0) + sum(len(p) for p in parts)
+        return dict(sorted(counts.items(), key=lambda kv: (mode_order(kv[0]), kv[0])))
+
+    def spans(self) -> dict[str, LoopSpan]:
+        """Per node, its loop's span (`loop_spans`)."""
+        return {node: LoopSpan(*span) for node, span in sorted(self._spans.items())}
+
+
+@dataclass(frozen=True)
+class NodeStepSummary:
+    """One node's steps, streamed: `step_stats` rows, step events per mode, its loop's span."""
+    node: str
+    stats: list[StepStat]
+    per_mode: dict[str, int]
+    span: LoopSpan | None
+
+
+def merge_step_summaries(parts: list[NodeStepSummary]) -> tuple[dict[str, int], LoopSpan | None]:
+    """The run's step events per mode and its loop's span (`steps_per_mode`, `loop_span`) from its nodes'."""
+    counts: dict[str, int] = {}
+    for p in parts:
+        for mode, n in p.per_mode.items():
+            counts[mode] = counts.get(mode, 0) + n
+    spans = [p.span for p in parts if p.span is not None]
+    loop = LoopSpan(min(s.first_us for s in spans), max(s.last_us for s in spans), sum(s.steps for s in spans)) \
+        if spans else None
+    return dict(sorted(counts.items(), key=lambda kv: (mode_order(kv[0]), kv[0]))), loop
+
+
 @dataclass(frozen=True)
 class LoopSpan:
     """A node's (or the run's) training loop: first step's start, last step's end, how many steps."""

@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
-from stallwatch.analyze.downsample import minmax
+from stallwatch.analyze.engine import Engine, LocalEngine, shared_uri
+from stallwatch.analyze.node_tasks import node_timeline, node_timeline_task
 from stallwatch.log import logger
 from stallwatch.records import (
     BACKWARD,
@@ -45,7 +47,6 @@ from stallwatch.records import (
     PROC_COUNT,
     PROC_RSS_BYTES,
     STEP,
-    TIMESTAMP,
     WORKERS_ALIVE,
     WORKERS_BUSY,
     WORKERS_CPU_UTIL,
@@ -269,11 +270,12 @@ def _output(path: Path) -> Iterator[IO[str]]:
 def export_timeline(run: Run, out: str | Path, *, start_us: int | None = None, end_us: int | None = None,
                     max_points: int = DEFAULT_MAX_POINTS, max_events: int = DEFAULT_MAX_EVENTS,
                     all_metrics: bool = False, profiler: bool = True,
-                    progress: Callable[[int, int], None] | None = None) -> TimelineSummary:
+                    progress: Callable[[int, int], None] | None = None, engine: Engine | None = None) -> TimelineSummary:
     """Write the run's timeline (events overlapping [start_us, end_us), all when None) to `out`. `max_points`
     bounds each counter series (min/max downsampling keeps spikes); `max_events` bounds framework events by
     cutting the time axis: events starting after the cut are left out on every node alike (0: no cap).
-    `progress(nodes_done, nodes)` after each node."""
+    `progress(nodes_done, nodes)` after each node. Each node's events and downsampled counters are read on
+    `engine` (analyze.engine; default: here, one node at a time) and written here in node order."""
     if max_points < 2:
         raise ValueError(f"max_points must be at least 2, got {max_points}")
     if max_events < 0:
@@ -290,14 +292,20 @@ def export_timeline(run: Run, out: str | Path, *, start_us: int | None = None, e
     nodes = sorted(set(run.nodes) | set(run.ranks()))
     candidates = [w for w in run.profiles("detailed") if profiler and _in_window(w, start_us, end_us)]
     windows = [w for w in candidates if _in_window(w, start_us, events_end)]
+    engine = engine or LocalEngine()
+    options = dict(start_us=start_us, end_us=end_us, events_end_us=events_end, max_points=max_points,
+                   metrics=None if all_metrics else DEFAULT_METRICS, scale_of=partial(_scale, all_metrics=all_metrics))
+    work = partial(node_timeline, run, **options) if engine.name == "local" else \
+        partial(node_timeline_task, shared_uri(run.uri), **options)
     with _output(Path(out)) as fh:
         trace = TraceFile(fh)
-        for i, node in enumerate(nodes):
+        for i, part in enumerate(engine.map(work, nodes)):
+            node = part.node
             if progress is not None:
                 progress(i, len(nodes))
             pid = trace.process(f"node {node}", 2 * i)
             threads = _Threads(trace, pid)
-            summary.framework_events += _framework(trace, threads, run, node, origin, start_us, events_end)
+            summary.framework_events += _framework(trace, threads, part.events, origin)
             for w in (w for w in windows if w.get("node") == node):
                 merged = _merge_window(trace, threads, run, w, origin, summary.profiler_windows)
                 if merged is None:
@@ -306,8 +314,7 @@ def export_timeline(run: Run, out: str | Path, *, start_us: int | None = None, e
                     summary.profiler_windows += 1
                     summary.profiler_events += merged
             system_pid = trace.process(f"system {node}", 2 * i + 1)
-            series, points = _counters(trace, run, node, system_pid, origin, start_us, end_us, max_points,
-                                       all_metrics)
+            series, points = _counters(trace, part.counters, system_pid, origin, all_metrics)
             summary.counter_series += series
             summary.counter_points += points
         trace.close(_other_data(run, info, summary, start_us, end_us, max_points, max_events))
@@ -378,12 +385,10 @@ class _Threads:
         return tid
 
 
-def _framework(trace: TraceFile, threads: _Threads, run: Run, node: str, origin: int, start_us: int | None,
-               end_us: int | None) -> int:
+def _framework(trace: TraceFile, threads: _Threads, table: pa.Table, origin: int) -> int:
     """One node's framework events: a thread per rank (steps with their phases nested inside), a thread per
     data-loader fetcher; an event that would cross another's edges goes to an extra lane, since a thread's
     slices must nest. Returns the number of events written."""
-    table = run.framework(start_us=start_us, end_us=end_us, nodes=[node])
     if not table.num_rows:
         return 0
     table = table.unify_dictionaries().combine_chunks()
@@ -483,26 +488,20 @@ def _lane(stacks: list[list[int]], start: int, end: int) -> int:
 # -- system metrics -------------------------------------------------------------------------------------------
 
 
-def _counters(trace: TraceFile, run: Run, node: str, pid: int, origin: int, start_us: int | None,
-              end_us: int | None, max_points: int, all_metrics: bool) -> tuple[int, int]:
-    """One counter track per exported series of the node, each at most `max_points` points (min and max per
-    time bucket, so spikes and dips survive). Returns (series, points)."""
-    table = run.system_wide(node, start_us=start_us, end_us=end_us, metrics=None if all_metrics else DEFAULT_METRICS)
-    if not table.num_rows:
-        return 0, 0
-    ts_all = table[TIMESTAMP].to_numpy()
+def _scale(column: str, *, all_metrics: bool) -> float | None:
+    """The factor a stored column is exported with; None when it is not exported."""
+    spec = series_for(column, all_metrics=all_metrics)
+    return None if spec is None else spec.scale
+
+
+def _counters(trace: TraceFile, counters: list[tuple[str, np.ndarray, np.ndarray]], pid: int, origin: int,
+              all_metrics: bool) -> tuple[int, int]:
+    """One counter track per exported series of the node (`node_tasks.node_timeline`: at most max_points
+    points, min and max per time bucket, so spikes and dips survive). Returns (series, points)."""
     series = points = 0
-    for column in sorted(c for c in table.column_names if c != TIMESTAMP):
+    for column, ts, values in counters:
         spec = series_for(column, all_metrics=all_metrics)
-        if spec is None:
-            continue
-        values = table[column].to_numpy(zero_copy_only=False).astype(np.float64)
-        ok = np.isfinite(values)
-        ts, values = ts_all[ok], values[ok] * spec.scale
-        if not len(ts):
-            continue
-        if len(ts) > max_points:
-            ts, values = minmax(ts, values, max_points // 2)
+        assert spec is not None
         prefix = f'{{"ph":"C","pid":{pid},"tid":{pid},"name":{_js(spec.name)},"ts":'
         unit = _js(spec.unit)
         for t, v in zip((ts - origin).tolist(), values.tolist()):

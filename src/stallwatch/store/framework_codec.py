@@ -77,6 +77,12 @@ def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
     if fields is not None:
         wanted = {"node", "rank", *fields}
         schema = pa.schema([f for f in schema if f.name in wanted])
+    if starting and kinds is None and table.num_rows and table["start_us"].null_count == 0:
+        starts = table["start_us"].to_numpy()
+        if bool((starts[1:] >= starts[:-1]).all()):  # as written: the slice is a contiguous run, cut without a copy
+            lo = 0 if start_us is None else int(np.searchsorted(starts, start_us, side="left"))
+            hi = len(starts) if end_us is None else int(np.searchsorted(starts, end_us, side="left"))
+            table, start_us, end_us = table.slice(lo, max(hi - lo, 0)), None, None
     keep = np.ones(table.num_rows, dtype=bool)
     if start_us is not None:
         keep &= (table["start_us"].to_numpy() >= start_us) if starting else (table["end_us"].to_numpy() > start_us)

@@ -211,6 +211,15 @@ class Run:
             return None, None
         return min(c.start_us for c in chunks), max(c.end_us for c in chunks)
 
+    def bytes_per_hour(self) -> float:
+        """Stored bytes of system and framework files per hour of the run's span, from the listing (nothing is
+        read): how much one time slice of the run holds, whatever the number of nodes and ranks."""
+        chunks = self._system_chunks() + self._chunks(layout.FRAMEWORK_DIR)
+        if not chunks:
+            return 0.0
+        span = max(c.end_us for c in chunks) - min(c.start_us for c in chunks)
+        return sum(c.size for c in chunks) * 3600e6 / max(span, 1)
+
     def time_slices(self, slice_us: int, tops: tuple[str, ...] = (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)
                     ) -> list[tuple[int, int]]:
         """The consecutive [start, end) slices of `slice_us` from the earliest stored time that hold data
@@ -227,6 +236,10 @@ class Run:
             else:
                 occupied.update(self._occupied(c, lo, slice_us))
         return [(lo + k * slice_us, min(lo + (k + 1) * slice_us, hi + 1)) for k in sorted(occupied)]
+
+    def event_slices(self, slice_us: int) -> list[tuple[int, int]]:
+        """`time_slices` of the framework events alone."""
+        return self.time_slices(slice_us, tops=(layout.FRAMEWORK_DIR,))
 
     def _occupied(self, chunk: layout.Chunk, lo: int, slice_us: int) -> set[int]:
         """The slices a long file's rows fall in (read from its time column), all of its span if unreadable."""
@@ -423,6 +436,12 @@ class Run:
         run.__dict__["_listing"] = {top: self._list_chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
         run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
         return run
+
+    def forget_recent(self) -> None:
+        """Drop the files a pinned run keeps for consecutive slices (moving on to another node's streams)."""
+        recent = self.__dict__.get("_recent")
+        if recent is not None:
+            recent.clear()
 
     def vanished_files(self) -> int:
         """How many listed files had gone when they were read (parts compacted into a segment meanwhile). A

@@ -180,3 +180,24 @@ def test_a_batch_read_of_a_running_run_sees_parts_compacted_under_it(tmp_path):
     assert not [e for e in location.list("system") if "part-" in e.path]
     seen += sum(len(c.system["n1"]) for c in chunks)
     assert seen == stored  # what was stored when the read began, each snapshot once
+
+
+def test_slices_shorten_as_the_run_holds_more_per_hour():
+    """About SLICE_BYTES of one node's stored data a slice, in whole minutes from 1 min to 1 h: a slice's memory
+    does not grow with the number of nodes."""
+    from stallwatch.analyze.rules.feed import MIN_SLICE_US, SLICE_BYTES, SLICE_US, slice_length
+
+    class Stored:
+        def __init__(self, per_hour: float, nodes: int = 1) -> None:
+            self.per_hour, self.nodes = per_hour, [f"n{k}" for k in range(nodes)]
+
+        def bytes_per_hour(self) -> float:
+            return self.per_hour
+
+    assert slice_length(Stored(0)) == SLICE_US  # an empty run
+    assert slice_length(Stored(SLICE_BYTES / 2)) == SLICE_US  # a small run: an hour
+    assert slice_length(Stored(SLICE_BYTES * 8)) == SLICE_US // 8 // MIN_SLICE_US * MIN_SLICE_US  # 7 min
+    assert slice_length(Stored(SLICE_BYTES * 16)) < slice_length(Stored(SLICE_BYTES * 8))
+    assert slice_length(Stored(SLICE_BYTES * 1000)) == MIN_SLICE_US  # a big job: a minute at a time
+    assert all(slice_length(Stored(SLICE_BYTES * k)) % MIN_SLICE_US == 0 for k in (3, 7, 13, 29))
+    assert slice_length(Stored(SLICE_BYTES * 8 * 64, nodes=64)) == slice_length(Stored(SLICE_BYTES * 8))  # per node

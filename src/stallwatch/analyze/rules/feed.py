@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import uuid
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -13,7 +14,7 @@ import pyarrow.compute as pc
 
 from stallwatch.analyze.frames import NodeFrame, node_frame
 from stallwatch.analyze.rules.base import Chunk, Rule
-from stallwatch.analyze.rules.steps import framework_columns
+from stallwatch.analyze.rules.steps import FrameworkColumns, attach_columns, framework_columns
 from stallwatch.records import TIMESTAMP, framework_schema
 
 
@@ -42,24 +43,50 @@ def read_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None) -> Chun
     return Chunk(system, events, info, final=True)
 
 
-SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run an hour at a time
+SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run at most an hour at a time
+MIN_SLICE_US = 60 * 1_000_000
+SLICE_BYTES = 4 << 20  # stored bytes per slice (~0.7 M framework events): a slice's memory, whatever the nodes
 _ATTEMPTS = 3  # reads of a slice whose files were compacted while it was read
 
 
-def count_slices(run: Any, slice_us: int = SLICE_US) -> int:
-    """How many chunks `iter_run` hands out for this run (from file names: nothing is read)."""
-    lo, hi = run.time_range()
-    return 1 if lo is None or hi is None else len(range(lo, hi + 1, slice_us))
+def slice_length(run: Any) -> int:
+    """The slice (µs, whole minutes, 1 min … 1 h) that holds about SLICE_BYTES of one node's stored data: an
+    hour of a node that writes little, half an hour of a busy 8-GPU node, whatever the number of nodes."""
+    rate = run.bytes_per_hour() / max(1, len(run.nodes))
+    if rate <= 0:
+        return SLICE_US
+    length = int(SLICE_BYTES / rate * SLICE_US)
+    return max(MIN_SLICE_US, min(SLICE_US, length)) // MIN_SLICE_US * MIN_SLICE_US
 
 
-def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int = SLICE_US,
-             read_ahead: int = 1) -> Iterator[Chunk]:
-    """The run as consecutive chunks of `slice_us` (snapshots by timestamp, events by start), the last one
-    final: what batch evaluation feeds the rules, so memory holds a few slices of data besides the rules'
-    state however long the run. Rules give the same results as from `read_run`'s single chunk.
+def plan(run: Any, slice_us: int | None = None) -> list[tuple[str, int, int]]:
+    """What `iter_run` reads, in order: (node, start, end) for each node (sorted), each of its time slices
+    (from file names: nothing is read). A final empty chunk follows them."""
+    slices = run.time_slices(slice_us or slice_length(run))  # only those that hold data: gaps cost nothing
+    return [(node, a, b) for node in _event_nodes(run) for a, b in slices]
+
+
+def count_slices(run: Any, slice_us: int | None = None) -> int:
+    """How many chunks `iter_run` hands out for this run."""
+    return len(plan(run, slice_us)) + 1
+
+
+def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slice_us: int | None = None,
+             read_ahead: int = 1, engine: Any = None) -> Iterator[Chunk]:
+    """The run node by node, each node in consecutive time slices of `slice_us` (default `slice_length(run)`;
+    snapshots by timestamp, events by start), then one empty final chunk: what batch evaluation feeds the
+    rules, so memory holds a few slices of one node besides the rules' state, however long the run and however
+    many its nodes. Rules keep their state per node and rank and close their windows at the final chunk, so
+    they give the same results as from `read_run`'s single chunk (tests/analyze/rules/test_read_path.py).
 
     With `read_ahead` > 0 the next slices are read on a background thread while the caller works on the
-    current one (Parquet decoding releases the GIL: reading and evaluating share the cores)."""
+    current one (Parquet decoding releases the GIL: reading and evaluating share the cores). With a Dask
+    `engine` (analyze.engine) the slices are read and decoded on its workers, a few ahead, and handed here in
+    order."""
+    slice_us = slice_us or slice_length(run)
+    if engine is not None and engine.name != "local":
+        yield from _remote_slices(run, rules, slice_us, engine)
+        return
     slices = _slices(run, rules, slice_us)
     if read_ahead <= 0:
         yield from slices
@@ -71,27 +98,93 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
     rules = list(rules) if rules is not None else None
     run = run.pinned()  # listed once, not once per slice
     info = dict(run.info)
-    nodes = info.get("nodes", {})
     metrics = rule_metrics(rules)
     info["operators"] = run.operators()
-    lo, hi = run.time_range()
-    if lo is None or hi is None:
-        yield Chunk({node: node_frame(node, pa.table({TIMESTAMP: pa.array([], pa.int64())}), nodes.get(node))
-                     for node in run.nodes}, framework_schema().empty_table(), info, final=True)
-        return
-    slices = run.time_slices(slice_us)  # only those that hold data: gaps (a file named 1970) cost nothing
-    for i, (a, b) in enumerate(slices):
-        for _ in range(_ATTEMPTS):
-            vanished = run.vanished_files()
-            system = {node: node_frame(node, run.system_wide(node, start_us=a, end_us=b, metrics=metrics),
-                                       nodes.get(node)) for node in run.nodes}
-            events = run.framework(start_us=a, end_us=b, starting=True)
-            if run.vanished_files() == vanished:
-                break
-            run = run.pinned()  # a running job's parts were compacted meanwhile: list again, read the slice again
-        chunk = Chunk(system, events, info, final=i == len(slices) - 1)
+    current = None
+    for node, a, b in plan(run, slice_us):
+        if node != current:  # the files kept for consecutive slices of the last node will not be read again
+            run.forget_recent()
+            current = node
+        run, system, events = read_slice(run, node, a, b, metrics, info.get("nodes", {}))
+        chunk = Chunk(system, events, info)
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk
+    yield _empty_chunk(run, info)
+
+
+def _event_nodes(run: Any) -> list[str]:
+    """Nodes with snapshots, a record or framework events."""
+    return sorted(set(run.nodes) | set(run.ranks()))
+
+
+def _empty_chunk(run: Any, info: dict[str, Any]) -> Chunk:
+    nodes = info.get("nodes", {})
+    return Chunk({node: node_frame(node, pa.table({TIMESTAMP: pa.array([], pa.int64())}), nodes.get(node))
+                  for node in run.nodes}, framework_schema().empty_table(), info, final=True)
+
+
+_NO_ROWS = pa.table({TIMESTAMP: pa.array([], pa.int64())})
+
+
+def read_slice(run: Any, node: str, a: int, b: int, metrics: set[str] | None,
+               nodes: dict[str, Any]) -> tuple[Any, dict[str, NodeFrame], pa.Table]:
+    """The node's snapshots and events starting in [a, b) of a pinned run (every other node present with no
+    rows, as in a slice where it recorded nothing); read again (and the run listed again, returned) when files
+    were compacted meanwhile."""
+    for _ in range(_ATTEMPTS):
+        vanished = run.vanished_files()
+        system = {name: node_frame(name, run.system_wide(name, start_us=a, end_us=b, metrics=metrics) if name == node
+                                   else _NO_ROWS, nodes.get(name)) for name in run.nodes}
+        events = run.framework(start_us=a, end_us=b, starting=True, nodes=[node])
+        if run.vanished_files() == vanished:
+            break
+        run = run.pinned()  # a running job's parts were compacted meanwhile: list again, read the slice again
+    return run, system, events
+
+
+def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int, engine: Any) -> Iterator[Chunk]:
+    """The slices read on the engine's workers (each reads the run from its URI), in order."""
+    from functools import partial
+
+    from stallwatch.analyze.engine import shared_uri
+
+    run = run.pinned()
+    info = dict(run.info)
+    info["operators"] = run.operators()
+    token = uuid.uuid4().hex  # one listing per worker for this evaluation (a later one lists again)
+    work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
+                   info.get("nodes", {}))
+    for system, cols in engine.map(work, plan(run, slice_us)):
+        chunk = Chunk(system, cols.table, info)
+        attach_columns(chunk, cols)  # decoded on the worker: the rules' shared view as it is
+        yield chunk
+    yield _empty_chunk(run, info)
+
+
+_WORKER_RUNS: dict[str, Any] = {}  # on a worker: the pinned run of the evaluation in progress, by token
+_WORKER_NODE: dict[str, str] = {}  # … and the node it read last
+
+
+def slice_task(uri: str, token: str, metrics: set[str] | None, nodes: dict[str, Any],
+               where: tuple[str, int, int]) -> tuple[dict[str, NodeFrame], FrameworkColumns]:
+    """On a worker: one node's slice of the run at `uri`, decoded as the rules read it (its NodeFrames and the
+    shared framework columns, whose `table` is the slice's events)."""
+    from stallwatch.store.reader import open_run
+
+    run = _WORKER_RUNS.get(token)
+    if run is None:
+        _WORKER_RUNS.clear()
+        run = _WORKER_RUNS[token] = open_run(uri).pinned()
+    node, a, b = where
+    if _WORKER_NODE.get(token) != node:
+        run.forget_recent()
+        _WORKER_NODE.clear()
+        _WORKER_NODE[token] = node
+    run, system, events = read_slice(run, node, a, b, metrics, nodes)
+    _WORKER_RUNS[token] = run
+    # A slice of a cached file shares the file's buffers, and pickling sends whole buffers: copy just the rows.
+    events = events.take(pa.array(np.arange(events.num_rows)))
+    return system, FrameworkColumns(events)
 
 
 _DONE = object()

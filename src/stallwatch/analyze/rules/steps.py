@@ -165,6 +165,12 @@ def framework_columns(chunk: Chunk) -> FrameworkColumns:
 _CACHE = "_framework_columns"
 
 
+def attach_columns(chunk: Chunk, cols: FrameworkColumns) -> None:
+    """Make `cols` (decoded elsewhere: a Dask worker) the chunk's shared view; its table is the chunk's events."""
+    assert cols.table is chunk.framework
+    chunk.__dict__[_CACHE] = cols
+
+
 def unmeasured_waits(cols: FrameworkColumns, table: pa.Table) -> set[tuple[str, int]]:
     """The (node, rank)s whose `loop` marker lists the phases their steps record without a data wait (Keras on
     TensorFlow reads its input inside the compiled step): their waiting is not measured, not absent."""

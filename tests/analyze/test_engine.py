@@ -1,0 +1,96 @@
+"""The Dask engine gives what the local engine gives, on a real LocalCluster of two worker processes that read the
+run from its path: rule results over many slices (node by node), per-node step statistics and the job summary, the timeline
+file byte for byte. A scheduler that cannot be reached is one line on stderr."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+
+import pytest
+
+from stallwatch.analyze import engine as engine_mod
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.engine import EngineError, LocalEngine, open_engine, parse_engine
+from stallwatch.analyze.rules.feed import iter_run
+from stallwatch.analyze.rules.registry import builtin_rules
+from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.cli import main
+from stallwatch.present.trace_export import export_timeline
+from stallwatch.store.reader import open_run
+from tests.present.generated_run import training_run
+
+pytest.importorskip("distributed")
+
+SLOW = {k: 2_000_000 for k in range(300, 1500, 100)}
+SLICE_US = 120 * 1_000_000  # the 10-minute run in 5 slices per node: several tasks, handed back in order
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    # two nodes of two ranks; planted: 12 slow training steps (300, 400, … 1400) on every rank
+    return training_run(tmp_path_factory.mktemp("engine") / "run", nodes=("algo-1", "algo-2"), ranks=2,
+                        slow=SLOW)
+
+
+@pytest.fixture(scope="module")
+def dask_engine():
+    with open_engine("dask", workers=2) as engine:
+        yield engine
+
+
+def _rules(run_dir, engine):
+    run = open_run(str(run_dir))
+    return [r.to_json() for r in evaluate(builtin_rules(), iter_run(run, builtin_rules(), slice_us=SLICE_US,
+                                                                      engine=engine))]
+
+
+def test_rules_on_dask_equal_the_local_engine(run_dir, dask_engine):
+    local = _rules(run_dir, LocalEngine())
+    tasks = dask_engine.stats.tasks
+    remote = _rules(run_dir, dask_engine)
+    assert json.dumps(remote, sort_keys=True, default=str) == json.dumps(local, sort_keys=True, default=str)
+    assert dask_engine.stats.tasks - tasks == 2 * 5  # one task per node and slice
+    outliers = next(r for r in local if r["RuleName"] == "StepOutlier")
+    assert outliers["RuleTriggered"] == 4  # the planted slow steps, seen across slices, on every rank
+    assert outliers["Details"]["step_details"]["algo-2/1/TRAIN"]["step_numbers"] == sorted(SLOW)
+
+
+def test_step_statistics_and_summary_on_dask_equal_the_local_engine(run_dir, dask_engine):
+    local, remote = RunAnalysis(str(run_dir)), RunAnalysis(str(run_dir), engine=dask_engine)
+    assert remote.step_stats() == local.step_stats() and len(local.step_stats()) == 2 * 2 * 2  # nodes, ranks, modes
+    assert remote.summary == local.summary
+    assert remote.loop_spans == local.loop_spans
+    remote.close()  # the engine was passed in: it stays open for the caller
+    assert dask_engine.client.status == "running"
+
+
+def test_timeline_on_dask_is_the_local_file(run_dir, dask_engine, tmp_path):
+    run = open_run(str(run_dir))
+    a = export_timeline(run, tmp_path / "local.json.gz")
+    b = export_timeline(run, tmp_path / "dask.json.gz", engine=dask_engine)
+    assert a.framework_events > 0 and a.counter_series > 0 and b.framework_events == a.framework_events
+    assert gzip.decompress((tmp_path / "dask.json.gz").read_bytes()) == \
+        gzip.decompress((tmp_path / "local.json.gz").read_bytes())
+
+
+def test_engine_names():
+    assert parse_engine(None) == ("local", None)
+    assert parse_engine("dask") == ("dask", None)
+    assert parse_engine("dask=tcp://10.0.0.5:8786") == ("dask", "tcp://10.0.0.5:8786")
+    for bad in ("spark", "dask=", "local=x"):
+        with pytest.raises(EngineError):
+            parse_engine(bad)
+
+
+def test_an_unreachable_scheduler_is_one_line(run_dir, capsys, monkeypatch):
+    monkeypatch.setattr(engine_mod, "CONNECT_TIMEOUT_S", 1)
+    # the command line's log handler would outlive this test (bound to capsys's stream): keep logging as it was
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "handlers", [logging.NullHandler()])
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "propagate", logging.getLogger("stallwatch").propagate)
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "level", logging.getLogger("stallwatch").level)
+    assert main(["rules", str(run_dir), "--engine", "dask=tcp://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stallwatch rules: cannot reach the Dask scheduler at tcp://127.0.0.1:9")
+    assert "\n" not in err and "Traceback" not in err
