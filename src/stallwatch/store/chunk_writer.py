@@ -135,7 +135,11 @@ class ChunkWriter:
             except Exception as exc:  # a leftover part is harmless: readers skip parts covered by a segment
                 warn_once("part-delete", "could not delete compacted part %s (%s); readers skip it", path, exc)
         self.samples_written += self._n - self._flushed
-        self._compacted(0, self._n)
+        try:
+            self._compacted(0, self._n)
+        except Exception as exc:  # rollups are derived data: readers rebuild them, the segment stands
+            warn_once(f"rollup-{type(exc).__name__}", "no rollups for a compacted segment (%s: %s); readers rebuild "
+                      "them", type(exc).__name__, exc)
         self._last_flush_us = self._span(self._n - 1, self._n)[1]  # the segment holds everything: no flush due
         self._reset()
 
