@@ -56,6 +56,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
     rid = run_dir.name
     api = f"{base}/api/run/{rid}"
     out: dict[str, Any] = {}
+    cpu0 = time.process_time()  # the server's threads and this client's: what the answers cost, whatever the load
     t0 = time.perf_counter()
     with ThreadPoolExecutor(3) as pool:  # the Overview asks these at once
         answers = dict(zip(("summary", "findings", "usage"),
@@ -72,6 +73,7 @@ def measure(run_dir: Path) -> dict[str, Any]:
     out["nodes_steps_s"] = get(f"{api}/steps?node={node}&last=30")[0]
     out["nodes"] = time.perf_counter() - t1
     out["first_charts"] = out["overview"] + out["nodes"]
+    out["first_charts_cpu"] = time.process_time() - cpu0
     mid = (summary["start_us"] + summary["last_us"]) // 2
     out["zoom_s"] = get(f"{api}/timeline?node={node}&points=650&from={mid}&to={mid + 60_000_000}")[0]
     server.should_exit = True
@@ -93,6 +95,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--repeat", type=int, default=1, help="measure N times, a fresh server each (shared machines)")
     ap.add_argument("--no-report", action="store_true", help="skip the report baseline (minutes on a long run)")
     args = ap.parse_args()
     shape = Shape(nodes=args.nodes, hours=args.hours)
@@ -109,7 +112,11 @@ def main() -> None:
         rebuilt = measure(run_dir)
         print(f"first open, rollups rebuilt from the segments and cached: first charts {rebuilt['first_charts']:.2f} s "
               f"(Overview {rebuilt['overview']:.2f} s)", flush=True)
-    m = measure(run_dir)
+    tries = [measure(run_dir) for _ in range(max(args.repeat, 1))]
+    m = min(tries, key=lambda t: t["first_charts"])  # the least disturbed by other work on the machine
+    if len(tries) > 1:
+        print("first charts per try: " + ", ".join(f"{t['first_charts']:.2f} s ({t['first_charts_cpu']:.2f} s CPU)"
+                                                  for t in tries) + "; the table shows the fastest", flush=True)
     rep = float("nan") if args.no_report else report_baseline(run_dir)
     rows = [["Overview: summary + findings + utilization (at once)", f"{m['overview']:.2f} s",
              f"{m['overview_bytes'] / 1e3:.0f} KB"],
@@ -118,6 +125,7 @@ def main() -> None:
              f"{m['nodes_timeline_bytes'] / 1e3:.0f} KB"],
             ["Nodes: its events + last 30 steps", f"{m['nodes_events_s'] + m['nodes_steps_s']:.2f} s", ""],
             ["**first charts** (Overview, then Nodes)", f"{m['first_charts']:.2f} s", ""],
+            ["  CPU time they took (server and client, all threads)", f"{m['first_charts_cpu']:.2f} s", ""],
             ["zoom to one minute (full resolution)", f"{m['zoom_s']:.3f} s", ""],
             ["baseline: build the HTML report", f"{rep:.2f} s", ""]]
     print(table(["what", "time", "sent"], rows))

@@ -61,6 +61,18 @@ def test_the_summary_from_rollups_is_the_summary_from_every_event(run_dir):
     assert whole_r.totals == pytest.approx(whole_e.totals) and whole_r.total_events == whole_e.total_events
 
 
+def test_neither_summary_reads_every_step_of_the_run_at_once(run_dir, monkeypatch):
+    """The dashboard's summary comes from the rollups alone; the exact one node by node (issue 15's bound)."""
+    rolled = RunAnalysis(str(run_dir), overview_from_rollups=True)
+    rolled.framework_rollup  # noqa: B018 - built (and cached) before the segments are made unreadable
+    monkeypatch.setattr(rolled.run, "framework", lambda *a, **k: pytest.fail("read the framework segments"))
+    assert sum(rolled.summary.steps.values()) == 4 * (SECONDS - 5)
+    monkeypatch.undo()
+    exact = RunAnalysis(str(run_dir))
+    assert sum(exact.summary.steps.values()) == 4 * (SECONDS - 5)
+    assert "steps" not in exact.__dict__ and "step_events" not in exact.__dict__
+
+
 def test_usage_from_rollups_has_the_exact_means_and_maxima(run_dir):
     exact = {u.label: u for u in RunAnalysis(str(run_dir)).usage("algo-1")}
     rolled = {u.label: u for u in RunAnalysis(str(run_dir), overview_from_rollups=True).usage("algo-1")}

@@ -50,6 +50,9 @@ from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
 from stallwatch.store.rollups import RunRollups
 
 MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
+BUCKETS_ONLY: frozenset[str] = frozenset()  # a system rollup view of the buckets alone: counts, spans, gaps
+_USAGE_METRICS = frozenset(usage_metrics())
+USAGE_BUCKETS = 2000  # enough bucket means for a p95; a day of 10 s buckets (8,640 per node) costs 6x the time
 
 
 class RunAnalysis:
@@ -155,9 +158,15 @@ class RunAnalysis:
         """Every rank's per-minute framework rollup (rollup_codec.FRAMEWORK_SCHEMA + node, rank)."""
         return self.rollups.framework()
 
-    def system_rollup(self, node: str, level_us: int = SYSTEM_LEVELS_US[0]) -> pa.Table:
-        """One node's system rollup rows at `level_us` over the whole run."""
-        return self.rollups.system(node, level_us).rows
+    def system_rollup(self, node: str, level_us: int = SYSTEM_LEVELS_US[0],
+                      metrics: frozenset[str] | None = None) -> pa.Table:
+        """One node's system rollup rows at `level_us` over the whole run, of `metrics`' series only when given
+        (`BUCKETS_ONLY`: counts, spans and gaps); each combined once, however often the overview asks."""
+        cache: dict[tuple[str, int, frozenset[str] | None], pa.Table] = self.__dict__.setdefault("_rollups", {})
+        key = (node, level_us, metrics)
+        if key not in cache:
+            cache[key] = self.rollups.system(node, level_us, metrics).rows
+        return cache[key]
 
     @cached_property
     def steps(self) -> FrameworkColumns:
@@ -185,7 +194,7 @@ class RunAnalysis:
         for node in self.nodes:
             known = NodeFrame(node, _NO_TIMES, {}, self.node_info(node)).sample_interval_ms
             if not known and self.overview_from_rollups:
-                known = _rollup_views.sample_interval_ms(self.system_rollup(node)) or 0.0
+                known = _rollup_views.sample_interval_ms(self.system_rollup(node, metrics=BUCKETS_ONLY)) or 0.0
             out[node] = known or NodeFrame(node, self.system(node, ()).timestamps, {}, {}).sample_interval_ms
         return out
 
@@ -235,15 +244,14 @@ class RunAnalysis:
     def summary(self) -> _summary.JobSummary:
         info = self.info
         records = {n: self.node_info(n) for n in self.nodes}
-        steps, loop = _steps.merge_step_summaries(self._node_step_totals)
         data_end = max((int(r["end_us_from_data"]) for r in records.values()
                         if isinstance(r.get("end_us_from_data"), int)), default=None)
         command = info.get("command")
-        if self.overview_from_rollups:
+        if self.overview_from_rollups:  # kilobytes of per-minute counts
             steps, loop = _rollup_views.steps_per_mode(self.framework_rollup), \
                 _rollup_views.loop_span(self.framework_rollup)
-        else:
-            steps, loop = _steps.steps_per_mode(self.steps), _steps.loop_span(self.steps)
+        else:  # node by node, an hour at a time: never every step of the run at once
+            steps, loop = _steps.merge_step_summaries(self._node_step_totals)
         return _summary.JobSummary(
             run_id=str(info.get("run_id") or self.run.uri), uri=self.run.uri,
             command=[str(c) for c in command] if isinstance(command, list) else [],
@@ -270,7 +278,7 @@ class RunAnalysis:
         events = _loss.event_losses(markers.filter(pc.equal(markers["kind"], LOSS)))
         if self.overview_from_rollups:
             gaps = [g for node in self.nodes for g in _rollup_views.sample_gaps(
-                node, self.system_rollup(node), self.sample_interval_ms.get(node),
+                node, self.system_rollup(node, metrics=BUCKETS_ONLY), self.sample_interval_ms.get(node),
                 interval_changes(self.node_info(node)))]
         else:
             gaps = [g for node in self.nodes for g in _loss.sample_gaps(
@@ -365,10 +373,21 @@ class RunAnalysis:
         """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics (from the
         finest rollup with `overview_from_rollups`: p50 / p95 then of 10 s means)."""
         if self.overview_from_rollups:
-            return _rollup_views.usage(node, self.system_rollup(node))
+            cache: dict[str, list[UsageStat]] = self.__dict__.setdefault("_usage", {})
+            if node not in cache:  # the table and the cost ask for it
+                level = self.usage_level_us(node)
+                cache[node] = _rollup_views.usage(node, self.system_rollup(node, level, metrics=_USAGE_METRICS))
+            return cache[node]
         frame = self.system(node, usage_metrics())
         table = pa.table({"timestamp_us": frame.timestamps, **frame.columns})
         return usage_stats_wide(node, table)
+
+    def usage_level_us(self, node: str) -> int:
+        """The rollup level whose bucket means give the node's utilization percentiles: the finest with at most
+        `USAGE_BUCKETS` buckets (10 s up to ~5 h, 1 min up to ~33 h, then 10 min); means and maxima are exact."""
+        buckets = self.system_rollup(node, metrics=BUCKETS_ONLY).num_rows
+        finest = SYSTEM_LEVELS_US[0]
+        return next((lvl for lvl in SYSTEM_LEVELS_US if buckets * finest / lvl <= USAGE_BUCKETS), SYSTEM_LEVELS_US[-1])
 
     @cached_property
     def node_steps(self) -> list[_steps.NodeStepSummary]:
@@ -455,7 +474,7 @@ class RunAnalysis:
 
     def _rollup_series(self, node: str, start_us: int | None, end_us: int | None,
                        buckets: int) -> _node_series.NodeSeries | None:
-        finest = self.system_rollup(node)
+        finest = self.system_rollup(node, metrics=BUCKETS_ONLY)
         if not finest.num_rows:
             return None
         lo = int(finest["first_us"][0].as_py()) if start_us is None else start_us
@@ -463,13 +482,13 @@ class RunAnalysis:
         level = _rollup_views.pick_level(hi - lo, buckets, self.sample_interval_ms.get(node))
         if level is None:
             return None
-        rows = finest if level == SYSTEM_LEVELS_US[0] else self.system_rollup(node, level)
+        rows = self.system_rollup(node, level)
         return _rollup_views.node_series(rows, node, start_us, end_us, buckets)
 
     def last_sample_us(self, node: str) -> int | None:
         """When the node's latest snapshot was taken (None without snapshots)."""
         if self.overview_from_rollups:
-            rows = self.system_rollup(node)
+            rows = self.system_rollup(node, metrics=BUCKETS_ONLY)
             return int(pc.max(rows["last_us"]).as_py()) if rows.num_rows else None
         ts = self.system(node, ()).timestamps
         return int(ts[-1]) if len(ts) else None

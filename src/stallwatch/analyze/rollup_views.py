@@ -262,7 +262,7 @@ def latest_step(fw: pa.Table) -> int | None:
 
 
 def _weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...]) -> list[float]:
-    order = np.argsort(values, kind="stable")
+    order = np.argsort(values)  # ties are equal values: any order gives the same percentiles
     v, w = values[order], weights[order]
     cum = np.cumsum(w)
     return [float(v[min(int(np.searchsorted(cum, q / 100 * cum[-1])), len(v) - 1)]) for q in qs]

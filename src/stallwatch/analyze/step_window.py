@@ -65,16 +65,22 @@ def buckets_of(starts: np.ndarray, kinds: np.ndarray, sums_us: np.ndarray, count
                width_us: int) -> list[EventBucket]:
     """Per bucket (`starts`, one row per bucket and kind: events `counts`, durations `sums_us`), the steps, the
     mean step and each phase per step; buckets without a step are left out (nothing to divide by)."""
+    buckets, at = np.unique(starts, return_inverse=True)
+    nb = len(buckets)
+    is_step = kinds == STEP
+    steps = np.bincount(at, weights=np.where(is_step, counts, 0), minlength=nb)
+    step_us = np.bincount(at, weights=np.where(is_step, sums_us, 0), minlength=nb)
+    phase_us, has_phase = {}, {}
+    for k in PHASES:
+        mine = kinds == k
+        if mine.any():
+            phase_us[k] = np.bincount(at, weights=np.where(mine, sums_us, 0), minlength=nb)
+            has_phase[k] = np.bincount(at, weights=mine, minlength=nb) > 0
     out = []
-    for b in np.unique(starts):
-        here = starts == b
-        is_step = here & (kinds == STEP)
-        n = int(counts[is_step].sum())
-        if n == 0:
-            continue
-        phases = {k: float(sums_us[here & (kinds == k)].sum()) / n / 1000 for k in PHASES
-                  if (here & (kinds == k)).any()}
-        out.append(EventBucket(int(b), width_us, n, float(sums_us[is_step].sum()) / n / 1000, phases))
+    for i in np.flatnonzero(steps > 0):
+        n = int(steps[i])
+        phases = {k: float(phase_us[k][i]) / n / 1000 for k in PHASES if k in has_phase and has_phase[k][i]}
+        out.append(EventBucket(int(buckets[i]), width_us, n, float(step_us[i]) / n / 1000, phases))
     return out
 
 

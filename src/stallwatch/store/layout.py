@@ -138,13 +138,14 @@ def live_chunks(chunks: list[Chunk]) -> list[Chunk]:
     for c in chunks:
         if c.kind == SEGMENT:
             segments.setdefault(c.stream, []).append(c)
-    out = []
+    keyed = []
     for c in chunks:
-        if c.kind == PART and any(s.start_us <= c.start_us and c.end_us <= s.end_us for s in segments.get(c.stream, ())):
+        stream = c.stream
+        if c.kind == PART and any(s.start_us <= c.start_us and c.end_us <= s.end_us for s in segments.get(stream, ())):
             continue
-        out.append(c)
-    out.sort(key=lambda c: (c.stream, c.start_us, c.kind != SEGMENT))
-    return out
+        keyed.append(((stream, c.start_us, c.kind != SEGMENT), c))
+    keyed.sort(key=lambda kc: kc[0])  # each chunk's stream taken once: tens of thousands of files in a long run
+    return [c for _, c in keyed]
 
 
 # -- profiling windows: traces/<node>/<rank>/<window>/ -------------------------------------------------------

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from stallwatch.log import warn_once
 from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_schema
 from stallwatch.store import framework_codec, layout, profiles_codec, trace_codec
+from stallwatch.store.listed import ListedLocation
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.records_check import MAX_TIME_US, NODE_FIELDS, RUN_FIELDS, WINDOW_FIELDS, checked
 from stallwatch.store.system_codec import column_span, count_rows, read_columns, read_schema, to_tidy
@@ -159,6 +160,14 @@ class Run:
 
     def files(self) -> list[FileEntry]:
         return self.location.list("")
+
+    def listed(self, files: list[FileEntry] | None = None) -> "Run":
+        """This run answering every listing from one listing of it (`files`, else taken now), renewed only when a
+        listed file has gone: for many questions about one state of the run (the dashboard's analysis)."""
+        run = Run.__new__(Run)
+        run.__dict__.update({k: v for k, v in self.__dict__.items() if not k.startswith("_")})
+        run.location = ListedLocation(self.location, self.files() if files is None else files)
+        return run
 
     # -- system metrics ---------------------------------------------------------------------------------
     def system(self, start_us: int | None = None, end_us: int | None = None,
@@ -481,6 +490,8 @@ class Run:
         listing = self.__dict__.get("_listing")
         if listing is not None and top in listing:
             return listing[top]
+        if isinstance(self.location, ListedLocation):
+            return self.location.derived(f"chunks:{top}", lambda: self._list_chunks(top))
         return self._list_chunks(top)
 
     def _list_chunks(self, top: str) -> list[layout.Chunk]:

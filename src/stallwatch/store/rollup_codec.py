@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stallwatch.records import LOOP, LOSS, TIMESTAMP
+from stallwatch.records import COLUMN_SEP, LOOP, LOSS, TIMESTAMP
 
 S = 1_000_000
 # 10 s for ranges of ~2-18 h at a chart's 650 points, 1 min up to ~4 days, 10 min beyond; below ~2 h raw is cheap.
@@ -187,6 +187,8 @@ def combine_framework(tables: list[pa.Table]) -> pa.Table:
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return FRAMEWORK_SCHEMA.empty_table()
+    if len(tables) == 1:  # one file's rows are grouped already
+        return tables[0]
     table = pa.concat_tables(tables)
     marker = pc.is_in(table["kind"], pa.array(MARKERS, pa.string()))
     grouped = table.filter(pc.invert(marker)).group_by(["bucket_us", "kind", "mode", "in_step"]).aggregate([
@@ -218,12 +220,16 @@ def encode(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def decode_system(source: Any, level: int | None = None) -> pa.Table:
-    """A system rollup file's rows (of `level` only, when given). RollupError when it is not one."""
+def decode_system(source: Any, level: int | None = None, metrics: frozenset[str] | None = None) -> pa.Table:
+    """A system rollup file's rows (of `level` only, when given; of the series of `metrics` only, when given: a
+    node's 10 s level holds hundreds of columns and a question needs a few). RollupError when it is not one."""
     try:
         pf = pq.ParquetFile(source)
-        groups = [i for i in range(pf.num_row_groups) if level is None or _group_level(pf, i) in (level, None)]
-        table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
+        schema = pf.schema_arrow  # built anew on each access: once per file
+        groups = [i for i in range(pf.num_row_groups)
+                  if level is None or _group_level(pf, schema.get_field_index("level_us"), i) in (level, None)]
+        columns = None if metrics is None else system_columns(schema.names, metrics)
+        table = pf.read_row_groups(groups, columns=columns) if groups else schema.empty_table()
     except Exception as exc:
         raise RollupError(f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})") \
             from None
@@ -241,10 +247,15 @@ def decode_system(source: Any, level: int | None = None) -> pa.Table:
     return table
 
 
-def _group_level(pf: pq.ParquetFile, i: int) -> int | None:
+def system_columns(names: list[str], metrics: frozenset[str]) -> list[str]:
+    """Of a system rollup's columns, the buckets' own and the statistics of the series of `metrics`."""
+    return [c for c in names if c in SYSTEM_KEYS or (":" in c and c.split(":", 1)[1].partition(COLUMN_SEP)[2]
+                                                     in metrics)]
+
+
+def _group_level(pf: pq.ParquetFile, col: int, i: int) -> int | None:
     """A row group's level from its statistics (None when unknown: then it is read and filtered)."""
     try:
-        col = pf.schema_arrow.get_field_index("level_us")
         stats = pf.metadata.row_group(i).column(col).statistics
         return int(stats.min) if stats is not None and stats.has_min_max and stats.min == stats.max else None
     except Exception:
@@ -254,7 +265,7 @@ def _group_level(pf: pq.ParquetFile, i: int) -> int | None:
 def decode_framework(source: Any) -> pa.Table:
     """A framework rollup file's rows. RollupError when it is not one."""
     try:
-        table = pq.read_table(source, use_threads=False)
+        table = pq.ParquetFile(source).read(use_threads=False)  # not read_table: its dataset layer costs 5 ms a file
     except Exception as exc:
         raise RollupError(f"unreadable ({type(exc).__name__})") from None
     for f in FRAMEWORK_SCHEMA:

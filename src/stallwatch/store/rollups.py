@@ -6,8 +6,9 @@ stream (its parts) is rolled up on each read."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import pyarrow as pa
@@ -24,10 +25,12 @@ from stallwatch.store.rollup_codec import (
     decode_system,
     encode,
     framework_rows,
+    system_columns,
     system_rows,
 )
 from stallwatch.store.system_codec import read_columns
 
+_READERS = 4  # threads reading a run's per-rank rollup files
 _EVENT_COLUMNS = ["kind", "name", "mode", "step", "start_us", "end_us", "args"]
 
 
@@ -53,14 +56,15 @@ class RunRollups:
     def __init__(self, run: Any) -> None:
         self.run = run
         self._lock = threading.Lock()
-        self._files: dict[tuple[str, int | None], pa.Table | None] = {}
-        self._rebuilt: dict[tuple[str, int | None], pa.Table] = {}
+        self._files: dict[tuple[str, Hashable], pa.Table | None] = {}  # (file, view): decoded
+        self._rebuilt: dict[str, pa.Table] = {}  # segments without rollups: rolled up once
         self._read_only_said = False
         self._statuses: dict[str, Any] | None = None
 
     # -- system ----------------------------------------------------------------------------------------------
-    def system(self, node: str, level_us: int) -> StreamRollup:
-        """The node's system rollup at `level_us` (one of rollup_codec.SYSTEM_LEVELS_US), over all its data."""
+    def system(self, node: str, level_us: int, metrics: frozenset[str] | None = None) -> StreamRollup:
+        """The node's system rollup at `level_us` (one of rollup_codec.SYSTEM_LEVELS_US), over all its data; only
+        the series of `metrics` when given (an empty set: the buckets' counts and gaps alone)."""
         chunks = self.run._system_chunks(nodes=[node])
 
         def rebuild(chunk: layout.Chunk) -> pa.Table:
@@ -71,9 +75,9 @@ class RunRollups:
                 else np.empty((len(ts), 0))
             return system_rows(ts, values, names)
 
-        return self._stream(layout.system_rollup_dir(node), chunks, level_us, rebuild,
-                            lambda src: decode_system(src, level_us), combine_system,
-                            finished=self._finished(node), level_of=lambda t: _level(t, level_us))
+        return self._stream(layout.system_rollup_dir(node), chunks, (level_us, metrics), rebuild,
+                            lambda src: decode_system(src, level_us, metrics), combine_system,
+                            finished=self._finished(node), level_of=lambda t: _projected(_level(t, level_us), metrics))
 
     # -- framework -------------------------------------------------------------------------------------------
     def framework(self, nodes: list[str] | None = None) -> pa.Table:
@@ -85,20 +89,24 @@ class RunRollups:
         for node in nodes if nodes is not None else self.run.nodes:  # ranks with rollups but no events left
             for rank in self._rollup_ranks(node):
                 by_stream.setdefault((node, rank), [])
-        tables = []
-        for (node, rank), chunks in sorted(by_stream.items(), key=lambda kv: (kv[0][0], _rank_key(kv[0][1]))):
-            def rebuild(chunk: layout.Chunk, node: str = node, rank: str = rank) -> pa.Table:
+        def one(stream: tuple[tuple[str, str], list[layout.Chunk]]) -> pa.Table:
+            (node, rank), chunks = stream
+
+            def rebuild(chunk: layout.Chunk) -> pa.Table:
                 stored = framework_codec.read(self.run.location.open_input_file(chunk.path), chunk.kind,
                                               _EVENT_COLUMNS)
                 return framework_rows(stored)
 
-            got = self._stream(layout.framework_rollup_dir(node, rank), chunks, None, rebuild, decode_framework,
-                               combine_framework, finished=self._finished(node), level_of=lambda t: t)
-            rows = got.rows
+            rows = self._stream(layout.framework_rollup_dir(node, rank), chunks, None, rebuild, decode_framework,
+                                combine_framework, finished=self._finished(node), level_of=lambda t: t).rows
             n = rows.num_rows
             rank_no = layout.rank_number(rank)
-            tables.append(rows.append_column("node", pa.array([node] * n, pa.string()))
-                          .append_column("rank", pa.array([rank_no if rank_no is not None else -1] * n, pa.int32())))
+            return rows.append_column("node", pa.array([node] * n, pa.string())) \
+                .append_column("rank", pa.array([rank_no if rank_no is not None else -1] * n, pa.int32()))
+
+        streams = sorted(by_stream.items(), key=lambda kv: (kv[0][0], _rank_key(kv[0][1])))
+        with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="stallwatch-rollups") as pool:
+            tables = list(pool.map(one, streams))  # a file per rank: Parquet decodes without the GIL
         if not tables:
             return pa.schema([*FRAMEWORK_SCHEMA, pa.field("node", pa.string()), pa.field("rank", pa.int32())]
                              ).empty_table()
@@ -113,14 +121,14 @@ class RunRollups:
         return sorted(out, key=_rank_key)
 
     # -- one stream ------------------------------------------------------------------------------------------
-    def _stream(self, directory: str, chunks: list[layout.Chunk], level: int | None,
+    def _stream(self, directory: str, chunks: list[layout.Chunk], view: Hashable,
                 rebuild: Callable[[layout.Chunk], pa.Table], decode: Callable[[Any], pa.Table],
                 combine: Callable[[list[pa.Table]], pa.Table], *, finished: bool,
                 level_of: Callable[[pa.Table], pa.Table]) -> StreamRollup:
         files = self._list(directory)
         tables, covered = [], []
         for f in files:
-            t = self._decoded(f, level, decode)
+            t = self._decoded(f, view, decode)
             if t is not None:
                 tables.append(t)
                 covered.append((f.start_us, f.end_us))
@@ -128,21 +136,20 @@ class RunRollups:
         missing = [c for c in chunks if not any(lo <= c.start_us and c.end_us <= hi for lo, hi in spans)]
         segments = [c for c in missing if c.kind == layout.SEGMENT]
         rebuilt = 0
-        if segments:
-            key = (directory + "|" + ",".join(c.path for c in segments), level)
+        if segments:  # rebuilt once whatever the view asked: every level and series, then the view taken
+            key = directory + "|" + ",".join(c.path for c in segments)
             with self._lock:
-                cached = self._rebuilt.get(key)
-            if cached is None:
+                whole = self._rebuilt.get(key)
+            if whole is None:
                 whole = self._rebuild(segments, rebuild, combine)
                 rebuilt = len(segments)
-                if whole is not None and finished:
-                    self._save(directory, segments, whole)
-                cached = level_of(whole) if whole is not None else None
-                if cached is not None:
+                if whole is not None:
+                    if finished:
+                        self._save(directory, segments, whole)
                     with self._lock:
-                        self._rebuilt[key] = cached
-            if cached is not None:
-                tables.append(cached)
+                        self._rebuilt[key] = whole
+            if whole is not None:
+                tables.append(level_of(whole))
         tails = [c for c in missing if c.kind != layout.SEGMENT]
         if tails:  # a live stream's open segment: small, and changing
             tail = self._rebuild(tails, rebuild, combine)
@@ -162,8 +169,8 @@ class RunRollups:
                 best[span[0]] = RollupFile(e.path, *span)
         return sorted(best.values(), key=lambda f: f.start_us)
 
-    def _decoded(self, f: RollupFile, level: int | None, decode: Callable[[Any], pa.Table]) -> pa.Table | None:
-        key = (f.path, level)
+    def _decoded(self, f: RollupFile, view: Hashable, decode: Callable[[Any], pa.Table]) -> pa.Table | None:
+        key = (f.path, view)
         with self._lock:
             if key in self._files:
                 return self._files[key]
@@ -215,6 +222,13 @@ def _level(table: pa.Table, level: int) -> pa.Table:
     import pyarrow.compute as pc
 
     return table.filter(pc.equal(table["level_us"], level)) if table.num_rows else table
+
+
+def _projected(table: pa.Table, metrics: frozenset[str] | None) -> pa.Table:
+    """The table with the bucket columns and only the series of `metrics` (all of them for None)."""
+    if metrics is None:
+        return table
+    return table.select(system_columns(table.column_names, metrics))
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -62,9 +62,15 @@ def findings_doc(a: RunAnalysis) -> dict[str, Any]:
 def usage_doc(a: RunAnalysis, nodes: dict[str, list[Any]]) -> dict[str, Any]:
     """The resource utilization table per node, and all nodes together (mean of means, highest max)."""
     mean, peak = a.usage_over_nodes
-    return {**header("usage"), "percentiles_of": "10 s means" if a.overview_from_rollups else "snapshots",
+    return {**header("usage"), "percentiles_of": _bucket_means(a) if a.overview_from_rollups else "snapshots",
             "nodes": {n: [asdict(u) for u in stats] for n, stats in nodes.items()},
             "all": [{"label": k, "mean": mean[k], "max": peak.get(k)} for k in mean]}
+
+
+def _bucket_means(a: RunAnalysis) -> str:
+    """What the percentiles were taken of: the rollup buckets' means (the longest node's, when nodes differ)."""
+    level = max((a.usage_level_us(n) for n in a.nodes), default=10_000_000) // 1_000_000
+    return f"{level} s means" if level < 60 else f"{level // 60} min means"
 
 
 def operators_doc(a: RunAnalysis) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow, run_rows
 from stallwatch.store import layout
 from stallwatch.store.catalog import list_runs, run_records
-from stallwatch.store.location import RunLocation, is_remote
+from stallwatch.store.location import FileEntry, RunLocation, is_remote
 from stallwatch.store.reader import Run, RunNotFoundError, open_run
 
 CHECK_EVERY_S = 2.0  # how often a run's listing is looked at for changes, at most
@@ -58,22 +58,20 @@ class RunState:
             now = time.monotonic()
             if self._analysis is None or now - self._checked >= CHECK_EVERY_S:
                 self._checked = now
-                fp = self.fingerprint()
+                files = self.run.files()
+                fp = fingerprint(files)
                 if self._analysis is None or fp != self._fingerprint:
                     if self._analysis is not None:
                         self.version += 1
                     self._fingerprint = fp
-                    self._analysis = RunAnalysis(self.run, overview_from_rollups=True)
+                    # this listing answers the analysis's every listing: the run is listed once per state
+                    self._analysis = RunAnalysis(self.run.listed(files), overview_from_rollups=True)
             return self._analysis
 
     def changed(self) -> None:
         """The live reader saw new data: the next question gets a fresh analysis."""
         with self.lock:
             self._checked = 0.0
-
-    def fingerprint(self) -> tuple[int, int]:
-        files = self.run.files()
-        return len(files), sum(f.size for f in files)
 
     def node_lock(self, node: str) -> threading.Lock:
         with self.lock:
@@ -165,3 +163,8 @@ def _inside(root: str, path: str) -> bool:
         return False
     real_root = os.path.realpath(root)
     return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root
+
+
+def fingerprint(files: list[FileEntry]) -> tuple[int, int]:
+    """A run's state as its files' count and total size: new data changes it (files only grow or are replaced)."""
+    return len(files), sum(f.size for f in files)
