@@ -9,6 +9,7 @@ import os
 import select
 import socket
 import tempfile
+import threading
 import time
 
 import pytest
@@ -39,8 +40,9 @@ def address(monkeypatch):
     os.rmdir(d)
 
 
-def _collect(server: EventServer, want: int, timeout_s: float = 10, journal: bool = True) -> list:
-    """Receive until `want` items came; `journal`: what arrives counts as journaled (acknowledgeable)."""
+def _collect(server: EventServer, want: int, timeout_s: float = 10, journal: bool = True, ack: bool = False) -> list:
+    """Receive until `want` items came; `journal`: what arrives counts as journaled (acknowledgeable);
+    `ack`: acknowledged as the sampler does, now and then."""
     got: list = []
     deadline = time.monotonic() + timeout_s
     while len(got) < want and time.monotonic() < deadline:
@@ -48,6 +50,8 @@ def _collect(server: EventServer, want: int, timeout_s: float = 10, journal: boo
         got += server.receive(ready)
         if journal:
             server.marks.confirm(server.marks.take())
+        if ack:
+            server.acknowledge()
     return got
 
 
@@ -226,3 +230,34 @@ def test_unacknowledged_lines_of_a_sampler_gone_for_good_are_counted_at_exit(add
         server.close()
     sender.close(timeout_s=0.5)
     assert sender.dropped == 300 and sender.dropped_steps == 300
+
+
+def test_at_exit_a_full_window_waits_for_acknowledgements_instead_of_dropping(address):
+    """close() sends a backlog larger than the window to a sampler that acknowledges: nothing dropped."""
+    server = EventServer(address)
+    sender = EventSender(address)
+    sender._unacked = Unacked(max_bytes=4096)
+    got: list = []
+    quiet = threading.Event()
+
+    def sampler() -> None:  # receives, journals, acknowledges every quarter second, until all is in
+        while True:
+            more = _collect(server, 1 << 30, timeout_s=0.3, ack=True)
+            got.extend(more)
+            if quiet.is_set() and not more:
+                return
+
+    t = threading.Thread(target=sampler)
+    t.start()
+    try:
+        _emit(sender, 0, 1)
+        _wait(lambda: sender._unacked.acks is True)
+        sender._stop.set()  # hold the shipping thread: close() sends the backlog
+        sender._thread.join()
+        _emit(sender, 1, 4999)
+        sender.close(timeout_s=20)
+        quiet.set()
+        t.join(20)
+    finally:
+        server.close()
+    assert sorted(_steps(got)) == list(range(5000)) and sender.dropped == 0

@@ -30,6 +30,7 @@ class _Connection:
     seq: int = 0  # ...and the number of its next line on this connection
     acked: int = 0  # what it was last told it may forget (every line before)
     acked_at: float = 0.0
+    gone: bool = False  # the sender closed its end: nothing more is sent to it, what it sent is still read
 
 
 class EventServer:
@@ -62,12 +63,14 @@ class EventServer:
                 self._send(fd, conn, line)
 
     def _send(self, fd: int, conn: _Connection, line: bytes) -> None:
+        if conn.gone:
+            return
         try:
             conn.sock.send(line)
         except (BlockingIOError, InterruptedError):
             warn_once("events-broadcast-full", "a job process is not reading its stallwatch messages; it misses one")
         except OSError:
-            self._drop(fd)
+            conn.gone = True  # its last lines may still be unread here: dropped at end-of-file, once read
 
     def fds(self) -> list[int]:
         return [self._listener.fileno(), *self._conns]
@@ -151,7 +154,7 @@ class EventServer:
         `ACK_INTERVAL_S` ago: cheap, never per line."""
         now = time.monotonic() if now is None else now
         for fd, conn in list(self._conns.items()):
-            if conn.stream is None:
+            if conn.stream is None or conn.gone:
                 continue
             durable = self.marks.durable.get(conn.stream, 0)
             if durable > conn.acked and (durable - conn.acked >= ACK_EVERY_LINES
@@ -160,13 +163,15 @@ class EventServer:
                     conn.acked, conn.acked_at = durable, now
 
     def _ack(self, fd: int, conn: _Connection, upto: int) -> bool:
+        if conn.gone:
+            return False
         try:
             conn.sock.send(b'{"ack":%d}\n' % upto)
             return True
         except (BlockingIOError, InterruptedError):
             return False  # not reading now: a later one says it
         except OSError:
-            self._drop(fd)
+            conn.gone = True  # as in `_send`: read to its end first
             return False
 
     def _accept(self) -> None:

@@ -198,7 +198,11 @@ class EventSender:
                     if line is None:
                         if self._unacked.full():
                             if self._unacked.acks:
-                                return  # the sampler is behind acknowledging: events wait in the queue
+                                # The sampler is behind acknowledging: events wait in the queue; at exit
+                                # (a deadline), for its acknowledgements, as long as the deadline allows.
+                                if not self._await_ack(deadline):
+                                    return
+                                continue
                             # a sampler that does not acknowledge: the line it has cannot be kept for it
                             self._unacked.release(self._send_seq)
                         line = self._next_line()
@@ -218,6 +222,15 @@ class EventSender:
             self._send_seq, self._offset = self._unacked.next_seq, 0
             for event in _events_of(lost):
                 self._drop(event)
+
+    def _await_ack(self, deadline: float | None) -> bool:
+        """At exit only: wait (up to the deadline) for what the sampler says; True to go on sending."""
+        wait = 0.0 if deadline is None else min(0.05, deadline - time.monotonic())
+        if wait <= 0 or self._sock is None:
+            return False
+        select.select([self._sock], [], [], wait)
+        self._pull()
+        return True
 
     def _next_line(self) -> SentLine | None:
         """The next line to send: what was dropped since the last report, else a held control message, else a
