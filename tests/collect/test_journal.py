@@ -1,5 +1,5 @@
 """The sampler's journal: what it received and had not stored yet is read back by the next sampler; a record
-cut short by the kill, and garbage, are skipped; a cleared journal replays nothing."""
+cut short by the kill, and garbage, are skipped; a cleared journal replays nothing but the senders' marks."""
 
 from __future__ import annotations
 
@@ -15,21 +15,24 @@ def _events(first: int, n: int) -> list[FrameworkEvent]:
 def test_replay_returns_what_was_journaled_and_skips_a_torn_tail(tmp_path):
     path = str(tmp_path / "events.journal")
     j = EventJournal(path)
-    j.append(0, _events(0, 3))
-    j.append(5, _events(3, 2))
+    assert j.append([(0, _events(0, 3))], {7: 2})
+    assert j.append([(5, _events(3, 2))], {7: 3, 9: 1})
     j.close(remove=False)
     with open(path, "ab") as f:
         f.write(b"\x40\x00\x00\x00partial")  # the kill hit in the middle of a record
-    assert replay(path) == [(0, _events(0, 3)), (5, _events(3, 2))]
+    got = replay(path)
+    assert got.batches == [(0, _events(0, 3)), (5, _events(3, 2))]
+    assert got.marks == {7: 3, 9: 1}
 
 
-def test_a_cleared_journal_replays_nothing_and_garbage_is_refused(tmp_path):
+def test_a_cleared_journal_replays_no_events_but_keeps_the_marks_and_garbage_is_refused(tmp_path):
     path = str(tmp_path / "events.journal")
     j = EventJournal(path)
-    j.append(0, _events(0, 3))
-    j.clear()
-    j.append(1, _events(3, 1))
+    j.append([(0, _events(0, 3))], {7: 4})
+    j.clear({7: 4, 8: 1})
+    j.append([(1, _events(3, 1))], {7: 5})
     j.close(remove=False)
-    assert replay(path) == [(1, _events(3, 1))]
+    got = replay(path)
+    assert got.batches == [(1, _events(3, 1))] and got.marks == {7: 5, 8: 1}
     (tmp_path / "bad").write_bytes(b"\x05\x00\x00\x00hello")
-    assert replay(str(tmp_path / "bad")) == [] and replay(str(tmp_path / "missing")) == []
+    assert replay(str(tmp_path / "bad")).batches == [] and replay(str(tmp_path / "missing")).batches == []

@@ -1,15 +1,18 @@
 """The sampler's side of framework events: a Unix socket in a private directory that the job's processes
 connect to (one connection per process, introduced by its rank); events and artifact notices come out
-with who sent them, and the live configuration goes back to every process."""
+with who sent them, and the live configuration goes back to every process, with acknowledgements of what
+was journaled to those that ask for them (see `acks`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallwatch.collect.acks import ACK_EVERY_LINES, ACK_INTERVAL_S, StreamMarks, stream_of
 from stallwatch.collect.events import decode_batch, decode_line
 from stallwatch.log import warn_once
 from stallwatch.records import LOSS, FrameworkEvent
@@ -23,6 +26,11 @@ class _Connection:
     buf: bytes = b""
     identity: dict[str, int] | None = None
     events: int = field(default=0)
+    stream: int | None = None  # a sender that asks for acknowledgements: its stream...
+    seq: int = 0  # ...and the number of its next line on this connection
+    acked: int = 0  # what it was last told it may forget (every line before)
+    acked_at: float = 0.0
+    gone: bool = False  # the sender closed its end: nothing more is sent to it, what it sent is still read
 
 
 class EventServer:
@@ -41,6 +49,7 @@ class EventServer:
         self._listener.setblocking(False)
         self._conns: dict[int, _Connection] = {}
         self.identities: list[dict[str, int]] = []
+        self.marks = StreamMarks()
         self._greeting: bytes | None = None  # sent to every process once it has introduced itself
 
     def broadcast(self, message: dict[str, Any], *, greet_new: bool = True) -> None:
@@ -54,12 +63,14 @@ class EventServer:
                 self._send(fd, conn, line)
 
     def _send(self, fd: int, conn: _Connection, line: bytes) -> None:
+        if conn.gone:
+            return
         try:
             conn.sock.send(line)
         except (BlockingIOError, InterruptedError):
             warn_once("events-broadcast-full", "a job process is not reading its stallwatch messages; it misses one")
         except OSError:
-            self._drop(fd)
+            conn.gone = True  # its last lines may still be unread here: dropped at end-of-file, once read
 
     def fds(self) -> list[int]:
         return [self._listener.fileno(), *self._conns]
@@ -99,11 +110,17 @@ class EventServer:
             return
         try:
             if conn.identity is None:
-                conn.identity = _identity(json.loads(line)["hello"])
+                hello = json.loads(line)["hello"]
+                conn.identity = _identity(hello)
                 self.identities.append(conn.identity)
+                self._start_stream(fd, conn, hello)
                 if self._greeting is not None:
                     self._send(fd, conn, self._greeting)
                 return
+            if conn.stream is not None:
+                conn.seq += 1
+                if not self.marks.accept(conn.stream, conn.seq - 1):
+                    return  # sent again after a reconnection, and had already
             value = decode_line(line)
             if isinstance(value, dict):
                 if "lost" in value:
@@ -120,6 +137,42 @@ class EventServer:
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
             warn_once(f"events-bad-{type(exc).__name__}", "ignoring a malformed framework event (%s)",
                       str(exc)[:200])
+
+    def _start_stream(self, fd: int, conn: _Connection, hello: dict) -> None:
+        """A sender that numbers its lines: told at once what this sampler already has of its stream (which
+        also tells it that this sampler acknowledges)."""
+        stream = stream_of(hello)
+        if stream is None:
+            return
+        conn.stream, conn.seq = stream
+        conn.acked = max(conn.seq, self.marks.durable.get(conn.stream, 0))
+        conn.acked_at = time.monotonic()
+        self._ack(fd, conn, conn.acked)
+
+    def acknowledge(self, *, now: float | None = None) -> None:
+        """Tell each sender what it may forget, where that moved by `ACK_EVERY_LINES` lines or some did
+        `ACK_INTERVAL_S` ago: cheap, never per line."""
+        now = time.monotonic() if now is None else now
+        for fd, conn in list(self._conns.items()):
+            if conn.stream is None or conn.gone:
+                continue
+            durable = self.marks.durable.get(conn.stream, 0)
+            if durable > conn.acked and (durable - conn.acked >= ACK_EVERY_LINES
+                                         or now - conn.acked_at >= ACK_INTERVAL_S):
+                if self._ack(fd, conn, durable):
+                    conn.acked, conn.acked_at = durable, now
+
+    def _ack(self, fd: int, conn: _Connection, upto: int) -> bool:
+        if conn.gone:
+            return False
+        try:
+            conn.sock.send(b'{"ack":%d}\n' % upto)
+            return True
+        except (BlockingIOError, InterruptedError):
+            return False  # not reading now: a later one says it
+        except OSError:
+            conn.gone = True  # as in `_send`: read to its end first
+            return False
 
     def _accept(self) -> None:
         while True:

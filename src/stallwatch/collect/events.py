@@ -3,14 +3,14 @@ queue; a background thread ships batches to the sampler process over a Unix sock
 sampler sends back (live configuration). No I/O into the run ever happens in the training process, and
 nothing here raises into it.
 
-Lines on the socket, job to sampler: `{"hello": identity}` first, then JSON arrays (event batches) and
-`{"artifact": {...}}` objects (profiler output staged locally, for the sampler to store) and `{"lost": {...}}`
-(events this process had to drop, counted with their time span). Sampler to job: `{"config": {...}}` (the
-run's live configuration, validated by the sampler).
+Lines on the socket, job to sampler: `{"hello": identity + stream, seq}` first, then JSON arrays (event
+batches) and `{"artifact": {...}}` objects (profiler output staged locally, for the sampler to store) and
+`{"lost": {...}}` (events this process had to drop, counted with their time span). Sampler to job:
+`{"config": {...}}` (the run's live configuration, validated by the sampler) and `{"ack": N}` (see `acks`).
 
 A stalled or restarting sampler costs nothing: a line that cannot be sent now stays queued (sends never
-block, a partly sent line is finished later or sent again whole on a new connection) and the queue drops
-only beyond its bound, counting what it dropped."""
+block), lines sent but not yet acknowledged are kept (bounded) and sent again to the next sampler, and the
+queue drops only beyond its bound, counting what it dropped."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
+from stallwatch.collect.acks import SentLine, Unacked, ack_of
 from stallwatch.log import warn_once
 from stallwatch.records import FrameworkEvent
 
@@ -70,6 +71,7 @@ class EventSender:
         self.on_message = on_message
         self._queue: deque[tuple | dict] = deque()  # event tuples in _FIELDS order, or message dicts
         self._inbox = b""
+        self._messages: list[dict[str, Any]] = []  # from the sampler, for `on_message`
         self._max = max_queued
         self.dropped = 0
         self.dropped_steps = 0
@@ -77,9 +79,12 @@ class EventSender:
         self._reported = (0, 0)  # (events, steps) already told to the sampler
         self.sent = 0
         self._sock: socket.socket | None = None
-        self._line = b""  # the line being sent; `_line_items` are what it carries
-        self._line_items: list[tuple | dict] = []
-        self._offset = 0  # bytes of `_line` already sent on the current connection
+        self._stream = int.from_bytes(os.urandom(8), "little") >> 1  # this sender's lines, for the sampler
+        self._unacked = Unacked()  # lines from the oldest the sampler has not acknowledged
+        self._send_seq = 0  # the line being sent (or the next to send) on the current connection
+        self._offset = 0  # bytes of that line already sent on the current connection
+        self._held: dict | None = None  # a control message taken from the queue, to be its own next line
+        self._fresh = 0  # lines before this one were sent once already (counted in `sent`)
         self._retry_at = 0.0  # while unreachable: no connection attempts before this (monotonic) time
         self._forked = False  # a copy inherited by a forked child: inert
         self._closed = False
@@ -143,10 +148,17 @@ class EventSender:
         self._retry_at = 0.0  # a last chance now, whatever the back-off said
         self._send_queued(deadline=deadline)
         with self._lock:
+            self._pull()  # the last acknowledgements, or the news that the sampler is gone
+            # Sent lines count as delivered while the connection stands; with it gone, the unacknowledged
+            # ones (to a sampler that acknowledges) never were.
+            gone = self._sock is None and self._unacked.acks is True
+            lines = [line for line in self._unacked.lines if gone or line.seq >= self._send_seq]
             self._disconnect()
-            unsent = [item for item in (*self._line_items, *self._queue) if not isinstance(item, dict)]
-            self._line, self._line_items, self._queue = b"", [], deque()
-        for event in unsent:  # the process is ending: what could not be sent is lost, counted
+            unsent = [item for item in self._queue if not isinstance(item, dict)]
+            self._queue, self._held = deque(), None
+            self._unacked = Unacked()
+            self._send_seq = self._unacked.next_seq
+        for event in [*_events_of(lines), *unsent]:  # the process is ending: what was not sent is lost, counted
             self._drop(event)
 
     def _forget_after_fork(self) -> None:
@@ -155,7 +167,7 @@ class EventSender:
         self._forked = True
         self._stop.set()
         self._queue = deque()
-        self._line, self._line_items = b"", []
+        self._unacked, self._send_seq, self._held = Unacked(), 0, None
         self._max = 0
         self._lock = threading.Lock()
         if self._sock is not None:
@@ -177,53 +189,78 @@ class EventSender:
             self._receive()
 
     def _send_queued(self, deadline: float | None) -> None:
-        """Send lines until the queue is empty, the socket is full (`deadline` None: try again at the next
-        tick) or the sampler is out of reach; nothing taken from the queue is dropped on the way."""
+        """Send lines until none is left, the socket is full (`deadline` None: try again at the next tick) or
+        the sampler is out of reach; nothing taken from the queue is dropped on the way."""
         try:
             with self._lock:
                 while True:
-                    if not self._line:
-                        self._next_line()
-                        if not self._line:
+                    line = self._unacked.get(self._send_seq)
+                    if line is None:
+                        if self._unacked.full():
+                            if self._unacked.acks:
+                                # The sampler is behind acknowledging: events wait in the queue; at exit
+                                # (a deadline), for its acknowledgements, as long as the deadline allows.
+                                if not self._await_ack(deadline):
+                                    return
+                                continue
+                            # a sampler that does not acknowledge: the line it has cannot be kept for it
+                            self._unacked.release(self._send_seq)
+                        line = self._next_line()
+                        if line is None:
                             return
-                    if not self._send_line(deadline):
+                    if not self._send_line(line.payload, deadline):
                         return
-                    self.sent += sum(1 for item in self._line_items if not isinstance(item, dict))
-                    self._line, self._line_items, self._offset = b"", [], 0
+                    if line.seq >= self._fresh:
+                        self.sent += line.events
+                        self._fresh = line.seq + 1
+                    self._send_seq, self._offset = line.seq + 1, 0
+                    self._unacked.trim(self._send_seq)
         except Exception as exc:  # never into the training loop, never kill the thread silently
             warn_once("events-send", "sending framework events failed (%s: %s); they are dropped",
                       type(exc).__name__, exc)
-            self._line, self._line_items, self._offset = b"", [], 0
+            lost = self._unacked.release(self._unacked.next_seq)
+            self._send_seq, self._offset = self._unacked.next_seq, 0
+            for event in _events_of(lost):
+                self._drop(event)
 
-    def _next_line(self) -> None:
-        """The next line to send: what was dropped since the last report, else a batch of queued events (up
-        to a control message, which ends it)."""
+    def _await_ack(self, deadline: float | None) -> bool:
+        """At exit only: wait (up to the deadline) for what the sampler says; True to go on sending."""
+        wait = 0.0 if deadline is None else min(0.05, deadline - time.monotonic())
+        if wait <= 0 or self._sock is None:
+            return False
+        select.select([self._sock], [], [], wait)
+        self._pull()
+        return True
+
+    def _next_line(self) -> SentLine | None:
+        """The next line to send: what was dropped since the last report, else a held control message, else a
+        batch of queued events (up to a control message, which goes next, in its own line)."""
         if (self.dropped, self.dropped_steps) != self._reported and self._dropped_span:
             events, steps = self.dropped - self._reported[0], self.dropped_steps - self._reported[1]
             lost = {"lost": {"events": events, "steps": steps, "first_us": self._dropped_span[0],
                              "last_us": self._dropped_span[1]}}
             self._reported = (self.dropped, self.dropped_steps)
             self._dropped_span = []
-            self._line, self._line_items = _json_line(lost), [lost]
-            return
-        batch: list[tuple | dict] = []
-        message = None
+            return self._unacked.add(_json_line(lost), 0)
+        if self._held is not None:
+            message, self._held = self._held, None
+            return self._unacked.add(_json_line(message), 0)
+        batch: list[tuple] = []
         while self._queue and len(batch) < BATCH_EVENTS:
             item = self._queue.popleft()
             if isinstance(item, dict):
-                message = item
+                if not batch:
+                    return self._unacked.add(_json_line(item), 0)
+                self._held = item
                 break
             batch.append(item)
-        payload = encode_batch(batch) if batch else b""  # type: ignore[arg-type]
-        if message is not None:
-            payload += _json_line(message)
-            batch.append(message)
-        self._line, self._line_items, self._offset = payload, batch, 0
+        return self._unacked.add(encode_batch(batch), len(batch)) if batch else None
 
-    def _send_line(self, deadline: float | None) -> bool:
-        """Send (the rest of) `_line`; True once all of it is out. A lost connection starts the line over
-        on the next one: the sampler discards an unfinished line, so nothing is written twice."""
-        while self._offset < len(self._line):
+    def _send_line(self, payload: bytes, deadline: float | None) -> bool:
+        """Send (the rest of) `payload`; True once all of it is out. A lost connection starts over on the next
+        one from the oldest unacknowledged line: the sampler discards an unfinished line, and skips lines
+        it already has, so nothing is written twice."""
+        while self._offset < len(payload):
             if not self._connect():
                 # At exit (a deadline) of a process that started moments ago: the sampler may still be
                 # starting (a job that ends at once). Later, a sampler out of reach is not waited for.
@@ -235,7 +272,7 @@ class EventSender:
                 continue
             assert self._sock is not None
             try:
-                self._offset += self._sock.send(memoryview(self._line)[self._offset:])
+                self._offset += self._sock.send(memoryview(payload)[self._offset:])
             except (BlockingIOError, InterruptedError):
                 # The sampler is behind: wait for room, up to a send interval; a stopped sampler leaves the
                 # line queued for the next attempt instead of blocking this thread (or the exit) for long.
@@ -243,37 +280,73 @@ class EventSender:
                 if wait <= 0 or not select.select([], [self._sock], [], wait)[1]:
                     return False
             except OSError as exc:
-                self._disconnect()
-                self._offset = 0
-                self._retry_at = time.monotonic() + RECONNECT_AFTER_S
-                warn_once("events-lost", "lost the stallwatch sampler (%s); framework events are kept and "
-                          "sent once it is back", exc.strerror or exc)
+                self._pull()  # acknowledgements it sent before it went
+                self._lost_sampler(exc)
                 return False
         return True
 
     def _receive(self) -> None:
-        """Messages from the sampler: read without waiting; each complete line goes to `on_message`."""
-        if self._sock is None or self.on_message is None:
-            return
+        """Messages from the sampler: read without waiting; acknowledgements are taken here, each other
+        complete line goes to `on_message`."""
         try:
             with self._lock:
-                if self._sock is None:
-                    return
-                try:
-                    while True:
-                        data = self._sock.recv(1 << 16)
-                        if not data:
-                            break
-                        self._inbox += data
-                except (BlockingIOError, InterruptedError):
-                    pass
-            *lines, self._inbox = self._inbox.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    self.on_message(json.loads(line))
+                self._pull()
+                messages, self._messages = self._messages, []
+            for message in messages:
+                if self.on_message is not None:
+                    self.on_message(message)
         except Exception as exc:
             warn_once("events-receive", "a message from the stallwatch sampler could not be read (%s: %s)",
                       type(exc).__name__, exc)
+
+    def _pull(self) -> None:
+        """Read what the sampler sent (under the lock); a closed connection is a lost sampler."""
+        if self._sock is None:
+            return
+        closed: OSError | None = None
+        try:
+            while True:
+                data = self._sock.recv(1 << 16)
+                if not data:
+                    closed = ConnectionResetError("the sampler closed the connection")
+                    break
+                self._inbox += data
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            closed = exc
+        *lines, self._inbox = self._inbox.split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError as exc:
+                warn_once("events-receive-line", "a message from the stallwatch sampler could not be read (%s)",
+                          exc)
+                continue
+            if not isinstance(message, dict):
+                continue
+            upto = ack_of(message)
+            if upto is not None:
+                self._unacked.ack(upto, self._send_seq)
+            else:
+                self._messages.append(message)
+        if closed is not None:
+            self._lost_sampler(closed)
+
+    def _lost_sampler(self, exc: OSError) -> None:
+        """The connection is gone: the next one starts from the oldest unacknowledged line (a sampler that
+        does not acknowledge gets the line the loss cut, again)."""
+        self._disconnect()
+        self._offset = 0
+        self._retry_at = time.monotonic() + RECONNECT_AFTER_S
+        if self._unacked.acks:
+            self._send_seq = self._unacked.first_seq()
+        else:
+            self._unacked.release(self._send_seq)
+        warn_once("events-lost", "lost the stallwatch sampler (%s); framework events are kept and sent once it "
+                  "is back", exc.strerror or exc)
 
     def _connect(self) -> bool:
         if self._sock is not None:
@@ -284,7 +357,9 @@ class EventSender:
             sock = above_standard_fds(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
             sock.settimeout(2.0)
             sock.connect(self.address)
-            sock.sendall(_json_line({"hello": self.identity}))
+            # `stream` and `seq` (the first line's number) ask for acknowledgements; a sampler that predates
+            # them reads the identity and ignores them.
+            sock.sendall(_json_line({"hello": {**self.identity, "stream": self._stream, "seq": self._send_seq}}))
             sock.setblocking(False)
             self._sock = sock
             self._inbox = b""
@@ -305,6 +380,15 @@ class EventSender:
             except OSError:
                 pass
             self._sock = None
+
+
+def _events_of(lines: list[SentLine] | deque[SentLine]) -> list[tuple]:
+    """The event records in sent lines (to count them as lost)."""
+    out: list[tuple] = []
+    for line in lines:
+        if line.events:
+            out.extend(tuple(e) for e in decode_line(line.payload.rstrip(b"\n")))
+    return out
 
 
 def _json_line(message: dict[str, Any]) -> bytes:

@@ -244,6 +244,7 @@ class _EventSide:
         self._artifacts = None
         self._journal: Any = None
         self._journal_since_us: int | None = None
+        self._unjournaled: dict[int, int] = {}  # stream marks acknowledged only once stored (journal off/full)
         if start.events_address:
             try:
                 self._server = EventServer(start.events_address)
@@ -282,25 +283,30 @@ class _EventSide:
                         self._artifacts.submit(identity["rank"], item)
                     continue
                 by_rank.setdefault(identity["rank"], []).append(item)
-            for rank, events in by_rank.items():
-                self._store(rank, events)
+            self._store(list(by_rank.items()), self._server.marks.take())
+            self._server.acknowledge()
         except Exception as exc:  # framework events must never stop system sampling
             warn_once(f"events-receive-{type(exc).__name__}", "receiving framework events failed (%s: %s)",
                       type(exc).__name__, exc)
             return 0
         return len(received)
 
-    def _store(self, rank: int, events: list) -> None:
-        """Journal first (a kill after this loses nothing), then buffer for the run."""
-        if self._journal is not None:
-            self._journal.append(rank, events)
-            if self._journal_since_us is None:
-                self._journal_since_us = events[0].start_us
-        writer = self._writer(rank)
-        for event in events:
-            writer.append(event)
-            if event.kind == "dataloader" and self._sampler is not None:
-                self._note_workers(event.args)
+    def _store(self, batches: list[tuple[int, list]], marks: dict[int, int]) -> None:
+        """Journal first, with how far each sender got (a kill after this loses nothing, and the lines are
+        acknowledged), then buffer for the run."""
+        assert self._server is not None
+        if self._journal is not None and self._journal.append(batches, marks):
+            self._server.marks.confirm(marks)
+            if self._journal_since_us is None and batches:
+                self._journal_since_us = batches[0][1][0].start_us
+        else:
+            self._unjournaled.update(marks)
+        for rank, events in batches:
+            writer = self._writer(rank)
+            for event in events:
+                writer.append(event)
+                if event.kind == "dataloader" and self._sampler is not None:
+                    self._note_workers(event.args)
 
     def tick(self, now_us: int) -> None:
         # Every flush interval all ranks are stored at once, and then the journal is cleared.
@@ -314,15 +320,24 @@ class _EventSide:
             except Exception as exc:
                 warn_once(f"events-write-{type(exc).__name__}", "writing framework events failed (%s: %s)",
                           type(exc).__name__, exc)
-        if due and self._journal is not None and all(w.pending == 0 for w in self._writers.values()):
-            self._journal.clear()
+        stored = all(w.pending == 0 for w in self._writers.values())
+        if due and self._journal is not None and stored:
+            self._journal.clear(self._server.marks.received if self._server is not None else None)
             self._journal_since_us = None
+        if self._server is not None:
+            if self._unjournaled and stored:
+                self._server.marks.confirm(self._unjournaled)
+                self._unjournaled = {}
+            self._server.acknowledge()
 
     def _open_journal(self, path: str) -> None:
         """Replay what a killed sampler had received but not stored, then journal from here on."""
         from stallwatch.collect.journal import EventJournal, replay
 
-        recovered = replay(path)
+        replayed = replay(path)
+        recovered = replayed.batches
+        if self._server is not None:
+            self._server.marks.seed(replayed.marks)
         if recovered:
             for rank, events in recovered:
                 writer = self._writer(rank)
@@ -335,7 +350,7 @@ class _EventSide:
         self._journal = EventJournal(path)
         if recovered:
             if all(w.pending == 0 for w in self._writers.values()):
-                self._journal.clear()
+                self._journal.clear(replayed.marks)
             else:  # kept until a later flush stores them
                 self._journal_since_us = recovered[0][1][0].start_us if recovered[0][1] else 0
 
