@@ -101,15 +101,22 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
     metrics = rule_metrics(rules)
     info["operators"] = run.operators()
     current = None
-    for node, a, b in plan(run, slice_us):
+    planned = plan(run, slice_us)
+    for i, (node, a, b) in enumerate(planned):
         if node != current:  # the files kept for consecutive slices of the last node will not be read again
             run.forget_recent()
             current = node
         run, system, events = read_slice(run, node, a, b, metrics, info.get("nodes", {}))
-        chunk = Chunk(system, events, info)
+        chunk = Chunk(system, events, info, done=node_done(planned, i))
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk
     yield _empty_chunk(run, info)
+
+
+def node_done(planned: list[tuple[str, int, int]], i: int) -> frozenset[str]:
+    """{node} when slice `i` of `planned` is its node's last (the node's data is then complete), else empty."""
+    node = planned[i][0]
+    return frozenset((node,)) if i + 1 == len(planned) or planned[i + 1][0] != node else frozenset()
 
 
 def _event_nodes(run: Any) -> list[str]:
@@ -154,8 +161,9 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
     token = uuid.uuid4().hex  # one listing per worker for this evaluation (a later one lists again)
     work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
                    info.get("nodes", {}))
-    for system, cols in engine.map(work, plan(run, slice_us)):
-        chunk = Chunk(system, cols.table, info)
+    planned = plan(run, slice_us)
+    for i, (system, cols) in enumerate(engine.map(work, planned)):
+        chunk = Chunk(system, cols.table, info, done=node_done(planned, i))
         attach_columns(chunk, cols)  # decoded on the worker: the rules' shared view as it is
         yield chunk
     yield _empty_chunk(run, info)
