@@ -276,5 +276,5 @@ class ValueCounts(Distribution):
 
     def counts_below(self, edges: np.ndarray, side: str = "left") -> np.ndarray:
         cum = self._cumulative()
-        at = np.searchsorted(self._values, np.asarray(edges, np.float64), side=side)
+        at = np.searchsorted(self._values, np.asarray(edges, np.float64), side="right" if side == "right" else "left")
         return np.where(at > 0, cum[np.maximum(at - 1, 0)], 0)
