@@ -16,6 +16,7 @@ from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.rules.stats import Distribution, ValueCounts
 from stallwatch.analyze.rules.steps import StepOutlier
 from stallwatch.analyze.rules.straggler import Straggler
+from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
 from ._fw_gen import MS, T0, FwGen, node_info, run_info, snapshots, split_by_time
 
@@ -24,14 +25,16 @@ NODES = [f"algo-{i}" for i in range(1, 5)]
 
 def _node_chunks(node: str, info: dict, *, done: bool) -> list[Chunk]:
     """One node's data as the batch feed hands it: three slices, every node present, the last marked done.
-    Planted: 1,500 steps on each of two ranks, slow steps 40 apart, waits for data, workers alive."""
+    Planted: 1,500 steps on each of two ranks, slow steps 40 apart, waits for data, workers alive, CPU and network
+    usage."""
     gen = FwGen()
     for rank in (0, 1):
         gen.dataloader(node=node, rank=rank, at_us=T0)
         gen.steps(node=node, rank=rank, n=1500, start_us=T0 + MS, seed=rank + len(node),
                   data_wait_us=np.arange(1500) % 97 * 100 + 3 * MS, slow={40 * k + 7: 400 * MS for k in range(30)})
     end = T0 + 200 * 1000 * MS
-    system = {n: snapshots(n, T0, end if n == node else T0, 1000 * MS, info["nodes"][n], proc__workers_alive=4)
+    system = {n: snapshots(n, T0, end if n == node else T0, 1000 * MS, info["nodes"][n], proc__workers_alive=4,
+                           cpu__cpu_util=lambda ts: ts // MS % 9000 / 100, net__net_rx_bps=lambda ts: ts % 100_003 * 1.5)
               for n in NODES}
     whole = Chunk(system, gen.table(), info)
     parts = split_by_time(whole, [T0 + 60 * 1000 * MS, T0 + 120 * 1000 * MS])
@@ -55,7 +58,7 @@ def _feed(cls: type, nodes: list[str], *, done: bool) -> tuple[object, dict]:
     return state, rule.result().to_json()
 
 
-@pytest.mark.parametrize("cls", [StepOutlier, InputBound, Dataloader])
+@pytest.mark.parametrize("cls", [StepOutlier, InputBound, Dataloader, OverallSystemUsage])
 def test_a_finished_node_leaves_only_its_summary(cls):
     state_one, _ = _feed(cls, NODES[:1], done=False)  # one node in progress: its per-step data
     state_four, result = _feed(cls, NODES, done=True)  # four finished nodes: their summaries
