@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from stallwatch.analyze.rules.base import Chunk
+from stallwatch.analyze.rules.bottleneck import CPUBottleneck
 from stallwatch.analyze.rules.dataloader import Dataloader
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.rules.stats import Distribution, ValueCounts
@@ -58,14 +59,16 @@ def _feed(cls: type, nodes: list[str], *, done: bool) -> tuple[object, dict]:
     return state, rule.result().to_json()
 
 
-@pytest.mark.parametrize("cls", [StepOutlier, InputBound, Dataloader, OverallSystemUsage])
+@pytest.mark.parametrize("cls", [StepOutlier, InputBound, Dataloader, OverallSystemUsage, CPUBottleneck])
 def test_a_finished_node_leaves_only_its_summary(cls):
     state_one, _ = _feed(cls, NODES[:1], done=False)  # one node in progress: its per-step data
     state_four, result = _feed(cls, NODES, done=True)  # four finished nodes: their summaries
     _, unreduced = _feed(cls, NODES, done=False)
     assert len(state_four) < len(state_one), (len(state_four), len(state_one))
     assert json.dumps(result, sort_keys=True) == json.dumps(unreduced, sort_keys=True)
-    assert result["Datapoints"] > 0
+    # CPUBottleneck: the events wait for the node's snapshots to pass patience (200 < 1000 here), so they wait
+    # for the node's end; its verdict here is "no GPU"
+    assert result["Datapoints"] > 0 or cls is CPUBottleneck
 
 
 def test_straggler_keeps_ranks_compactly_with_the_same_result():
