@@ -76,8 +76,9 @@ def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slic
     """The run node by node, each node in consecutive time slices of `slice_us` (default `slice_length(run)`;
     snapshots by timestamp, events by start), then one empty final chunk: what batch evaluation feeds the
     rules, so memory holds a few slices of one node besides the rules' state, however long the run and however
-    many its nodes. Rules keep their state per node and rank and close their windows at the final chunk, so
-    they give the same results as from `read_run`'s single chunk (tests/analyze/rules/test_read_path.py).
+    many its nodes. Each node's last slice says so (`Chunk.done`), so rules may reduce that node's per-step state to
+    its results; they close their windows at the final chunk, and give the same results as from `read_run`'s
+    single chunk (tests/analyze/rules/test_read_path.py, test_node_state.py).
 
     With `read_ahead` > 0 the next slices are read on a background thread while the caller works on the
     current one (Parquet decoding releases the GIL: reading and evaluating share the cores). With a Dask
