@@ -27,6 +27,9 @@ class Chunk:
     framework: pa.Table  # framework events (stallwatch.records.framework_schema), new since the last chunk
     run: dict[str, Any] = field(default_factory=dict)  # Run.info: run.json merged with every node's record
     final: bool = False  # the run has ended: nothing more will come
+    # nodes whose data is complete with this chunk: no later chunk holds a row of theirs, so a rule may reduce
+    # their per-step state to a summary now (batch feeds node by node; live leaves it empty until `final`)
+    done: frozenset[str] = frozenset()
 
 
 class ParameterError(ValueError):

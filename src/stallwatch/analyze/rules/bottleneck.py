@@ -227,9 +227,11 @@ class _Bottleneck(Rule):
                 if rows.size:
                     st.context.add_events(kind_code[cols.kind[rows]], mode_code[cols.mode[rows]], cols.start[rows],
                                           cols.end[rows], cols.rank[rows], chunk.final)
-        if chunk.final:
-            empty = np.empty(0, np.int64)
-            for st in self._nodes.values():
+        # A node's events wait for its snapshots to pass them (all of them, while patience lasts): once its data
+        # is complete (`done`, batch) or the run has ended, they are matched with every period there will be.
+        empty = np.empty(0, np.int64)
+        for node, st in self._nodes.items():
+            if chunk.final or node in chunk.done:
                 st.context.add_events(empty, empty, empty, empty, empty, final=True)
 
     def _code(self, name: str) -> int:

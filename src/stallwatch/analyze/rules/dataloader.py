@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.stats import Distribution
+from stallwatch.analyze.rules.stats import Distribution, ValueCounts
 from stallwatch.analyze.rules.steps import Appendable, framework_columns, unmeasured_waits
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
@@ -75,8 +75,9 @@ class Dataloader(Rule):
         self._ranks: dict[str, set[int]] = {}
         self._loaders: dict[tuple[str, int, str], dict[str, Any]] = {}
         self._rank_workers: dict[tuple[str, int], list[float]] = {}
-        self._waits_train = Distribution(None, np.float64)  # µs; TRAIN steps' waits
-        self._waits_other = Distribution(None, np.float64)  # the others': judged only when there are no TRAIN
+        # µs, whole-run; held as distinct values and counts (bounded by the waits' range, not their number)
+        self._waits_train = ValueCounts()  # TRAIN steps' waits
+        self._waits_other = ValueCounts()  # the others': judged only when there are no TRAIN
         # (node, rank) -> [µs waiting for data, µs of steps], TRAIN steps and the others apart
         self._share_train: dict[tuple[str, int], list[int]] = {}
         self._share_other: dict[tuple[str, int], list[int]] = {}
@@ -84,9 +85,27 @@ class Dataloader(Rule):
         # typical step's, which a few long stalls do not move (those are InputBound's, not the workers')
         self._step_share_train: dict[tuple[str, int], Distribution] = {}
         self._step_share_other: dict[tuple[str, int], Distribution] = {}
+        # nodes whose data is complete: their worker counts and their ranks' typical shares, reduced
+        self._workers_done: dict[str, dict[str, Any] | None] = {}
+        self._typical_done: dict[tuple[str, int], float | None] = {}
         self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
 
     def update(self, chunk: Chunk) -> None:
+        self._add(chunk)
+        for node in chunk.done:
+            self._close(node)
+
+    def _close(self, node: str) -> None:
+        """The node's data is complete: reduce its worker-count snapshots and its ranks' per-step shares to the
+        figures `result()` reads (a median each), and drop them."""
+        self._workers_done[node] = self._node_workers(node)
+        self._alive.pop(node, None)
+        for key in [k for k in set(self._step_share_train) | set(self._step_share_other) if k[0] == node]:
+            self._typical_done[key] = self._typical(key)
+            self._step_share_train.pop(key, None)
+            self._step_share_other.pop(key, None)
+
+    def _add(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
         for node, frame in chunk.system.items():
             if frame.info:
@@ -192,8 +211,9 @@ class Dataloader(Rule):
             material = set()  # batches arrive within a millisecond: no worker count would make that faster
         nodes: dict[str, dict[str, Any]] = {}
         triggered = datapoints = 0
-        for node in sorted(set(self._alive) | {k[0] for k in self._loaders}):
-            entry = self._node_workers(node)
+        for node in sorted(set(self._alive) | set(self._workers_done) | {k[0] for k in self._loaders}):
+            entry = self._node_workers(node) if node not in self._workers_done else \
+                dict(self._workers_done[node] or {}) or None  # a copy: the entry is completed below
             if entry is None:
                 continue
             cores = self._cores(node)
@@ -274,13 +294,16 @@ class Dataloader(Rule):
 
     def typical_wait_shares(self) -> dict[tuple[str, int], float | None]:
         """Per (node, rank): the median over its (TRAIN) steps of each step's wait as % of that step."""
-        out: dict[tuple[str, int], float | None] = {}
-        for key in sorted(set(self._step_share_train) | set(self._step_share_other)):
-            dist = self._step_share_train.get(key)
-            if dist is None or dist.n == 0:
-                dist = self._step_share_other.get(key)
-            out[key] = float(dist.percentiles((50,))[0]) if dist is not None and dist.n else None
-        return out
+        out = dict(self._typical_done)
+        for key in set(self._step_share_train) | set(self._step_share_other):
+            out[key] = self._typical(key)
+        return dict(sorted(out.items()))
+
+    def _typical(self, key: tuple[str, int]) -> float | None:
+        dist = self._step_share_train.get(key)
+        if dist is None or dist.n == 0:
+            dist = self._step_share_other.get(key)
+        return float(dist.percentiles((50,))[0]) if dist is not None and dist.n else None
 
     def _dataloading_time(self) -> dict[str, Any]:
         waits, mode = self._waits_train, TRAIN

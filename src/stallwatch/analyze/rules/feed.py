@@ -76,8 +76,9 @@ def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slic
     """The run node by node, each node in consecutive time slices of `slice_us` (default `slice_length(run)`;
     snapshots by timestamp, events by start), then one empty final chunk: what batch evaluation feeds the
     rules, so memory holds a few slices of one node besides the rules' state, however long the run and however
-    many its nodes. Rules keep their state per node and rank and close their windows at the final chunk, so
-    they give the same results as from `read_run`'s single chunk (tests/analyze/rules/test_read_path.py).
+    many its nodes. Each node's last slice says so (`Chunk.done`), so rules may reduce that node's per-step state to
+    its results; they close their windows at the final chunk, and give the same results as from `read_run`'s
+    single chunk (tests/analyze/rules/test_read_path.py, test_node_state.py).
 
     With `read_ahead` > 0 the next slices are read on a background thread while the caller works on the
     current one (Parquet decoding releases the GIL: reading and evaluating share the cores). With a Dask
@@ -101,15 +102,22 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
     metrics = rule_metrics(rules)
     info["operators"] = run.operators()
     current = None
-    for node, a, b in plan(run, slice_us):
+    planned = plan(run, slice_us)
+    for i, (node, a, b) in enumerate(planned):
         if node != current:  # the files kept for consecutive slices of the last node will not be read again
             run.forget_recent()
             current = node
         run, system, events = read_slice(run, node, a, b, metrics, info.get("nodes", {}))
-        chunk = Chunk(system, events, info)
+        chunk = Chunk(system, events, info, done=node_done(planned, i))
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk
     yield _empty_chunk(run, info)
+
+
+def node_done(planned: list[tuple[str, int, int]], i: int) -> frozenset[str]:
+    """{node} when slice `i` of `planned` is its node's last (the node's data is then complete), else empty."""
+    node = planned[i][0]
+    return frozenset((node,)) if i + 1 == len(planned) or planned[i + 1][0] != node else frozenset()
 
 
 def _event_nodes(run: Any) -> list[str]:
@@ -154,8 +162,9 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
     token = uuid.uuid4().hex  # one listing per worker for this evaluation (a later one lists again)
     work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
                    info.get("nodes", {}))
-    for system, cols in engine.map(work, plan(run, slice_us)):
-        chunk = Chunk(system, cols.table, info)
+    planned = plan(run, slice_us)
+    for i, (system, cols) in enumerate(engine.map(work, planned)):
+        chunk = Chunk(system, cols.table, info, done=node_done(planned, i))
         attach_columns(chunk, cols)  # decoded on the worker: the rules' shared view as it is
         yield chunk
     yield _empty_chunk(run, info)

@@ -77,10 +77,16 @@ class InputBound(Rule):
         self._keras: dict[tuple[str, int], dict[str, Any]] = {}  # a Keras job's input facts (training's first)
         self._info: dict[str, dict[str, Any]] = {}
         self._ranks_per_node: dict[str, set[int]] = {}
+        self._judged: dict[tuple[str, int, str], dict[str, Any]] = {}  # entries of ranks whose node is complete
         self._events = 0
         self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
 
     def update(self, chunk: Chunk) -> None:
+        self._add(chunk)
+        for node in chunk.done:
+            self._close(node)
+
+    def _add(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
             if frame.info:
                 self._info[node] = frame.info
@@ -120,59 +126,25 @@ class InputBound(Rule):
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
         series = [(k, r) for k, r in self._series() if k[:2] not in self._unmeasured or r.wait.n]
-        if not series and self._unmeasured:
+        if not series and not self._judged and self._unmeasured:
             return self.not_applicable("the job's steps do not record their wait for data (Keras on TensorFlow "
                                        "reads its input inside the compiled train step); a detailed profiling "
                                        "window shows it as IteratorGetNext")
-        if not series:
+        if not series and not self._judged:
             return self.not_applicable("no steps with step numbers in the framework data")
-        threshold, window, patience = float(self.params["threshold"]), self.params["window"], self.params["patience"]
+        threshold = float(self.params["threshold"])
         details: dict[str, Any] = {}
         triggered = violations = datapoints = 0
         stake = 0.0
-        for (node, rank, mode), r in series:
-            number, start, dur, wait = r.steps()
-            n = len(number)
-            datapoints += n
-            entry: dict[str, Any] = {"node": node, "rank": rank, "phase": mode, "steps": n,
-                                     "wait_s": float(wait.sum()) / US, "step_s": float(dur.sum()) / US,
-                                     "wait_share": _pct(wait.sum(), dur.sum())}
-            body = slice(min(patience, n), n)
-            w, d = wait[body], dur[body]
-            above = 0
-            worst = None
-            if len(d) >= 1:
-                k = min(window, len(d))
-                cw, cd = np.r_[0, np.cumsum(w)], np.r_[0, np.cumsum(d)]
-                wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
-                # A run shorter than a window is one window (a 96-step job waiting 99 % of its time is
-                # input-bound), once it has enough steps to say so.
-                judged = len(d) >= window or len(d) >= MIN_SHORT_RUN_STEPS
-                above = int(np.count_nonzero(share > threshold)) if judged else 0
-                i = int(np.argmax(share))
-                a, b = body.start + i, body.start + i + k - 1
-                worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),
-                         "start_us": int(start[a]), "end_us": int(start[b] + dur[b]), "steps": k}
-            entry["worst_window"] = worst
-            entry["windows_above"] = above
-            fires = above > 0
-            entry["triggered"] = fires
-            cause, evidence, named = self._cause(node, rank, wait, dur, number, warmup=body.start if body.start < n else 0)
-            entry.update(cause=cause if fires else None, **evidence)
-            if named:
-                entry["stall_steps"] = named
-            # what a fix could recover: the waiting itself (a pipeline that keeps up hides it behind compute);
-            # for stalls, the stalls' waiting
-            at_stake = (evidence.get("stall_wait_s", 0.0) if cause == "stalls" else float(wait.sum()) / US) \
-                if fires else 0.0
-            entry["time_at_stake_s"] = at_stake
-            details[rank_key(node, rank, mode)] = entry
-            if fires:
+        judged = {**self._judged, **{key: self._judge(key, r) for key, r in series}}
+        for key in sorted(judged):
+            entry = judged[key]
+            datapoints += entry["steps"]
+            details[rank_key(*key)] = entry
+            if entry["triggered"]:
                 triggered += 1
-                violations += above
-                stake = max(stake, at_stake)  # ranks wait side by side: the worst one's is the job's
+                violations += entry["windows_above"]
+                stake = max(stake, entry["time_at_stake_s"])  # ranks wait side by side: the worst one's is the job's
         fired = {k: e for k, e in details.items() if e["triggered"]}
         summary = {"ranks": details, "threshold": threshold, "time_at_stake_s": stake,
                    "nodes": sorted({e["node"] for e in fired.values()}),
@@ -187,10 +159,60 @@ class InputBound(Rule):
         return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints, details=summary,
                                 recommendation=self._advice(fired) if fired else None)
 
-    def _series(self) -> list[tuple[tuple[str, int, str], _Rank]]:
-        """Each rank's TRAIN steps, or all its modes' when it has no TRAIN step."""
-        with_train = {(n, r) for (n, r, m), s in self._ranks.items() if m == TRAIN and s.step.n}
-        keep = [(k, s) for k, s in self._ranks.items() if s.step.n and (k[2] == TRAIN or k[:2] not in with_train)]
+    def _judge(self, key: tuple[str, int, str], r: _Rank) -> dict[str, Any]:
+        """One rank's Details entry (its verdict with it): all `result()` needs of it once its data is complete."""
+        node, rank, mode = key
+        threshold, window, patience = float(self.params["threshold"]), self.params["window"], self.params["patience"]
+        number, start, dur, wait = r.steps()
+        n = len(number)
+        entry: dict[str, Any] = {"node": node, "rank": rank, "phase": mode, "steps": n,
+                                 "wait_s": float(wait.sum()) / US, "step_s": float(dur.sum()) / US,
+                                 "wait_share": _pct(wait.sum(), dur.sum())}
+        body = slice(min(patience, n), n)
+        w, d = wait[body], dur[body]
+        above = 0
+        worst = None
+        if len(d) >= 1:
+            k = min(window, len(d))
+            cw, cd = np.r_[0, np.cumsum(w)], np.r_[0, np.cumsum(d)]
+            wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
+            # A run shorter than a window is one window (a 96-step job waiting 99 % of its time is
+            # input-bound), once it has enough steps to say so.
+            judged = len(d) >= window or len(d) >= MIN_SHORT_RUN_STEPS
+            above = int(np.count_nonzero(share > threshold)) if judged else 0
+            i = int(np.argmax(share))
+            a, b = body.start + i, body.start + i + k - 1
+            worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),
+                     "start_us": int(start[a]), "end_us": int(start[b] + dur[b]), "steps": k}
+        entry["worst_window"] = worst
+        entry["windows_above"] = above
+        fires = above > 0
+        entry["triggered"] = fires
+        cause, evidence, named = self._cause(node, rank, wait, dur, number, warmup=body.start if body.start < n else 0)
+        entry.update(cause=cause if fires else None, **evidence)
+        if named:
+            entry["stall_steps"] = named
+        # what a fix could recover: the waiting itself (a pipeline that keeps up hides it behind compute);
+        # for stalls, the stalls' waiting
+        entry["time_at_stake_s"] = (evidence.get("stall_wait_s", 0.0) if cause == "stalls"
+                                    else float(wait.sum()) / US) if fires else 0.0
+        return entry
+
+    def _close(self, node: str) -> None:
+        """The node's data is complete: judge its ranks now and keep only their entries."""
+        for key, r in self._series(node):
+            if key[:2] not in self._unmeasured or r.wait.n:
+                self._judged[key] = self._judge(key, r)
+        for key in [key for key in self._ranks if key[0] == node]:
+            del self._ranks[key]
+
+    def _series(self, node: str | None = None) -> list[tuple[tuple[str, int, str], _Rank]]:
+        """Each rank's TRAIN steps, or all its modes' when it has no TRAIN step (of `node` alone when given)."""
+        ranks = {k: s for k, s in self._ranks.items() if node is None or k[0] == node}
+        with_train = {(n, r) for (n, r, m), s in ranks.items() if m == TRAIN and s.step.n}
+        keep = [(k, s) for k, s in ranks.items() if s.step.n and (k[2] == TRAIN or k[:2] not in with_train)]
         return sorted(keep, key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))
 
     def _cause(self, node: str, rank: int, wait: np.ndarray, dur: np.ndarray, number: np.ndarray,

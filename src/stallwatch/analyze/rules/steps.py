@@ -8,6 +8,7 @@ data only: one chunk or many gives the same result."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
@@ -380,9 +381,15 @@ class StepOutlier(Rule):
         check_non_negative(self, "n_outliers", "stddev", "threshold", "min_excess_pct")
         self._modes = (self.params["mode"],) if self.params["mode"] else MODES
         self._series: dict[tuple[str, int, str], _Series] = {}
+        self._judged: dict[tuple[str, int, str], _Judged] = {}  # series of nodes whose data is complete
         self._events = 0
 
     def update(self, chunk: Chunk) -> None:
+        self._add(chunk)
+        for node in chunk.done:
+            self._close(node)
+
+    def _add(self, chunk: Chunk) -> None:
         table = chunk.framework
         if table is None or table.num_rows == 0:
             return
@@ -404,75 +411,87 @@ class StepOutlier(Rule):
             self._series.setdefault(key, _Series()).add_steps(cols.step[rows], cols.start[rows],
                                                               cols.end[rows] - cols.start[rows])
 
+    def _judge(self, key: tuple[str, int, str], s: _Series) -> _Judged:
+        """One series' verdict and Details entry: all that `result()` needs of it once its data is complete."""
+        node, rank, mode = key
+        k = float(self.params["stddev"])
+        limit = self.params["n_outliers"]
+        min_excess = float(self.params["min_excess_pct"])
+        n = s.n
+        mean_us = s.s1 / n
+        std_us = math.sqrt(max(n * s.s2 - s.s1 * s.s1, 0) / (n * n))
+        limit_us = mean_us + k * std_us
+        normal = s.durations.count_le(limit_us)
+        n_out = n - normal
+        durs = s.dur.view()
+        out_rows = np.flatnonzero(durs > limit_us)
+        p99, p95, p50 = (x / US for x in s.durations.percentiles((99, 95, 50)))
+        # what the outliers cost over a typical step: a few stalls in a short loop matter, thousands of
+        # sub-millisecond jitter outliers among millions of steps do not
+        excess_us = max(int(durs[out_rows].sum()) - n_out * p50 * US, 0.0)
+        excess_pct = 100.0 * excess_us / s.s1 if s.s1 > 0 else 0.0
+        fires = n_out > limit and excess_pct >= min_excess
+        out_rows = out_rows[np.lexsort((s.start.view()[out_rows], s.step.view()[out_rows]))]  # step, then start
+        out_ctx = s.context_of(out_rows)
+        out_sums = out_ctx.sum(axis=0)
+        listed = out_rows
+        if listed.size > MAX_LISTED:
+            keep = np.sort(np.argsort(-durs[listed], kind="stable")[:MAX_LISTED])
+            listed = listed[keep]
+        counts, edges = s.durations.histogram(HISTOGRAM_BINS, upto=normal)
+        entry = {
+            "node": node, "rank": rank, "phase": mode,
+            "steps": int(n),
+            "step_stats": {"mean": mean_us / US, "max": s.durations.max() / US, "p99": p99, "p95": p95,
+                           "p50": p50, "min": s.durations.min() / US},
+            "number_of_outliers": n_out,
+            "excess_s": excess_us / US,
+            "excess_pct": excess_pct,
+            "stddev": std_us / US,
+            "outlier_threshold": limit_us / US,
+            "triggered": bool(fires),
+            "probs": (counts / counts.sum()).tolist() if normal else [],
+            "binedges": (edges / US).tolist() if normal else [],
+            "step_numbers": s.step.view()[listed].tolist(),
+            "outliers": (durs[listed] / US).tolist(),
+            "outlier_start_us": s.start.view()[listed].tolist(),
+            "outliers_listed": int(listed.size),
+            "framework_context": {
+                "outlier_steps": _mean_per_kind(out_sums, n_out),
+                "normal_steps": _mean_per_kind(s.context_totals() - out_sums, normal),
+            },
+        }
+        return _Judged(entry, bool(fires), int(n), int(n_out), int(durs[out_rows].sum()), out_sums)
+
+    def _close(self, node: str) -> None:
+        """The node's data is complete: judge its series now and keep only their verdicts."""
+        for key in [key for key in self._series if key[0] == node]:
+            s = self._series.pop(key)
+            if s.n:
+                self._judged[key] = self._judge(key, s)
+
     def result(self) -> RuleResult:
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
         series = {key: s for key, s in self._series.items() if s.n}
-        if not series:
+        if not series and not self._judged:
             which = f"{self.params['mode']} " if self.params["mode"] else ""
             return self.not_applicable(f"no {which}steps in the framework data")
-        k = float(self.params["stddev"])
-        limit = self.params["n_outliers"]
-        min_excess = float(self.params["min_excess_pct"])
         details: dict[str, Any] = {}
         triggered = violations = datapoints = 0
         phase_us: dict[str, int] = {}
         kinds_us = np.zeros(len(_CONTEXT_NAMES), np.int64)
-        for key in sorted(series, key=lambda g: (g[0], g[1], mode_order(g[2]))):
-            node, rank, mode = key
-            s = series[key]
-            n = s.n
-            mean_us = s.s1 / n
-            std_us = math.sqrt(max(n * s.s2 - s.s1 * s.s1, 0) / (n * n))
-            limit_us = mean_us + k * std_us
-            normal = s.durations.count_le(limit_us)
-            n_out = n - normal
-            datapoints += n
-            durs = s.dur.view()
-            out_rows = np.flatnonzero(durs > limit_us)
-            p99, p95, p50 = (x / US for x in s.durations.percentiles((99, 95, 50)))
-            # what the outliers cost over a typical step: a few stalls in a short loop matter, thousands of
-            # sub-millisecond jitter outliers among millions of steps do not
-            excess_us = max(int(durs[out_rows].sum()) - n_out * p50 * US, 0.0)
-            excess_pct = 100.0 * excess_us / s.s1 if s.s1 > 0 else 0.0
-            fires = n_out > limit and excess_pct >= min_excess
-            out_rows = out_rows[np.lexsort((s.start.view()[out_rows], s.step.view()[out_rows]))]  # step, then start
-            out_ctx = s.context_of(out_rows)
-            out_sums = out_ctx.sum(axis=0)
-            listed = out_rows
-            if listed.size > MAX_LISTED:
-                keep = np.sort(np.argsort(-durs[listed], kind="stable")[:MAX_LISTED])
-                listed = listed[keep]
-            counts, edges = s.durations.histogram(HISTOGRAM_BINS, upto=normal)
-            entry = {
-                "node": node, "rank": rank, "phase": mode,
-                "steps": int(n),
-                "step_stats": {"mean": mean_us / US, "max": s.durations.max() / US, "p99": p99, "p95": p95,
-                               "p50": p50, "min": s.durations.min() / US},
-                "number_of_outliers": n_out,
-                "excess_s": excess_us / US,
-                "excess_pct": excess_pct,
-                "stddev": std_us / US,
-                "outlier_threshold": limit_us / US,
-                "triggered": bool(fires),
-                "probs": (counts / counts.sum()).tolist() if normal else [],
-                "binedges": (edges / US).tolist() if normal else [],
-                "step_numbers": s.step.view()[listed].tolist(),
-                "outliers": (durs[listed] / US).tolist(),
-                "outlier_start_us": s.start.view()[listed].tolist(),
-                "outliers_listed": int(listed.size),
-                "framework_context": {
-                    "outlier_steps": _mean_per_kind(out_sums, n_out),
-                    "normal_steps": _mean_per_kind(s.context_totals() - out_sums, normal),
-                },
-            }
-            details[rank_key(node, rank, mode)] = entry
-            if fires:
+        judged = {**self._judged, **{key: self._judge(key, s) for key, s in series.items()}}
+        for key in sorted(judged, key=lambda g: (g[0], g[1], mode_order(g[2]))):
+            j = judged[key]
+            datapoints += j.steps
+            details[rank_key(*key)] = j.entry
+            if j.fires:
                 triggered += 1
-                violations += n_out
-                phase_us[mode] = phase_us.get(mode, 0) + int(durs[out_rows].sum())
-                kinds_us += out_sums
+                violations += j.outliers
+                phase_us[key[2]] = phase_us.get(key[2], 0) + j.outlier_us
+                kinds_us += j.context_us
         result_details: dict[str, Any] = {
             "step_details": details,
             "phase": _percent(phase_us),
@@ -491,6 +510,19 @@ class StepOutlier(Rule):
                               f"{' …' if len(fired) > 10 else ''}.{extra}")
         return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints,
                                 details=result_details, recommendation=recommendation)
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A (node, rank, phase) series reduced to its verdict once its node's data is complete (a few kB, whatever
+    its number of steps): the Details entry and what the run's totals add up from it."""
+
+    entry: dict[str, Any]
+    fires: bool
+    steps: int
+    outliers: int
+    outlier_us: int  # summed durations of its outlier steps
+    context_us: np.ndarray  # µs per context kind over its outlier steps
 
 
 def _mean_per_kind(sums: np.ndarray, steps: int) -> dict[str, float]:

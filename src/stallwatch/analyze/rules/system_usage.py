@@ -62,6 +62,25 @@ class _Node:
     devices: dict[tuple[str, str], Distribution] = field(default_factory=dict)  # (device, metric) -> values
 
 
+@dataclass(frozen=True)
+class _Summary:
+    """A node's statistics once its data is complete (the `_Node`'s series reduced to what `result()` reports)."""
+
+    snapshots: int
+    metrics: dict[str, dict[str, float]]  # report metric -> stats (empty ones left out)
+    devices: dict[str, dict[str, dict[str, float]]]  # device -> metric -> stats
+
+
+def _summary(st: _Node) -> _Summary:
+    metrics = {m: stats for m in METRICS if (stats := _stats(st.metrics.get(m), m == _NET))}
+    devices: dict[str, dict[str, dict[str, float]]] = {}
+    for device, metric in sorted(st.devices, key=_device_order):
+        stats = _stats(st.devices[(device, metric)], (device, metric) in _RATES)
+        if stats:
+            devices.setdefault(device, {})[metric] = stats
+    return _Summary(st.snapshots, metrics, devices)
+
+
 def _col(device: str, metric: str) -> str:
     return f"{device}{COLUMN_SEP}{metric}"
 
@@ -97,9 +116,12 @@ class OverallSystemUsage(Rule):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._nodes: dict[str, _Node] = {}
+        self._done: dict[str, _Summary] = {}  # nodes whose data is complete, reduced to their statistics
 
     def update(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
+            if node in self._done:  # present in later chunks with no rows
+                continue
             st = self._nodes.setdefault(node, _Node())
             n = len(frame)
             st.snapshots += n
@@ -124,6 +146,9 @@ class OverallSystemUsage(Rule):
             for key in self._device_keys(frame):
                 dist = Distribution(None, np.float64) if key in _RATES else Distribution()
                 st.devices.setdefault(key, dist).add(frame.columns[_col(*key)])
+        for node in chunk.done:
+            if node in self._nodes:
+                self._done[node] = _summary(self._nodes.pop(node))
 
     @staticmethod
     def _device_keys(frame: NodeFrame) -> list[tuple[str, str]]:
@@ -133,39 +158,26 @@ class OverallSystemUsage(Rule):
         return keys
 
     def result(self) -> RuleResult:
-        if not self._nodes:
+        summaries = {**self._done, **{node: _summary(st) for node, st in self._nodes.items()}}
+        if not summaries:
             return self.not_applicable("no system data: no node reported any snapshot",
                                        {"reason": "no system data: no node reported any snapshot"})
         details: dict[str, Any] = {}
-        devices: dict[str, Any] = {}
+        nodes = sorted(summaries)
         for metric in METRICS:
-            per_node = {}
-            for node in sorted(self._nodes):
-                values = self._nodes[node].metrics.get(metric)
-                stats = _stats(values, metric == _NET)
-                if stats:
-                    per_node[node] = stats
+            per_node = {node: summaries[node].metrics[metric] for node in nodes if metric in summaries[node].metrics}
             if per_node:
                 details[metric] = per_node
-        for node in sorted(self._nodes):
-            st = self._nodes[node]
-            per_device: dict[str, dict[str, Any]] = {}
-            for device, metric in sorted(st.devices, key=_device_order):
-                stats = _stats(st.devices[(device, metric)], (device, metric) in _RATES)
-                if stats:
-                    per_device.setdefault(device, {})[metric] = stats
-            if per_device:
-                devices[node] = per_device
-        details["devices"] = devices
-        datapoints = sum(st.snapshots for st in self._nodes.values())
+        details["devices"] = {node: summaries[node].devices for node in nodes if summaries[node].devices}
+        datapoints = sum(s.snapshots for s in summaries.values())
         return self.make_result(triggered=0, violations=0, datapoints=datapoints, details=details,
-                                recommendation=self._advice(details))
+                                recommendation=self._advice(details, nodes))
 
-    def _advice(self, details: dict[str, Any]) -> str | None:
+    def _advice(self, details: dict[str, Any], nodes: list[str]) -> str | None:
         """The verdicts SageMaker's report drew from this table, per node."""
         texts = []
         cpu, gpu = details.get(_CPU, {}), details.get(_GPU, {})
-        for node in sorted(self._nodes):
+        for node in nodes:
             c, g = cpu.get(node), gpu.get(node)
             if g and c:
                 if g["p95"] < 70 and c["p95"] < 70:
