@@ -63,7 +63,7 @@ def scenario(request, tmp_path_factory: pytest.TempPathFactory):
     settings, expected = SCENARIOS[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
     run = tmp / "run"
-    p = run_cli(tmp, "run", "--out", str(run), "--rules-interval", "0", "--", sys.executable,
+    p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--", sys.executable,
                 str(_script(tmp, **settings)), str(tmp / "onset.json"), timeout=240)
     assert p.returncode == 0, p.stderr
     return request.param, expected, RunAnalysis(str(run))
@@ -100,7 +100,8 @@ def test_live_detection_of_a_starved_loader(tmp_path: Path):
     the onset (docs/accuracy.md has the figure)."""
     run = tmp_path / "run"
     script = _script(tmp_path, onset=150, sample_s=0.002, compute_s=0.003, stalls=[], steps=1200, workers=0)
-    job = Background(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--", sys.executable, str(script),
+    job = Background(tmp_path, "run", "--report", "off",
+                     "--out", str(run), "--rules-interval", "1", "--", sys.executable, str(script),
                      str(tmp_path / "onset.json"))
     fired_at = None
     try:

@@ -168,7 +168,8 @@ def test_end_to_end_two_ranks_through_stallwatch_run(tmp_path: Path):
         "sys.exit(max(p.wait() for p in procs))\n"
     )
     run = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "n", "--", sys.executable, str(job))
+    p = run_cli(tmp_path, "run", "--report", "off",
+                "--interval", "100ms", "--out", str(run), "--node", "n", "--", sys.executable, str(job))
     assert p.returncode == 0, p.stderr
     t = stallwatch.open_run(str(run)).framework(kinds=["step"])
     assert sorted(set(t["rank"].to_pylist())) == [0, 1]

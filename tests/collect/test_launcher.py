@@ -23,7 +23,7 @@ INTERVAL_MS = 200
 
 def test_one_snapshot_per_interval_with_every_metric(tmp_path):
     run = tmp_path / "run"
-    p = stallwatch(tmp_path, "run", "--interval", f"{INTERVAL_MS}ms", "--flush-interval", "1",
+    p = stallwatch(tmp_path, "run", "--report", "off", "--interval", f"{INTERVAL_MS}ms", "--flush-interval", "1",
                    "--out", str(run), "--node", "n1", "--", "sleep", "3")
     assert p.returncode == 0, p.stderr
     times = snapshot_times(run, "n1")
@@ -71,7 +71,8 @@ def test_one_snapshot_per_interval_with_every_metric(tmp_path):
 ])
 def test_exit_codes_propagate(tmp_path, command, code):
     run = tmp_path / "run"
-    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "n", "--", *command)
+    p = stallwatch(tmp_path, "run", "--report", "off",
+                   "--interval", "100ms", "--out", str(run), "--node", "n", "--", *command)
     assert p.returncode == code, p.stderr
     node = node_record(run, "n")
     assert node["exit_code"] == code and node["status"] == "finished"
@@ -83,13 +84,14 @@ def test_a_command_that_is_not_executable_gives_126(tmp_path):
     script = tmp_path / "not-executable.sh"
     script.write_text("#!/bin/sh\necho hi\n")
     script.chmod(0o644)
-    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--", str(script))
+    p = stallwatch(tmp_path, "run", "--report", "off",
+                   "--interval", "100ms", "--out", str(tmp_path / "run"), "--", str(script))
     assert p.returncode == 126, p.stderr
     assert "Permission denied" in p.stderr
 
 
 def test_stdout_is_unchanged_byte_for_byte(tmp_path):
-    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
+    p = stallwatch(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
                    *job(tmp_path, "time.sleep(0.3)", exit_code=0))
     assert p.returncode == 0, p.stderr
     assert p.stdout == PAYLOAD
@@ -98,7 +100,8 @@ def test_stdout_is_unchanged_byte_for_byte(tmp_path):
 
 def test_stdin_reaches_the_command(tmp_path):
     full_env = dict(os.environ)
-    p = subprocess.run([*STALLWATCH, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
+    p = subprocess.run([*STALLWATCH, "run", "--report", "off",
+                        "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
                         sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read()[::-1])"],
                        input=b"abc\xc3\xa9\n", capture_output=True, timeout=60, env=full_env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -119,7 +122,8 @@ def _trap_job(tmp_path: Path, signame: str) -> list[str]:
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGUSR1"])
 def test_signals_to_the_launcher_reach_the_command(tmp_path, signame):
-    bg = Background(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--node", "n", "--",
+    bg = Background(tmp_path, "run", "--report", "off",
+                    "--interval", "100ms", "--out", str(tmp_path / "run"), "--node", "n", "--",
                     *_trap_job(tmp_path, signame))
     try:
         wait_until(lambda: (tmp_path / "started").exists(), 30, what="the command to start")
@@ -133,7 +137,7 @@ def test_signals_to_the_launcher_reach_the_command(tmp_path, signame):
 
 
 def test_sigterm_to_a_command_that_does_not_trap_it_gives_143(tmp_path):
-    bg = Background(tmp_path, "run", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(tmp_path / "run"), "--",
                     "sh", "-c", f"echo $$ > {tmp_path / 'started'}; exec sleep 60")
     try:
         wait_until(lambda: (tmp_path / "started").exists(), 30, what="the command to start")
@@ -150,13 +154,14 @@ def _tree(root: Path) -> dict[str, tuple[int, int, str]]:
 
 def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path, run_stallwatch):
     run = tmp_path / "run"
-    first = run_stallwatch("run", "--interval", "100ms", "--out", str(run), "--node", "a", "--", "sleep", "0.5",
+    first = run_stallwatch("run", "--report", "off",
+                           "--interval", "100ms", "--out", str(run), "--node", "a", "--", "sleep", "0.5",
                            timeout=60)
     assert first.returncode == 0, first.stderr
     before = _tree(run)
     assert any(k.startswith("system/a/") for k in before) and "nodes/a.json" in before and "run.json" in before
     marker = tmp_path / "ran"
-    second = run_stallwatch("run", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
+    second = run_stallwatch("run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
                             "touch", str(marker), timeout=60)
     assert second.returncode == 2
     assert "already has a node named 'a'" in second.stderr and "--node" in second.stderr
@@ -170,9 +175,9 @@ def test_two_machines_with_one_default_name_both_run(tmp_path):
     claims (exclusive creates) never give one name twice."""
     run = tmp_path / "run"
     env = {"SLURMD_NODENAME": "vm"}
-    a = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--",
+    a = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--",
                    *job(tmp_path, "time.sleep(1)", exit_code=0), env=env, name="a")
-    b = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--",
+    b = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--",
                    *job(tmp_path, "time.sleep(1)", exit_code=0), env=env, name="b")
     try:
         assert a.wait(60) == 0, a.stderr
@@ -188,9 +193,9 @@ def test_two_machines_with_one_default_name_both_run(tmp_path):
 
 def test_two_nodes_build_one_run(tmp_path, run_stallwatch):
     run = tmp_path / "run"
-    a = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
+    a = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
                    *job(tmp_path, "time.sleep(1.5)", exit_code=0), name="a")
-    b = Background(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "b", "--",
+    b = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "b", "--",
                    *job(tmp_path, "time.sleep(1.5)", exit_code=4), name="b")
     try:
         assert a.wait(60) == 0, a.stderr
@@ -226,7 +231,7 @@ def test_info_on_something_that_is_not_a_run(tmp_path, run_stallwatch):
 
 
 def test_no_command_is_a_usage_error(tmp_path, run_stallwatch):
-    p = run_stallwatch("run", "--out", str(tmp_path / "run"), "--", timeout=60)
+    p = run_stallwatch("run", "--report", "off", "--out", str(tmp_path / "run"), "--", timeout=60)
     assert p.returncode == 2
     assert "give the command" in p.stderr
     assert not (tmp_path / "run").exists()
@@ -234,7 +239,7 @@ def test_no_command_is_a_usage_error(tmp_path, run_stallwatch):
 
 def test_the_job_is_told_where_its_run_is(tmp_path):
     run = tmp_path / "run"
-    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--node", "n7", "--",
+    p = stallwatch(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n7", "--",
                    sys.executable, "-c",
                    "import os; print(os.environ['STALLWATCH_RUN'], os.environ['STALLWATCH_NODE'], "
                    "os.environ['STALLWATCH_RUN_ID'])")
@@ -243,7 +248,7 @@ def test_the_job_is_told_where_its_run_is(tmp_path):
 
 
 def test_unsupported_location_still_runs_the_command(tmp_path):
-    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--out", "gs://bucket/run", "--",
+    p = stallwatch(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", "gs://bucket/run", "--",
                    *job(tmp_path, "", exit_code=6))
     assert p.returncode == 6
     assert p.stdout == PAYLOAD
@@ -254,7 +259,8 @@ def test_a_job_stopped_and_continued_by_someone_else_keeps_the_launcher_running(
     """Outside a terminal (a scheduler suspending the job, a user's kill -STOP / -CONT), the launcher must
     not stop itself: it keeps waiting and returns the job's exit code once it ends."""
     code = "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(2)\nraise SystemExit(7)\n"
-    launcher = subprocess.Popen([*STALLWATCH, "run", "--interval", "200ms", "--out", str(tmp_path / "run"), "--",
+    launcher = subprocess.Popen([*STALLWATCH, "run", "--report", "off",
+                                 "--interval", "200ms", "--out", str(tmp_path / "run"), "--",
                                  sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, stdin=subprocess.DEVNULL)
     try:
@@ -274,7 +280,8 @@ def test_signals_ignored_by_the_caller_stay_ignored_for_the_job(tmp_path):
     code = ("import signal, time\n"
             "print('hup ignored' if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else 'hup default', flush=True)\n"
             "time.sleep(1.5)\nraise SystemExit(3)\n")
-    launcher = subprocess.Popen([*STALLWATCH, "run", "--interval", "200ms", "--out", str(tmp_path / "run"), "--",
+    launcher = subprocess.Popen([*STALLWATCH, "run", "--report", "off",
+                                 "--interval", "200ms", "--out", str(tmp_path / "run"), "--",
                                  sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, stdin=subprocess.DEVNULL,
                                 preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))

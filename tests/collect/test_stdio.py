@@ -51,7 +51,8 @@ def test_a_closed_standard_stream_behaves_as_without_stallwatch(tmp_path, closed
     job = [sys.executable, str(script)]
     bare = _run(tmp_path, job, closed, "bare")
     run = tmp_path / "run"
-    profiled = _run(tmp_path, [*STALLWATCH, "run", "--out", str(run), "--", *job], closed, "profiled")
+    profiled = _run(tmp_path, [*STALLWATCH, "run", "--report", "off",
+                               "--out", str(run), "--", *job], closed, "profiled")
     assert profiled[0] == bare[0] == 0, profiled[2].decode(errors="replace")
     assert profiled[3] == bare[3] and f"{closed} closed" in bare[3]  # the job's descriptors, as the user left them
     if closed != 1:
@@ -69,7 +70,7 @@ def test_a_long_temporary_directory_keeps_framework_profiling_on(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    p = subprocess.run([*STALLWATCH, "run", "--out", str(run), "--", sys.executable, str(script),
+    p = subprocess.run([*STALLWATCH, "run", "--report", "off", "--out", str(run), "--", sys.executable, str(script),
                         str(tmp_path / "state")], env={**os.environ, "TMPDIR": str(long_tmp)},
                        capture_output=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr.decode(errors="replace")

@@ -87,7 +87,7 @@ def _script(tmp: Path, package: str = "lightning.pytorch") -> Path:
 
 def _under_run(tmp: Path, how: str, package: str = "lightning.pytorch") -> tuple[Path, dict]:
     out, ran = tmp / f"run-{how}", tmp / f"ran-{how}.json"
-    p = run_cli(tmp, "run", "--out", str(out), "--interval", "200ms", "--",
+    p = run_cli(tmp, "run", "--report", "off", "--out", str(out), "--interval", "200ms", "--",
                 sys.executable, str(_script(tmp, package)), how, str(ran), env=JOB_ENV, timeout=120)
     assert p.returncode == 0, p.stderr
     return out, json.loads(ran.read_text())

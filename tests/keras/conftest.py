@@ -42,7 +42,8 @@ def job_env(backend: str) -> dict[str, str]:
 def under_run(tmp: Path, backend: str, scenario: str, *flags: str) -> tuple[Path, dict, subprocess.CompletedProcess]:
     """`stallwatch run [flags] -- python keras_job.py` (zero code): the run directory, what the job ran."""
     out, ran = tmp / "run", tmp / "ran.json"
-    p = run_cli(tmp, "run", "--out", str(out), "--rules-interval", "0", "--flush-interval", "1", *flags,
+    p = run_cli(tmp, "run", "--report", "off",
+                "--out", str(out), "--rules-interval", "0", "--flush-interval", "1", *flags,
                 "--", sys.executable, str(JOB), str(ran), scenario, env=job_env(backend), timeout=240)
     assert p.returncode == 0, p.stderr[-4000:]
     return out, json.loads(ran.read_text()), p

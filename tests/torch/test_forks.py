@@ -47,7 +47,7 @@ def test_forked_children_never_resend_the_parents_events(tmp_path, kind):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     out = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--out", str(out), "--", sys.executable, str(script), kind)
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--", sys.executable, str(script), kind)
     assert p.returncode == 0, p.stderr
     steps = open_run(str(out)).framework(kinds=[STEP]).to_pylist()
     train = [r for r in steps if r["mode"] == TRAIN]

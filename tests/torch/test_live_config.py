@@ -35,7 +35,7 @@ def test_live_changes_apply_and_an_invalid_edit_is_refused(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     run = tmp_path / "run"
-    job = Background(tmp_path, "run", "--out", str(run), "--flush-interval", "1", "--",
+    job = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--flush-interval", "1", "--",
                      sys.executable, str(script), str(tmp_path))
     try:
         wait_until(lambda: (tmp_path / "ready").exists(), 60, what="the job to reach step 10")
@@ -61,7 +61,8 @@ def test_a_window_already_past_is_said_so(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     run = tmp_path / "run"
-    job = Background(tmp_path, "run", "--out", str(run), "--", sys.executable, str(script), str(tmp_path))
+    job = Background(tmp_path, "run", "--report", "off",
+                     "--out", str(run), "--", sys.executable, str(script), str(tmp_path))
     try:
         wait_until(lambda: (tmp_path / "ready").exists(), 60, what="the job to reach step 10")
         assert run_cli(tmp_path, "config", str(run), "--detailed-profiling", "2:3").returncode == 0

@@ -21,7 +21,7 @@ def _profile(tmp_path, source: str):
     script = tmp_path / "job.py"
     script.write_text(source)
     out = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--out", str(out), "--flush-interval", "1", "--",
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--flush-interval", "1", "--",
                 sys.executable, str(script), str(tmp_path / "ran.json"))
     ran = json.loads((tmp_path / "ran.json").read_text())
     events = open_run(str(out)).framework().to_pylist()

@@ -35,7 +35,7 @@ def test_every_step_survives_a_sampler_fault(tmp_path, fault):
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    bg = Background(tmp_path, "run", "--out", str(run), "--node", "n", "--flush-interval", "1", "--",
+    bg = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--node", "n", "--flush-interval", "1", "--",
                     sys.executable, str(script), str(tmp_path / "going"))
     try:
         wait_until(lambda: (tmp_path / "going").exists(), 60, what="the job's step 100")
@@ -70,7 +70,8 @@ def test_steps_reach_the_store_on_their_own_pace_with_a_slow_sampling_interval(t
     script = tmp_path / "job.py"
     script.write_text(JOB.replace('open(sys.argv[1], "w").close()', 'open(sys.argv[1], "w").close(); time.sleep(60)'))
     run = tmp_path / "run"
-    bg = Background(tmp_path, "run", "--out", str(run), "--node", "n", "--interval", "60s", "--flush-interval", "1",
+    bg = Background(tmp_path, "run", "--report", "off",
+                    "--out", str(run), "--node", "n", "--interval", "60s", "--flush-interval", "1",
                     "--", sys.executable, str(script), str(tmp_path / "going"))
     try:
         wait_until(lambda: (tmp_path / "going").exists(), 60, what="the job's step 100")

@@ -35,7 +35,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, slow in (("slow", 1), ("equal", -1)):
         tmp = tmp_path_factory.mktemp(name)
         run = tmp / "run"
-        p = run_cli(tmp, "run", "--out", str(run), "--rules-interval", "0", "--",
+        p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--",
                     *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp), str(slow), "0.03",
                                str(STEPS)), timeout=240)
         assert p.returncode == 0, p.stderr
@@ -62,7 +62,7 @@ def test_live_detection_after_onset(tmp_path: Path):
     """Equal ranks for 150 steps, then rank 1 lags 30 ms per step: followed every 2 s, the rule names it within
     two minutes of the onset (the issue's bound; docs/accuracy.md has the measured delay)."""
     run = tmp_path / "run"
-    job = Background(tmp_path, "run", "--out", str(run), "--rules-interval", "2", "--",
+    job = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--rules-interval", "2", "--",
                      *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp_path), "1", "0.03", "600",
                                 "150"), name="live")
     fired_at = None
@@ -96,7 +96,8 @@ def test_two_nodes_on_loopback_name_the_slow_node(tmp_path: Path):
     port = str(_free_port())
     procs = []
     for node_rank, node in enumerate(("node-a", "node-b")):
-        procs.append(Background(tmp_path, "run", "--out", str(run), "--node", node, "--rules-interval", "0", "--",
+        procs.append(Background(tmp_path, "run", "--report", "off",
+                                "--out", str(run), "--node", node, "--rules-interval", "0", "--",
                                 *_torchrun("--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "1",
                                            "--master-addr", "127.0.0.1", "--master-port", port, str(JOB),
                                            str(tmp_path), "1", "0.03", str(STEPS)),

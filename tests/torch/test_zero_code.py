@@ -30,7 +30,8 @@ def profiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("zero-code")
     script = write_train_and_eval(tmp)
     out = tmp / "run"
-    p = run_cli(tmp, "run", "--out", str(out), "--flush-interval", "1", "--detailed-profiling", "5:1",
+    p = run_cli(tmp, "run", "--report", "off",
+                "--out", str(out), "--flush-interval", "1", "--detailed-profiling", "5:1",
                 "--python-profiling", "9:3", "--dataloader-profiling", "1:6",
                 "--", sys.executable, str(script), str(tmp / "ran.json"))
     assert p.returncode == 0, p.stderr
@@ -118,7 +119,7 @@ def test_a_loop_without_a_data_loader_gets_coarser_steps_and_one_warning(tmp_pat
         "m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "for _ in range(5):\n"
         "    opt.zero_grad(); m(torch.randn(8, 4)).sum().backward(); opt.step()\n")
-    p = run_cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
     assert p.returncode == 0, p.stderr
     assert p.stderr.count("no DataLoader iteration seen") == 1
     steps = _rows(open_run(str(tmp_path / "run")).framework(kinds=[STEP]), mode=TRAIN)
@@ -136,7 +137,7 @@ def test_a_script_that_fails_fails_the_same_way(tmp_path):
         "    if i == 2:\n"
         "        raise RuntimeError('boom in step 2')\n")
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-    p = run_cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
     assert p.returncode == plain.returncode == 1
     assert "RuntimeError: boom in step 2" in p.stderr
     steps = _rows(open_run(str(tmp_path / "run")).framework(kinds=[STEP]), mode=TRAIN)
@@ -170,7 +171,7 @@ def test_a_compiled_model_is_not_recompiled_or_warned_about(tmp_path):
         "for xb in torch.utils.data.DataLoader(torch.randn(64, 8), batch_size=8):\n"
         "    opt.zero_grad(); compiled(xb).sum().backward(); opt.step()\n"
         "print('graphs', u.counters['stats']['unique_graphs'])\n")
-    p = run_cli(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
     assert p.returncode == 0, p.stderr
     assert b"graphs 1" in p.stdout  # discovery's global hooks came off before dynamo guarded on them
     assert "global hooks" not in p.stderr
@@ -190,7 +191,7 @@ def test_a_job_terminated_by_sigterm_keeps_its_steps_and_dies_the_same_way(tmp_p
         "for i, xb in enumerate(torch.utils.data.DataLoader(torch.randn(400000, 4), batch_size=4)):\n"
         "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n"
         "    log.write(f'{i} {time.time()}\\n'); log.flush()\n")
-    job = Background(tmp_path, "run", "--out", str(tmp_path / "run"), "--flush-interval", "1", "--",
+    job = Background(tmp_path, "run", "--report", "off", "--out", str(tmp_path / "run"), "--flush-interval", "1", "--",
                      sys.executable, str(script), str(tmp_path / "done"))
 
     def finished() -> list[tuple[int, float]]:
@@ -240,7 +241,8 @@ def test_sigterm_inside_a_long_native_call_ends_the_job_as_without_stallwatch(tm
         assert bare.wait(30) == -15
     finally:
         bare.kill()
-    job = Background(tmp_path, "run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script),
+    job = Background(tmp_path, "run", "--report", "off",
+                     "--out", str(tmp_path / "run"), "--", sys.executable, str(script),
                      str(tmp_path / "ready"))
     try:
         wait_until(lambda: (tmp_path / "ready").exists(), 60, what="the job to block")
@@ -273,7 +275,7 @@ def test_the_jobs_own_sitecustomize_still_runs_and_auto_can_be_turned_off(tmp_pa
         "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
     for auto, expected in (("1", 4), ("0", 0)):
         out = tmp_path / f"run-{auto}"
-        p = run_cli(tmp_path, "run", "--out", str(out), "--", sys.executable, str(script),
+        p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--", sys.executable, str(script),
                     env={"PYTHONPATH": str(own), "STALLWATCH_AUTO": auto})
         assert p.returncode == 0, p.stderr
         assert b"site: ran" in p.stdout

@@ -32,7 +32,8 @@ def test_the_stop_training_action_stops_a_real_run_early_with_its_reason(tmp_pat
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--rule-action", "Dataloader=stop_training",
+    p = run_cli(tmp_path, "run", "--report", "off",
+                "--out", str(run), "--rules-interval", "1", "--rule-action", "Dataloader=stop_training",
                 "--", sys.executable, str(script), timeout=240)
     assert p.returncode == 0, p.stderr  # stopped gracefully: the script ran to its end
     done = int(p.stdout.decode().split("after")[1].split()[0])
@@ -66,7 +67,7 @@ def test_a_custom_rule_from_a_file_runs_like_a_builtin(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB.replace("range(3)", "range(1)").replace("4000", "80"))
     run = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--out", str(run), "--custom-rule", f"{rule}:TrainSteps", "--",
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(run), "--custom-rule", f"{rule}:TrainSteps", "--",
                 sys.executable, str(script), timeout=120)
     assert p.returncode == 0, p.stderr
     result = json.loads((run / "rules" / "TrainSteps.json").read_text())

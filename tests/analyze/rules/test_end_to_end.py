@@ -40,7 +40,7 @@ def _run(tmp_path, name: str, *, workers: int, slow: tuple[int, ...], sample_s: 
     script = tmp_path / f"{name}.py"
     script.write_text(SCRIPT.format(slow=set(slow) or "set()", sample_s=sample_s))
     run = tmp_path / name
-    p = run_cli(tmp_path, "run", "--interval", "100ms", "--out", str(run), "--",
+    p = run_cli(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--",
                 sys.executable, str(script), str(workers), str(compute_s), timeout=180)
     assert p.returncode == 0, p.stderr
     p = run_cli(tmp_path, "rules", str(run))

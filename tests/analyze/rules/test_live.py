@@ -53,7 +53,8 @@ def test_a_followed_run_ends_with_the_batch_result(tmp_path):
         "    time.sleep(0.25 if i % 37 == 5 else 0.004)\n"
         "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
     run = tmp_path / "run"
-    job = Background(tmp_path, "run", "--interval", "100ms", "--flush-interval", "0.5", "--out", str(run), "--",
+    job = Background(tmp_path, "run", "--report", "off",
+                     "--interval", "100ms", "--flush-interval", "0.5", "--out", str(run), "--",
                      sys.executable, str(script))
     live = LiveEvaluation(builtin_rules())
     try:
@@ -85,7 +86,8 @@ def test_stallwatch_rules_follow_a_running_job_then_summarise(tmp_path):
         "for xb in torch.utils.data.DataLoader(torch.randn(600, 8), batch_size=4):\n"
         "    time.sleep(0.02); opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
     run = tmp_path / "run"
-    job = Background(tmp_path, "run", "--rules-interval", "0", "--out", str(run), "--", sys.executable, str(script))
+    job = Background(tmp_path, "run", "--report", "off",
+                     "--rules-interval", "0", "--out", str(run), "--", sys.executable, str(script))
     try:
         wait_until(lambda: (run / "nodes").exists(), 60, what="the run")
         p = run_cli(tmp_path, "rules", str(run), "--follow", "--every", "1", timeout=120)
@@ -108,7 +110,8 @@ def test_stallwatch_run_evaluates_the_rules_and_prints_them(tmp_path):
         "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
     for interval in ("1", "0"):
         run = tmp_path / f"run-{interval}"
-        p = run_cli(tmp_path, "run", "--rules-interval", interval, "--out", str(run), "--", sys.executable, str(script))
+        p = run_cli(tmp_path, "run", "--report", "off",
+                    "--rules-interval", interval, "--out", str(run), "--", sys.executable, str(script))
         assert p.returncode == 0, p.stderr
         assert "rule" in p.stderr and "Dataloader" in p.stderr
         assert json.loads((run / "rules" / "StepOutlier.json").read_text())["Datapoints"] == 50
