@@ -68,12 +68,17 @@ class Distribution:
         self._pending_n = 0
         self._tail: np.ndarray | None = None  # the pending values, sorted (cached until the next add)
 
-    def add(self, values: np.ndarray) -> None:
+    def _taken(self, values: np.ndarray) -> np.ndarray:
+        """`values` without NaN, in `dtype`, counted in `n`."""
         v = np.asarray(values, dtype=self.dtype)
         v = v[~np.isnan(v)]
+        self.n += int(v.size)
+        return v
+
+    def add(self, values: np.ndarray) -> None:
+        v = self._taken(values)
         if v.size == 0:
             return
-        self.n += int(v.size)
         if self._scale is not None:
             codes = self._codes(v)
             if codes is not None:
@@ -244,11 +249,9 @@ class ValueCounts(Distribution):
         self._vcum: np.ndarray | None = None
 
     def add(self, values: np.ndarray) -> None:
-        v = np.asarray(values, dtype=self.dtype)
-        v = v[~np.isnan(v)]
+        v = self._taken(values)
         if v.size == 0:
             return
-        self.n += int(v.size)
         self._pending.append(v.astype(np.float64))
         self._pending_n += int(v.size)
         if self._pending_n > max(_MAX_PENDING, len(self._values)):  # merges cost O(distinct) each, rarely
