@@ -51,5 +51,8 @@ class ListedLocation(RunLocation):
         try:
             return super().open_input_file(rel)
         except FileNotFoundError:
-            self._take(super().list(""))  # the run moved on: later questions see what is there now
+            try:
+                self._take(super().list(""))  # the run moved on: later questions see what is there now
+            except Exception:  # the store out of reach: keep the old listing; the caller handles the missing file
+                pass
             raise
