@@ -157,6 +157,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on
     live = LiveRules(config)
+    if getattr(args, "report", "wait") == "wait":
+        from stallwatch.present.report.warm import warm_in_background
+
+        warm_in_background()
     dashboard = _start_dashboard(config.out, args.dashboard) if getattr(args, "dashboard", None) is not None else None
     try:
         result = launch(command, config)

@@ -16,7 +16,7 @@ import pytest
 
 import stallwatch.collect.events as events
 from stallwatch.collect import event_server
-from stallwatch.collect.acks import ACK_EVERY_LINES, Unacked
+from stallwatch.collect.acks import ACK_EVERY_LINES, StreamMarks, Unacked
 from stallwatch.collect.event_server import EventServer
 from stallwatch.collect.events import EventSender
 from stallwatch.records import LOSS, FrameworkEvent
@@ -261,3 +261,70 @@ def test_at_exit_a_full_window_waits_for_acknowledgements_instead_of_dropping(ad
     finally:
         server.close()
     assert sorted(_steps(got)) == list(range(5000)) and sender.dropped == 0
+
+
+def test_lines_that_missed_the_journal_are_acknowledged_only_once_stored():
+    """A journal write that fails, then one that succeeds: the second must not acknowledge the first's lines
+    (an acknowledgement is "every line before N"), or a kill before they are stored loses them unsaid."""
+    marks = StreamMarks()
+    for seq in range(10):
+        marks.accept(7, seq)
+        marks.accept(8, seq)
+    marks.journaled({7: 5, 8: 5}, ok=True)
+    marks.journaled({7: 8}, ok=False)  # stream 7's lines 5-7: not journaled
+    marks.journaled({7: 10, 8: 10}, ok=True)
+    assert marks.durable == {7: 5, 8: 10}
+    marks.stored()
+    assert marks.durable == {7: 10, 8: 10} and marks.held == {}
+
+
+def test_a_sampler_stopped_before_it_answers_the_hello_then_killed_loses_nothing(address, monkeypatch):
+    """The sampler never read the connection (stopped before the job's first hello was answered), then was
+    killed: the sender knows from its environment that this sampler acknowledges, so it kept the lines and the
+    next sampler gets them all. Without that, they looked delivered and were lost without a word."""
+    monkeypatch.setenv(events.ENV_ACKS, "1")
+    first = EventServer(address)  # listening, never receiving: stopped
+    sender = EventSender(address)
+    try:
+        _emit(sender, 0, 2000)
+        _wait(lambda: sender.sent == 2000)  # all in the stopped sampler's socket
+        assert not sender._unacked.acked and len(sender._unacked.lines) >= 8
+        first.close()  # killed
+        second = EventServer(address)
+        try:
+            got = _collect(second, 2000)
+            got += _drain(second)
+            assert sorted(_steps(got)) == list(range(2000)) and len(_steps(got)) == 2000
+            assert sender.dropped == 0
+        finally:
+            sender.close()
+            second.close()
+    finally:
+        first.close()
+
+
+def test_lines_staged_at_exit_give_the_next_sampler_only_what_it_lacks(address, monkeypatch, tmp_path):
+    """At exit a sender stages the lines it sent but was not told were journaled; a sampler that replays the
+    file takes the lines beyond its journal's mark and skips the rest; a file that does not start with a
+    hello gives nothing."""
+    monkeypatch.setenv(events.ENV_ACKS, "1")
+    monkeypatch.setenv(events.ENV_STAGING, str(tmp_path))
+    first = EventServer(address)
+    sender = EventSender(address)
+    try:
+        _emit(sender, 0, 1000)  # 4 lines, received and journaled up to the third
+        got = _collect(first, 1000, journal=False)
+        durable = {sender._stream: 3}
+        sender.close(timeout_s=0.5)
+    finally:
+        first.close()
+    (staged,) = tmp_path.glob(events.UNACKED_PREFIX + "*.lines")
+    second = EventServer(address)
+    try:
+        second.marks.seed(durable)
+        replayed = second.replay(staged.read_bytes())
+        assert _steps(replayed) == list(range(768, 1000))  # the fourth line only
+        assert sorted(_steps(got)) == list(range(1000))
+        assert second.replay(b'[["step"]]\n' + staged.read_bytes()) == []
+    finally:
+        second.close()

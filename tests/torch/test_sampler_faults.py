@@ -84,3 +84,64 @@ def test_steps_reach_the_store_on_their_own_pace_with_a_slow_sampling_interval(t
         wait_until(lambda: stored() >= 100, 40, period=0.5, what="the first 100 steps in the store")
     finally:
         bg.kill_all()
+
+
+def test_a_sampler_killed_right_after_the_job_exits_loses_nothing(tmp_path):
+    """The job has ended; its sampler is killed before its last flush (stopped first, so the kill surely comes
+    before it). Everything it had received is in its journal: a sampler started once more stores it and
+    records how the job ended. Before, every step since the last flush was lost (all of them here) and the
+    node had no end."""
+    steps = 300
+    script = tmp_path / "job.py"
+    script.write_text(JOB.replace(f"{STEPS} * 4", f"{steps} * 4").replace("if i == 100:", f"if i == {steps}:")
+                      + "open(sys.argv[1], 'w').close()\ntime.sleep(1.5)\n")  # every step sent and journaled
+    run = tmp_path / "run"
+    bg = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--node", "n", "--flush-interval", "60",
+                    "--", sys.executable, str(script), str(tmp_path / "done"))
+    try:
+        wait_until(lambda: (tmp_path / "done").exists(), 60, what="the job's last step")
+        record = wait_until(lambda: read_json(run / "nodes" / "n.json"), 30, what="the node record")
+        sampler = psutil.Process(int(record["sampler_pid"]))
+        job = next(p for p in psutil.Process(bg.proc.pid).children() if str(script) in " ".join(p.cmdline()))
+        sampler.send_signal(signal.SIGSTOP)
+        job.wait(30)
+        sampler.kill()
+        assert bg.wait(120) == 0, bg.stderr
+    finally:
+        bg.kill_all()
+    assert "before its last flush; finishing with a new one" in bg.stderr
+    stored = [r["step"] for r in open_run(str(run)).framework(kinds=[STEP]).to_pylist() if r["mode"] == TRAIN]
+    assert sorted(stored) == list(range(steps)), len(stored)
+    node = read_json(run / "nodes" / "n.json")
+    assert node["exit_code"] == 0 and node["end_us"], node
+
+
+def test_steps_in_a_stopped_samplers_socket_when_the_job_exits_survive_its_kill(tmp_path):
+    """The sampler is stopped while the job runs its last steps and exits: those steps sit unread in the dead
+    sampler's socket. The job kept a copy of what it sent unacknowledged in its staging folder at exit; the
+    sampler that finishes the run takes what it lacks from there. Before, they were lost without a word."""
+    steps = 300
+    script = tmp_path / "job.py"
+    script.write_text(JOB.replace(f"{STEPS} * 4", f"{steps} * 4").replace("if i == 100:", "if i == 200:").replace(
+        'open(sys.argv[1], "w").close()',
+        'open(sys.argv[1], "w").close()\n        while not os.path.exists(sys.argv[1] + ".stopped"): time.sleep(0.01)')
+        .replace("import sys, time", "import os, sys, time"))
+    run = tmp_path / "run"
+    going = tmp_path / "going"
+    bg = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--node", "n", "--flush-interval", "60",
+                    "--", sys.executable, str(script), str(going))
+    try:
+        wait_until(going.exists, 60, what="the job's step 200")
+        record = wait_until(lambda: read_json(run / "nodes" / "n.json"), 30, what="the node record")
+        sampler = psutil.Process(int(record["sampler_pid"]))
+        job = next(p for p in psutil.Process(bg.proc.pid).children() if str(script) in " ".join(p.cmdline()))
+        sampler.send_signal(signal.SIGSTOP)
+        (tmp_path / "going.stopped").touch()
+        job.wait(60)
+        sampler.kill()
+        assert bg.wait(120) == 0, bg.stderr
+    finally:
+        bg.kill_all()
+    assert "that no sampler had stored" in bg.stderr, bg.stderr
+    stored = [r["step"] for r in open_run(str(run)).framework(kinds=[STEP]).to_pylist() if r["mode"] == TRAIN]
+    assert len(stored) == len(set(stored)) and sorted(stored) == list(range(steps)), len(stored)

@@ -86,6 +86,7 @@ class StreamMarks:
         self.durable: dict[int, int] = {}
         self.advanced: dict[int, int] = {}  # received since the last `take()`
         self.duplicates = 0  # lines skipped because they were had already
+        self.held: dict[int, int] = {}  # streams with lines that missed the journal: acknowledged once stored
         self._max = max_streams
 
     def seed(self, marks: dict[int, int]) -> None:
@@ -106,6 +107,21 @@ class StreamMarks:
     def take(self) -> dict[int, int]:
         out, self.advanced = self.advanced, {}
         return out
+
+    def journaled(self, marks: dict[int, int], *, ok: bool) -> None:
+        """These lines were journaled (`ok`), or not (journal off, full, a write failed). A stream with lines
+        that missed the journal is acknowledged only once they are stored (`stored`): a later line journaled
+        must not acknowledge them too, since an acknowledgement means "every line before N"."""
+        for stream, seq in marks.items():
+            if ok and stream not in self.held:
+                self._raise(self.durable, stream, seq)
+            else:
+                self.held[stream] = max(seq, self.held.get(stream, 0))
+
+    def stored(self) -> None:
+        """Everything received is stored in the run: the held streams can be acknowledged."""
+        held, self.held = self.held, {}
+        self.confirm(held)
 
     def confirm(self, marks: dict[int, int]) -> None:
         """These lines are journaled (or stored): they can be acknowledged."""

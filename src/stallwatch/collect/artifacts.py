@@ -355,7 +355,7 @@ class ArtifactStore:
             warn_once("artifact-unlink", "could not delete staged file %s (%s)", path, exc.strerror or exc)
 
 
-def _open_staged(path: str) -> io.BufferedReader:
+def open_staged(path: str) -> io.BufferedReader:
     """Open without following a symlink swapped in since validation, and only a regular file."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
@@ -368,7 +368,7 @@ def _open_staged(path: str) -> io.BufferedReader:
 
 
 def _read_staged(path: str) -> bytes:
-    with _open_staged(path) as fh:
+    with open_staged(path) as fh:
         return fh.read()
 
 
@@ -380,7 +380,7 @@ def _read_and_gzip(path: str) -> tuple[int, bytes, bool]:
     """(size of the JSON, its gzip, whether it came gzipped) read in chunks; an already gzipped trace
     (torch writes one for a `.gz` name) is kept as it is. _TooBig past MAX_TRACE_BYTES of JSON: memory
     holds the compressed trace, and nothing could read a bigger one back (the timeline's limit)."""
-    with _open_staged(path) as fh:
+    with open_staged(path) as fh:
         head = fh.read(2)
         if head == b"\x1f\x8b":
             data = head + fh.read(MAX_TRACE_BYTES)

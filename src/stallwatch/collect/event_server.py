@@ -22,7 +22,7 @@ MAX_LINE_BYTES = 1 << 20  # a connection that sends a longer line is broken or h
 
 @dataclass
 class _Connection:
-    sock: socket.socket
+    sock: socket.socket | None  # None: lines replayed from a file (`replay`), nothing to send back
     buf: bytes = b""
     identity: dict[str, int] | None = None
     events: int = field(default=0)
@@ -63,7 +63,7 @@ class EventServer:
                 self._send(fd, conn, line)
 
     def _send(self, fd: int, conn: _Connection, line: bytes) -> None:
-        if conn.gone:
+        if conn.gone or conn.sock is None:
             return
         try:
             conn.sock.send(line)
@@ -84,7 +84,7 @@ class EventServer:
                 self._accept()
                 continue
             conn = self._conns.get(fd)
-            if conn is None:
+            if conn is None or conn.sock is None:
                 continue
             try:
                 data = conn.sock.recv(1 << 16)
@@ -105,6 +105,21 @@ class EventServer:
                 self._line(fd, conn, line, out)
         return out
 
+    def replay(self, data: bytes) -> list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]]:
+        """Lines a sender staged at its exit (`events.stage_unacked`: a hello, then the lines it sent but was
+        not told were journaled), read as one more connection: the same checks, and the lines this sampler
+        (or the journal it replayed) already has are skipped."""
+        conn = _Connection(sock=None, gone=True)
+        out: list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]] = []
+        for line in data.split(b"\n"):
+            if len(line) > MAX_LINE_BYTES:
+                warn_once("events-long-line", "dropping a framework-event connection that sent an overlong line")
+                break
+            self._line(-1, conn, line, out)
+            if conn.identity is None:
+                break  # no hello first: not a sender's lines
+        return out
+
     def _line(self, fd: int, conn: _Connection, line: bytes, out: list) -> None:
         if not line.strip():
             return
@@ -112,7 +127,8 @@ class EventServer:
             if conn.identity is None:
                 hello = json.loads(line)["hello"]
                 conn.identity = _identity(hello)
-                self.identities.append(conn.identity)
+                if conn.identity not in self.identities:  # a sender that reconnects is still one sender
+                    self.identities.append(conn.identity)
                 self._start_stream(fd, conn, hello)
                 if self._greeting is not None:
                     self._send(fd, conn, self._greeting)
@@ -163,7 +179,7 @@ class EventServer:
                     conn.acked, conn.acked_at = durable, now
 
     def _ack(self, fd: int, conn: _Connection, upto: int) -> bool:
-        if conn.gone:
+        if conn.gone or conn.sock is None:
             return False
         try:
             conn.sock.send(b'{"ack":%d}\n' % upto)
@@ -188,7 +204,7 @@ class EventServer:
 
     def _drop(self, fd: int) -> None:
         conn = self._conns.pop(fd, None)
-        if conn is not None:
+        if conn is not None and conn.sock is not None:
             conn.sock.close()
 
     def close(self) -> None:

@@ -36,6 +36,7 @@ from stallwatch.records import FrameworkEvent
 ENV_EVENTS = "STALLWATCH_EVENTS"  # the sampler's socket path, set by `stallwatch run` for the job
 ENV_STAGING = "STALLWATCH_STAGING"  # a private local directory where the job stages profiler output
 ENV_CONFIG = "STALLWATCH_CONFIG"  # the run's configuration (JSON) at start
+ENV_ACKS = "STALLWATCH_EVENTS_ACKS"  # "1": the sampler acknowledges lines (known before it first answers)
 SEND_INTERVAL_S = 0.2  # also what a job killed outright (SIGKILL, SIGTERM at its default) can lose
 RECONNECT_AFTER_S = 0.5  # the sampler may be restarting: try again after this long
 CONNECT_GRACE_S = 15.0  # the job starts with its sampler: not reaching it this early is not worth a line
@@ -81,6 +82,10 @@ class EventSender:
         self._sock: socket.socket | None = None
         self._stream = int.from_bytes(os.urandom(8), "little") >> 1  # this sender's lines, for the sampler
         self._unacked = Unacked()  # lines from the oldest the sampler has not acknowledged
+        if os.environ.get(ENV_ACKS) == "1":
+            # Known from the start, not from the first answer: a sampler stopped (then killed) before it
+            # answers this process's hello must not make its lines look delivered.
+            self._unacked.acks = True
         self._send_seq = 0  # the line being sent (or the next to send) on the current connection
         self._offset = 0  # bytes of that line already sent on the current connection
         self._held: dict | None = None  # a control message taken from the queue, to be its own next line
@@ -153,6 +158,12 @@ class EventSender:
             # ones (to a sampler that acknowledges) never were.
             gone = self._sock is None and self._unacked.acks is True
             lines = [line for line in self._unacked.lines if gone or line.seq >= self._send_seq]
+            if self._unacked.acks is True:
+                # Sent but not acknowledged: the sampler may still die before it reads or journals them. A
+                # copy waits in the staging folder, where the sampler's end (or its successor) picks up the
+                # ones it lacks.
+                stage_unacked(self.identity, self._stream, [line for line in self._unacked.lines
+                                                            if line.seq < self._send_seq])
             self._disconnect()
             unsent = [item for item in self._queue if not isinstance(item, dict)]
             self._queue, self._held = deque(), None
@@ -389,6 +400,27 @@ def _events_of(lines: list[SentLine] | deque[SentLine]) -> list[tuple]:
         if line.events:
             out.extend(tuple(e) for e in decode_line(line.payload.rstrip(b"\n")))
     return out
+
+
+UNACKED_PREFIX = "unacked-"  # staged lines a sender sent but was not told were journaled (see `stage_unacked`)
+
+
+def stage_unacked(identity: dict[str, int], stream: int, lines: list[SentLine]) -> None:
+    """At exit: `lines` (contiguous, sent, unacknowledged) as the conversation that sent them — a hello
+    naming their stream and first line, then the lines — in the staging folder, written whole (rename) or
+    not at all. The sampler replays it at its end through the same checks and de-duplication as the socket."""
+    folder = os.environ.get(ENV_STAGING)
+    if not folder or not lines:
+        return
+    path = os.path.join(folder, f"{UNACKED_PREFIX}{stream}-{os.getpid()}.lines")
+    hello = _json_line({"hello": {**identity, "stream": stream, "seq": lines[0].seq}})
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(hello + b"".join(line.payload for line in lines))
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        warn_once("events-stage-unacked", "cannot keep the last framework events for the sampler (%s)",
+                  exc.strerror or exc)
 
 
 def _json_line(message: dict[str, Any]) -> bytes:

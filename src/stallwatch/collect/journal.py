@@ -50,12 +50,25 @@ class EventJournal:
             warn_once("journal-full", "the framework-event journal reached %d MB; events are no longer "
                       "journaled until they are stored", MAX_JOURNAL_BYTES >> 20)
             return False
+        record = _record(batches, marks or {})
         try:
-            self.bytes += os.write(self._fd, _record(batches, marks or {}))
-            return True
+            written = os.write(self._fd, record)
         except OSError as exc:
             warn_once("journal-write", "cannot journal framework events (%s)", exc.strerror or exc)
             return False
+        if written == len(record):
+            self.bytes += written
+            return True
+        # Cut short (a full disk): the piece is cut off again, so that the records after it still replay.
+        warn_once("journal-write", "cannot journal framework events (wrote %d of %d bytes)", written, len(record))
+        try:
+            os.ftruncate(self._fd, self.bytes)
+        except OSError as exc:
+            warn_once("journal-truncate", "the framework-event journal could not be repaired (%s); it is "
+                      "off from here", exc.strerror or exc)
+            os.close(self._fd)
+            self._fd = None
+        return False
 
     def clear(self, marks: dict[int, int] | None = None) -> None:
         """Everything journaled is stored in the run now; `marks` (every stream's) are kept. The new journal

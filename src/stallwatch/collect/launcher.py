@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from stallwatch.collect.events import ENV_CONFIG, ENV_EVENTS, ENV_STAGING
+from stallwatch.collect.events import ENV_ACKS, ENV_CONFIG, ENV_EVENTS, ENV_STAGING
 from stallwatch.collect.node_name import default_node_name, fallback_names
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
@@ -82,11 +82,12 @@ def job_environment(run_uri: str, node: str, run_id: str, config: ProfilerConfig
     to talk to, stallwatch's sitecustomize goes first on PYTHONPATH: it hooks PyTorch when the job
     imports it (zero code changes)."""
     env = dict(os.environ)
-    for name in (ENV_EVENTS, ENV_STAGING, ENV_CONFIG):
+    for name in (ENV_EVENTS, ENV_STAGING, ENV_CONFIG, ENV_ACKS):
         env.pop(name, None)  # never an outer run's
     env.update(STALLWATCH_RUN=run_uri, STALLWATCH_NODE=node, STALLWATCH_RUN_ID=run_id)
     if events_address:
         env[ENV_EVENTS] = events_address
+        env[ENV_ACKS] = "1"  # this sampler acknowledges what it journaled (collect/acks.py)
         env[ENV_CONFIG] = json.dumps((config or ProfilerConfig()).to_dict())
         if staging_dir:
             env[ENV_STAGING] = staging_dir
@@ -145,8 +146,9 @@ class _SamplerHandle:
             except OSError:
                 pass
 
-    def stop(self, timeout_s: float) -> None:
-        """Close the lifeline (the sampler flushes and exits); terminate it if it overstays."""
+    def stop(self, timeout_s: float) -> bool:
+        """Close the lifeline (the sampler flushes and exits); terminate it if it overstays. True when it
+        exited by itself (whatever its code)."""
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.close()
@@ -154,6 +156,7 @@ class _SamplerHandle:
             pass
         try:
             self.proc.wait(timeout=timeout_s)
+            return True
         except subprocess.TimeoutExpired:
             logger.warning("the system sampler did not finish within %.0f s; stopping it", timeout_s)
             self.proc.terminate()
@@ -162,6 +165,7 @@ class _SamplerHandle:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return False
 
 
 def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, explicit: bool) -> str:
@@ -388,10 +392,24 @@ class NodeSession:
         local spool path when some of the data could not be uploaded."""
         if self.sampler is None:
             return None
-        self.sampler.send(json.dumps({"exit": exit_code, "end_us": end_us, "signal": exit_signal,
-                                      "interrupted": interrupted}))
-        self.sampler.stop(timeout_s=self.config.flush_interval_s + self.config.upload_timeout_s + 15)
-        if self.sampler.proc.returncode == EXIT_KEPT_IN_SPOOL:
+        end = json.dumps({"exit": exit_code, "end_us": end_us, "signal": exit_signal, "interrupted": interrupted})
+        self.sampler.send(end)
+        by_itself = self.sampler.stop(timeout_s=self.config.flush_interval_s + self.config.upload_timeout_s + 15)
+        code = self.sampler.proc.returncode
+        if by_itself and code not in (0, EXIT_KEPT_IN_SPOOL):
+            # Killed (or crashed) at the end, before its last flush: what it had received is in its journal.
+            # A sampler started once more replays it into the run and records how the job ended (one that
+            # overstayed and was stopped is not started again: it would overstay again).
+            logger.warning("the system sampler exited (code %s) before its last flush; finishing with a new one",
+                           code)
+            self.sampler.close()
+            self.sampler = _start_sampler(self.start)
+            if self.sampler is None:
+                return None
+            self.sampler.send(end)
+            self.sampler.stop(timeout_s=self.config.flush_interval_s + self.config.upload_timeout_s + 15)
+            code = self.sampler.proc.returncode
+        if code == EXIT_KEPT_IN_SPOOL:
             return default_spool(self.run_uri, self.node)
         return None
 

@@ -244,7 +244,6 @@ class _EventSide:
         self._artifacts = None
         self._journal: Any = None
         self._journal_since_us: int | None = None
-        self._unjournaled: dict[int, int] = {}  # stream marks acknowledged only once stored (journal off/full)
         if start.events_address:
             try:
                 self._server = EventServer(start.events_address)
@@ -276,14 +275,7 @@ class _EventSide:
             return 0
         try:
             received = self._server.receive(ready)
-            by_rank: dict[int, list] = {}
-            for identity, item in received:
-                if isinstance(item, dict):
-                    if self._artifacts is not None:
-                        self._artifacts.submit(identity["rank"], item)
-                    continue
-                by_rank.setdefault(identity["rank"], []).append(item)
-            self._store(list(by_rank.items()), self._server.marks.take())
+            self._take(received)
             self._server.acknowledge()
         except Exception as exc:  # framework events must never stop system sampling
             warn_once(f"events-receive-{type(exc).__name__}", "receiving framework events failed (%s: %s)",
@@ -291,16 +283,57 @@ class _EventSide:
             return 0
         return len(received)
 
+    def _take(self, received: list[tuple[dict[str, int], Any]]) -> int:
+        """What the server read: artifact notices to the artifact store, events journaled and buffered per rank;
+        returns the number of events."""
+        assert self._server is not None
+        by_rank: dict[int, list] = {}
+        for identity, item in received:
+            if isinstance(item, dict):
+                if self._artifacts is not None:
+                    self._artifacts.submit(identity["rank"], item)
+                continue
+            by_rank.setdefault(identity["rank"], []).append(item)
+        self._store(list(by_rank.items()), self._server.marks.take())
+        return sum(len(events) for events in by_rank.values())
+
+    def _replay_staged(self) -> None:
+        """At the end: the lines each job process sent but was not told were journaled, staged by it at its exit
+        (`events.stage_unacked`); those this sampler lacks are taken (it was killed before reading them, and
+        this is its successor), the rest skipped as duplicates."""
+        from stallwatch.collect.acks import MAX_UNACKED_BYTES
+        from stallwatch.collect.artifacts import open_staged
+        from stallwatch.collect.events import UNACKED_PREFIX
+
+        folder = self._start.staging_dir
+        if self._server is None or not folder:
+            return
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.startswith(UNACKED_PREFIX) and n.endswith(".lines"))
+        except OSError:
+            return
+        recovered = 0
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open_staged(path) as fh:
+                    data = fh.read(MAX_UNACKED_BYTES + (1 << 20))
+                recovered += self._take(self._server.replay(data))
+                os.unlink(path)
+            except (OSError, ValueError) as exc:
+                warn_once("events-staged-lines", "cannot read the framework events a job process left (%s)", exc)
+        if recovered:
+            logger.warning("recovered %d framework events the job sent before it exited that no sampler had "
+                           "stored", recovered)
+
     def _store(self, batches: list[tuple[int, list]], marks: dict[int, int]) -> None:
         """Journal first, with how far each sender got (a kill after this loses nothing, and the lines are
         acknowledged), then buffer for the run."""
         assert self._server is not None
-        if self._journal is not None and self._journal.append(batches, marks):
-            self._server.marks.confirm(marks)
-            if self._journal_since_us is None and batches:
-                self._journal_since_us = batches[0][1][0].start_us
-        else:
-            self._unjournaled.update(marks)
+        journaled = self._journal is not None and self._journal.append(batches, marks)
+        self._server.marks.journaled(marks, ok=journaled)
+        if journaled and self._journal_since_us is None and batches:
+            self._journal_since_us = batches[0][1][0].start_us
         for rank, events in batches:
             writer = self._writer(rank)
             for event in events:
@@ -325,9 +358,8 @@ class _EventSide:
             self._journal.clear(self._server.marks.received if self._server is not None else None)
             self._journal_since_us = None
         if self._server is not None:
-            if self._unjournaled and stored:
-                self._server.marks.confirm(self._unjournaled)
-                self._unjournaled = {}
+            if stored:
+                self._server.marks.stored()
             self._server.acknowledge()
 
     def _open_journal(self, path: str) -> None:
@@ -359,6 +391,7 @@ class _EventSide:
             for _ in range(1000):  # drain what the job sent with its last breath
                 if not self.receive(self._server.fds()):
                     break
+            self._replay_staged()
             self._server.close()
         for w in self._writers.values():
             w.close()

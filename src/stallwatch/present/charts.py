@@ -107,10 +107,21 @@ def timeline(panels: Sequence[Panel], *, spans: Sequence[Span] = (), flags: Sequ
         figures.insert(0, track)
     for f in figures[:-1]:
         f.xaxis.major_label_text_font_size = "0pt"  # one set of dates, under the last figure
+    _share_time_axis(figures)
     _link_visibility(shared.drawn)
     if len(figures) == 1:
         return figures[0]
     return gridplot([[f] for f in figures], merge_tools=True, toolbar_location="right", sizing_mode="stretch_width")
+
+
+def _share_time_axis(figures: list[Any]) -> None:
+    """One datetime ticker and formatter for every panel of a timeline, not one each: a datetime axis is about
+    twenty Bokeh models (a ticker per time scale), and serializing models is most of what a report costs."""
+    ticker, formatter = figures[-1].xaxis[0].ticker, figures[-1].xaxis[0].formatter
+    for f in figures[:-1]:
+        f.xaxis[0].ticker = ticker
+        f.xaxis[0].formatter = formatter
+        f.xgrid[0].ticker = ticker
 
 
 def _legend(fig: Any, labels: list[str], shared: Overlay) -> None:

@@ -113,7 +113,7 @@ class Profile:
         self._node.sampler.send('{"pid": %d}' % os.getpid())
         env = self._node.job_environment()
         for name in ("STALLWATCH_RUN", "STALLWATCH_NODE", "STALLWATCH_RUN_ID", "STALLWATCH_EVENTS",
-                     "STALLWATCH_STAGING", "STALLWATCH_CONFIG"):
+                     "STALLWATCH_EVENTS_ACKS", "STALLWATCH_STAGING", "STALLWATCH_CONFIG"):
             if name in env:  # workers and child processes find the sampler too
                 self._saved_env[name] = os.environ.get(name)
                 os.environ[name] = env[name]
