@@ -24,3 +24,15 @@ def run_stallwatch(tmp_path: Path):
                               env=full_env, cwd=cwd or tmp_path, **kwargs)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _stallwatch_logger_as_it_was():
+    """A test that runs the command line in-process (`cli.main`) configures the `stallwatch` logger with a handler
+    on the stderr pytest captured for it: later tests would log into that closed stream instead of to caplog.
+    Each test leaves the logger as it found it, so the suite passes in any order."""
+    from stallwatch.log import logger
+
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]

@@ -41,6 +41,33 @@ for i, (x, y) in enumerate(DataLoader(Data(), batch_size=8, num_workers=WORKERS)
     opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
 '''
 
+# A loop without a DataLoader (nanoGPT-style): each batch is built by hand between the model's calls, GET_S each.
+HAND_JOB = '''
+import sys, time, torch
+GET_S, STEPS = {get_s}, {steps}
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__(); self.l = torch.nn.Linear(16, 1)
+    def forward(self, x):
+        time.sleep(0.005)  # the model's work
+        return self.l(x)
+
+data, target = torch.randn(4096, 16), torch.randn(4096, 1)
+def get_batch():
+    time.sleep(GET_S)  # reading, slicing and stacking samples by hand
+    ix = torch.randint(0, 4096, (8,))
+    return data[ix], target[ix]
+
+torch.manual_seed(0)
+model = Net(); opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = get_batch()
+for i in range(STEPS):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    x, y = get_batch()
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
 # name -> (job settings, the rules that must fire: the first is the top finding's; empty = healthy)
 SCENARIOS = {
     "healthy_compute_bound": (dict(sample_s=0.0, compute_s=0.005, stalls=[], steps=200, workers=0), []),
@@ -49,11 +76,16 @@ SCENARIOS = {
                        ["InputBound", "Dataloader"]),
     "stalls": (dict(sample_s=0.0, compute_s=0.005, stalls=list(range(30, 200, 14)), steps=200, workers=0),
                ["InputBound", "StepOutlier"]),
+    "batches_by_hand": (dict(hand=True, get_s=0.003, steps=200), ["LoopOverhead"]),
+    "no_loader_healthy": (dict(hand=True, get_s=0.0, steps=200), []),
 }
 
 
 def _script(tmp: Path, onset: int = 0, **settings) -> Path:
     path = tmp / "job.py"
+    if settings.pop("hand", False):
+        path.write_text(HAND_JOB.format(**settings))
+        return path
     path.write_text(JOB.format(onset=onset, **{k: repr(v) if k == "stalls" else v for k, v in settings.items()}))
     return path
 

@@ -258,6 +258,22 @@ def _input_bound(r: RuleResult, s: JobSummary) -> list[Finding]:
                           steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]), evidence)]
 
 
+@translates("LoopOverhead")
+def _loop_overhead(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    fired = [e for e in (r.details.get("ranks") or {}).values() if isinstance(e, dict) and e.get("triggered")]
+    windows = [(int(e["worst_window"]["start_us"]), int(e["worst_window"]["end_us"])) for e in fired
+               if isinstance(e.get("worst_window"), dict)]
+    stake = r.details.get("time_at_stake_s")
+    title = r.details.get("title") if isinstance(r.details.get("title"), str) else "The loop's own code takes time"
+    evidence = {f"{e['node']}/{e['rank']}": {"outside_share": e.get("outside_share"), "outside_s": e.get("outside_s"),
+                                             "dataloader": e.get("dataloader")} for e in fired[:16]}
+    return [finding(r, s, "loop", title, float(stake) if isinstance(stake, (int, float)) else None,
+                    Where(_strings(r.details.get("nodes")), _strings(r.details.get("ranks_fired")), [],
+                          sorted(windows)[:LISTED_WINDOWS]), evidence)]
+
+
 @translates("Straggler")
 def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
     stragglers = [x for x in r.details.get("stragglers") or [] if isinstance(x, dict)]

@@ -13,7 +13,9 @@ import pytest
 from stallwatch.analyze.rules.base import Chunk
 from stallwatch.analyze.rules.bottleneck import CPUBottleneck
 from stallwatch.analyze.rules.dataloader import Dataloader
+from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LowGPUUtilization
 from stallwatch.analyze.rules.input_bound import InputBound
+from stallwatch.analyze.rules.loop_overhead import LoopOverhead
 from stallwatch.analyze.rules.stats import Distribution, ValueCounts
 from stallwatch.analyze.rules.steps import StepOutlier
 from stallwatch.analyze.rules.straggler import Straggler
@@ -34,8 +36,11 @@ def _node_chunks(node: str, info: dict, *, done: bool) -> list[Chunk]:
         gen.steps(node=node, rank=rank, n=1500, start_us=T0 + MS, seed=rank + len(node),
                   data_wait_us=np.arange(1500) % 97 * 100 + 3 * MS, slow={40 * k + 7: 400 * MS for k in range(30)})
     end = T0 + 200 * 1000 * MS
+    gpus = {f"gpu{g}__{metric}": (lambda ts, g=g, k=k: (ts // MS * (g + 3) + 17 * k) % 10_000 / 100)
+            for g in range(2) for k, metric in enumerate(("gpu_util", "gpu_mem_util"))}
     system = {n: snapshots(n, T0, end if n == node else T0, 1000 * MS, info["nodes"][n], proc__workers_alive=4,
-                           cpu__cpu_util=lambda ts: ts // MS % 9000 / 100, net__net_rx_bps=lambda ts: ts % 100_003 * 1.5)
+                           cpu__cpu_util=lambda ts: ts // MS % 9000 / 100, net__net_rx_bps=lambda ts: ts % 100_003 * 1.5,
+                           **gpus)
               for n in NODES}
     whole = Chunk(system, gen.table(), info)
     parts = split_by_time(whole, [T0 + 60 * 1000 * MS, T0 + 120 * 1000 * MS])
@@ -46,10 +51,10 @@ def _node_chunks(node: str, info: dict, *, done: bool) -> list[Chunk]:
     return parts
 
 
-def _feed(cls: type, nodes: list[str], *, done: bool) -> tuple[object, dict]:
+def _feed(cls: type, nodes: list[str], *, done: bool, **params: object) -> tuple[object, dict]:
     """The rule after `nodes` (fed node by node) and its result after the final empty chunk."""
     info = run_info(*(node_info(n, end_us=T0 + 200 * 1000 * MS, cores=16) for n in NODES))
-    rule = cls()
+    rule = cls(**params)
     for node in nodes:
         for chunk in _node_chunks(node, info, done=done):
             rule.update(chunk)
@@ -59,16 +64,23 @@ def _feed(cls: type, nodes: list[str], *, done: bool) -> tuple[object, dict]:
     return state, rule.result().to_json()
 
 
-@pytest.mark.parametrize("cls", [StepOutlier, InputBound, Dataloader, OverallSystemUsage, CPUBottleneck])
-def test_a_finished_node_leaves_only_its_summary(cls):
-    state_one, _ = _feed(cls, NODES[:1], done=False)  # one node in progress: its per-step data
-    state_four, result = _feed(cls, NODES, done=True)  # four finished nodes: their summaries
-    _, unreduced = _feed(cls, NODES, done=False)
+SHORT = {"patience": 10, "window": 30}  # windows of the GPU rules within a node's 200 snapshots
+
+
+@pytest.mark.parametrize("cls, params", [(StepOutlier, {}), (InputBound, {}), (Dataloader, {}),
+                                         (OverallSystemUsage, {}), (CPUBottleneck, {}), (LoopOverhead, {}),
+                                         (LowGPUUtilization, SHORT), (BatchSize, SHORT),
+                                         (GPUMemoryIncrease, {"patience": 10, "window": 7})])
+def test_a_finished_node_leaves_only_its_summary(cls, params):
+    state_one, _ = _feed(cls, NODES[:1], done=False, **params)  # one node in progress: its per-step data
+    state_four, result = _feed(cls, NODES, done=True, **params)  # four finished nodes: their summaries
+    _, unreduced = _feed(cls, NODES, done=False, **params)
     assert len(state_four) < len(state_one), (len(state_four), len(state_one))
     assert json.dumps(result, sort_keys=True) == json.dumps(unreduced, sort_keys=True)
     # CPUBottleneck: the events wait for the node's snapshots to pass patience (200 < 1000 here), so they wait
-    # for the node's end; its verdict here is "no GPU"
-    assert result["Datapoints"] > 0 or cls is CPUBottleneck
+    # for the node's end; LoopOverhead: these ranks' batches come from a DataLoader (InputBound's to judge)
+    assert result["Datapoints"] > 0 or cls in (CPUBottleneck, LoopOverhead)
+    assert result["Status"] == "ok" or cls is LoopOverhead, result["Message"]
 
 
 def test_straggler_keeps_ranks_compactly_with_the_same_result():

@@ -10,7 +10,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.stats import Distribution, ValueCounts
-from stallwatch.analyze.rules.steps import Appendable, framework_columns, unmeasured_waits
+from stallwatch.analyze.rules.steps import Appendable, new_events, unmeasured_waits
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 PIN_MEMORY_ADVICE = ("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster and "
@@ -116,11 +116,11 @@ class Dataloader(Rule):
             ok = ~np.isnan(alive)
             if ok.any():
                 self._alive.setdefault(node, _SpanMedian()).add(frame.timestamps[ok].astype(np.int64), alive[ok])
-        table = chunk.framework
-        if table is None or table.num_rows == 0:
+        cols = new_events(chunk)
+        if cols is None:
             return
-        self._events += table.num_rows
-        cols = framework_columns(chunk)
+        self._events += cols.n
+        table = cols.table
         self._unmeasured |= unmeasured_waits(cols, table)
         for code in np.flatnonzero(np.bincount(cols.node)).tolist():  # the ranks with events on each node
             ranks = np.flatnonzero(np.bincount(cols.rank[cols.node == code].clip(0)))

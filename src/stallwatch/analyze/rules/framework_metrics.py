@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
-from stallwatch.analyze.rules.steps import framework_columns, mode_order, rank_key, text_codes
+from stallwatch.analyze.rules.steps import mode_order, new_events, rank_key, text_codes
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
@@ -57,11 +57,11 @@ class OverallFrameworkMetrics(Rule):
 
     def update(self, chunk: Chunk) -> None:
         self._add_operators((chunk.run or {}).get("operators"))
-        table = chunk.framework
-        if table is None or table.num_rows == 0:
+        cols = new_events(chunk)
+        if cols is None:
             return
-        self._events += table.num_rows
-        cols = framework_columns(chunk)
+        self._events += cols.n
+        table = cols.table
         dur = np.maximum(cols.end - cols.start, 0)
         timed = ~cols.kind_is(*INSTANT)
         is_step = cols.kind_is(STEP)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.stats import Distribution
+from stallwatch.analyze.rules.stats import Distribution, Frozen
 from stallwatch.records import COLUMN_SEP, CPU, CPU_UTIL, GPU_MEM_UTIL, GPU_UTIL
 
 _TOTAL_CPU = f"{CPU}{COLUMN_SEP}{CPU_UTIL}"
@@ -300,6 +300,11 @@ class _LowNode:
     gpus: dict[str, _GpuWindows] = field(default_factory=dict)
     flagged: Flagged = field(default_factory=Flagged)
 
+    def freeze(self) -> None:
+        """The node's data is complete: keep its statistics, not its values."""
+        for acc in self.gpus.values():
+            acc.values = Frozen(acc.values)  # type: ignore[assignment]
+
 
 class LowGPUUtilization(Rule):
     """Per node and GPU, per window (`window` snapshots after `patience`): p95 of utilization below
@@ -335,34 +340,40 @@ class LowGPUUtilization(Rule):
                 st = self._nodes[node] = _LowNode(Windows(self.params["patience"], self.params["window"]))
             cols = gpu_series(frame, GPU_UTIL)
             st.has_gpu |= bool(cols) and len(frame) > 0
-            block = st.windows.feed(frame.timestamps, cols, flush=chunk.final)
-            if block is None:
-                continue
-            st.snapshots += block.size
-            st.n_windows += block.n_windows
-            ends = block.ends()
-            flagged = np.zeros(block.n_windows, bool)
-            by_gpu: dict[str, np.ndarray] = {}
-            for col, x in block.cols.items():
-                acc = st.gpus.setdefault(device_of(col), _GpuWindows())
-                acc.values.add(x)
-                q = block.percentiles(x, (5.0, 95.0))
-                p5, p95 = q[:, 0], q[:, 1]
-                with np.errstate(invalid="ignore"):
-                    under = p95 < t95
-                    fluct = (p95 > t95) & (p5 < t5)
-                acc.windows += int(np.count_nonzero(~np.isnan(p95)))
-                acc.underutilized += int(under.sum())
-                acc.fluctuating += int(fluct.sum())
-                acc.lowest_p95 = _lowest(acc.lowest_p95, p95[under])
-                acc.lowest_p5 = _lowest(acc.lowest_p5, p5[fluct])
-                bad = under | fluct
-                if bad.any():
-                    acc.last_timestamp = int(ends[np.flatnonzero(bad)[-1]])
-                flagged |= bad
-                by_gpu[device_of(col)] = bad
-            st.triggered += int(flagged.sum())
-            st.flagged.add(block, by_gpu)
+            done = node in chunk.done  # nothing more comes for it: its partial window is its last
+            block = st.windows.feed(frame.timestamps, cols, flush=chunk.final or done)
+            if block is not None:
+                self._judge(st, block, t95, t5)
+            if done:
+                st.freeze()
+
+    def _judge(self, st: _LowNode, block: Block, t95: float, t5: float) -> None:
+        """The windows `block` completes on one node."""
+        st.snapshots += block.size
+        st.n_windows += block.n_windows
+        ends = block.ends()
+        flagged = np.zeros(block.n_windows, bool)
+        by_gpu: dict[str, np.ndarray] = {}
+        for col, x in block.cols.items():
+            acc = st.gpus.setdefault(device_of(col), _GpuWindows())
+            acc.values.add(x)
+            q = block.percentiles(x, (5.0, 95.0))
+            p5, p95 = q[:, 0], q[:, 1]
+            with np.errstate(invalid="ignore"):
+                under = p95 < t95
+                fluct = (p95 > t95) & (p5 < t5)
+            acc.windows += int(np.count_nonzero(~np.isnan(p95)))
+            acc.underutilized += int(under.sum())
+            acc.fluctuating += int(fluct.sum())
+            acc.lowest_p95 = _lowest(acc.lowest_p95, p95[under])
+            acc.lowest_p5 = _lowest(acc.lowest_p5, p5[fluct])
+            bad = under | fluct
+            if bad.any():
+                acc.last_timestamp = int(ends[np.flatnonzero(bad)[-1]])
+            flagged |= bad
+            by_gpu[device_of(col)] = bad
+        st.triggered += int(flagged.sum())
+        st.flagged.add(block, by_gpu)
 
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
@@ -429,6 +440,10 @@ class _BatchNode:
     values: dict[str, Distribution] = field(default_factory=dict)  # column -> values
     flagged: Flagged = field(default_factory=Flagged)
 
+    def freeze(self) -> None:
+        """The node's data is complete: keep its statistics, not its values."""
+        self.values = {col: Frozen(v) for col, v in self.values.items()}  # type: ignore[misc]
+
 
 class BatchSize(Rule):
     """Per node, per window (`window` snapshots after `patience`): p95 of total CPU utilization below
@@ -469,30 +484,37 @@ class BatchSize(Rule):
             cols.update(util)
             cols.update(gpu_series(frame, GPU_MEM_UTIL))
             st.has_gpu |= bool(util) and len(frame) > 0
-            block = st.windows.feed(frame.timestamps, cols, flush=chunk.final)
-            if block is None:
+            done = node in chunk.done  # nothing more comes for it: its partial window is its last
+            block = st.windows.feed(frame.timestamps, cols, flush=chunk.final or done)
+            if block is not None:
+                self._judge(st, block)
+            if done:
+                st.freeze()
+
+    def _judge(self, st: _BatchNode, block: Block) -> None:
+        """The windows `block` completes on one node."""
+        p = self.params
+        st.snapshots += block.size
+        st.n_windows += block.n_windows
+        for col, x in block.cols.items():
+            st.values.setdefault(col, Distribution()).add(x)
+        nan = np.full(block.size, np.nan)
+        cpu95 = block.percentiles(block.cols.get(_TOTAL_CPU, nan), (95.0,))[:, 0]
+        some_gpu = np.zeros(block.n_windows, bool)
+        for col in block.cols:
+            device, _, metric = col.partition(COLUMN_SEP)
+            if metric != GPU_UTIL:
                 continue
-            st.snapshots += block.size
-            st.n_windows += block.n_windows
-            for col, x in block.cols.items():
-                st.values.setdefault(col, Distribution()).add(x)
-            nan = np.full(block.size, np.nan)
-            cpu95 = block.percentiles(block.cols.get(_TOTAL_CPU, nan), (95.0,))[:, 0]
-            some_gpu = np.zeros(block.n_windows, bool)
-            for col in block.cols:
-                device, _, metric = col.partition(COLUMN_SEP)
-                if metric != GPU_UTIL:
-                    continue
-                u95 = block.percentiles(block.cols[col], (95.0,))[:, 0]
-                m95 = block.percentiles(block.cols.get(f"{device}{COLUMN_SEP}{GPU_MEM_UTIL}", nan), (95.0,))[:, 0]
-                with np.errstate(invalid="ignore"):
-                    some_gpu |= (u95 < p["gpu_threshold_p95"]) & (m95 < p["gpu_memory_threshold_p95"])
+            u95 = block.percentiles(block.cols[col], (95.0,))[:, 0]
+            m95 = block.percentiles(block.cols.get(f"{device}{COLUMN_SEP}{GPU_MEM_UTIL}", nan), (95.0,))[:, 0]
             with np.errstate(invalid="ignore"):
-                bad = (cpu95 < p["cpu_threshold_p95"]) & some_gpu
-            st.violations += int(bad.sum())
-            if bad.any():
-                st.last_timestamp = int(block.ends()[np.flatnonzero(bad)[-1]])
-            st.flagged.add(block, {"": bad})  # the node as a whole: no device named
+                some_gpu |= (u95 < p["gpu_threshold_p95"]) & (m95 < p["gpu_memory_threshold_p95"])
+        with np.errstate(invalid="ignore"):
+            bad = (cpu95 < p["cpu_threshold_p95"]) & some_gpu
+        st.violations += int(bad.sum())
+        if bad.any():
+            st.last_timestamp = int(block.ends()[np.flatnonzero(bad)[-1]])
+        st.flagged.add(block, {"": bad})  # the node as a whole: no device named
 
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
@@ -570,6 +592,11 @@ class _MemNode:
     gpus: dict[str, _MemGpu] = field(default_factory=dict)
     flagged: Flagged = field(default_factory=Flagged)
 
+    def freeze(self) -> None:
+        """The node's data is complete: keep its statistics, not its values."""
+        for acc in self.gpus.values():
+            acc.values = Frozen(acc.values)  # type: ignore[assignment]
+
 
 class GPUMemoryIncrease(Rule):
     """Per node and GPU: the mean memory utilization of each window (`window` snapshots after
@@ -603,34 +630,40 @@ class GPUMemoryIncrease(Rule):
                 st = self._nodes[node] = _MemNode(Windows(self.params["patience"], self.params["window"]))
             cols = gpu_series(frame, GPU_MEM_UTIL)
             st.has_gpu |= bool(cols) and len(frame) > 0
-            block = st.windows.feed(frame.timestamps, cols, flush=chunk.final, partial_ok=False)
-            if block is None:
-                continue
-            st.snapshots += block.size
-            st.n_windows += block.n_windows
-            ends = block.ends()
-            flagged = np.zeros(block.n_windows, bool)
-            by_gpu: dict[str, np.ndarray] = {}
-            for col, x in block.cols.items():
-                acc = st.gpus.setdefault(device_of(col), _MemGpu())
-                acc.values.add(x)
-                means = block.means(x)
-                rise = means - np.concatenate([[acc.prev_mean], means[:-1]])
-                acc.prev_mean = float(means[-1])
-                finite = rise[np.isfinite(rise)]
-                if finite.size:
-                    top = float(finite.max())
-                    acc.max_increase = top if acc.max_increase is None else max(acc.max_increase, top)
-                with np.errstate(invalid="ignore"):
-                    bad = rise > inc
-                acc.violations += int(bad.sum())
-                if bad.any():
-                    acc.last_timestamp = int(ends[np.flatnonzero(bad)[-1]])
-                flagged |= bad
-                by_gpu[device_of(col)] = bad
-            # a node's first window, or a GPU's first window with data, has no previous mean: nothing compared
-            st.triggered += int(flagged.sum())
-            st.flagged.add(block, by_gpu)
+            done = node in chunk.done  # nothing more comes for it: a partial window is never compared
+            block = st.windows.feed(frame.timestamps, cols, flush=chunk.final or done, partial_ok=False)
+            if block is not None:
+                self._judge(st, block, inc)
+            if done:
+                st.freeze()
+
+    def _judge(self, st: _MemNode, block: Block, inc: float) -> None:
+        """The windows `block` completes on one node."""
+        st.snapshots += block.size
+        st.n_windows += block.n_windows
+        ends = block.ends()
+        flagged = np.zeros(block.n_windows, bool)
+        by_gpu: dict[str, np.ndarray] = {}
+        for col, x in block.cols.items():
+            acc = st.gpus.setdefault(device_of(col), _MemGpu())
+            acc.values.add(x)
+            means = block.means(x)
+            rise = means - np.concatenate([[acc.prev_mean], means[:-1]])
+            acc.prev_mean = float(means[-1])
+            finite = rise[np.isfinite(rise)]
+            if finite.size:
+                top = float(finite.max())
+                acc.max_increase = top if acc.max_increase is None else max(acc.max_increase, top)
+            with np.errstate(invalid="ignore"):
+                bad = rise > inc
+            acc.violations += int(bad.sum())
+            if bad.any():
+                acc.last_timestamp = int(ends[np.flatnonzero(bad)[-1]])
+            flagged |= bad
+            by_gpu[device_of(col)] = bad
+        # a node's first window, or a GPU's first window with data, has no previous mean: nothing compared
+        st.triggered += int(flagged.sum())
+        st.flagged.add(block, by_gpu)
 
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}

@@ -12,7 +12,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts
-from stallwatch.analyze.rules.steps import Appendable, framework_columns, rank_key, unmeasured_waits
+from stallwatch.analyze.rules.steps import Appendable, new_events, rank_key, unmeasured_waits
 from stallwatch.records import DATA_WAIT, STEP, TRAIN
 
 DATALOADER = "dataloader"
@@ -93,11 +93,11 @@ class InputBound(Rule):
         for node, rec in ((chunk.run or {}).get("nodes") or {}).items():
             if isinstance(rec, dict):
                 self._info.setdefault(node, rec)
-        table = chunk.framework
-        if table is None or table.num_rows == 0:
+        cols = new_events(chunk)
+        if cols is None:
             return
-        self._events += table.num_rows
-        cols = framework_columns(chunk)
+        self._events += cols.n
+        table = cols.table
         self._unmeasured |= unmeasured_waits(cols, table)
         for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0)):
             r = self._ranks.setdefault((node, rank, mode), _Rank())

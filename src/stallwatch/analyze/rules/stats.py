@@ -231,6 +231,27 @@ class Distribution:
                 "upper": float(min(p75 + 1.5 * iqr, self.max())), "lower": float(max(p25 - 1.5 * iqr, self.min()))}
 
 
+class Frozen:
+    """A Distribution whose values are all in (a finished node's series): the statistics its rule reads,
+    computed once, and the values let go. Answers `n`, `max()`, `box_stats()` and `percentiles()` of the
+    percentiles it was frozen with, exactly as the Distribution would have."""
+
+    def __init__(self, d: Distribution, qs: tuple[float, ...] = (5.0, 95.0)) -> None:
+        self.n = d.n
+        self._max = d.max()
+        self._percentiles = dict(zip(qs, d.percentiles(qs)))
+        self._box = d.box_stats()
+
+    def max(self) -> float:
+        return self._max
+
+    def percentiles(self, qs: Iterable[float]) -> list[float]:
+        return [self._percentiles[float(q)] for q in qs]
+
+    def box_stats(self) -> dict[str, float]:
+        return dict(self._box)
+
+
 def _lerp(a: float, b: float, t: float) -> float:
     """numpy's interpolation between neighbours, in its order of operations (so results match it exactly)."""
     diff = b - a

@@ -163,6 +163,14 @@ def framework_columns(chunk: Chunk) -> FrameworkColumns:
     return cols
 
 
+def new_events(chunk: Chunk) -> FrameworkColumns | None:
+    """The chunk's framework events as columns (`framework_columns`), or None when it brings none."""
+    table = chunk.framework
+    if table is None or table.num_rows == 0:
+        return None
+    return framework_columns(chunk)
+
+
 _CACHE = "_framework_columns"
 
 
@@ -390,11 +398,10 @@ class StepOutlier(Rule):
             self._close(node)
 
     def _add(self, chunk: Chunk) -> None:
-        table = chunk.framework
-        if table is None or table.num_rows == 0:
+        cols = new_events(chunk)
+        if cols is None:
             return
-        self._events += table.num_rows
-        cols = framework_columns(chunk)
+        self._events += cols.n
         in_mode = cols.mode_is(self._modes)
         is_step = cols.kind_is(STEP)
         # context first: a step arriving with its events then adds their time to the totals once
@@ -592,11 +599,10 @@ class MaxInitializationTime(Rule):
         for frame in chunk.system.values():
             if len(frame):
                 self._seen(int(frame.timestamps.min()), int(frame.timestamps.max()))
-        table = chunk.framework
-        if table is None or table.num_rows == 0:
+        cols = new_events(chunk)
+        if cols is None:
             return
-        self._events += table.num_rows
-        cols = framework_columns(chunk)
+        self._events += cols.n
         self._seen(int(cols.start.min()), int(max(cols.end.max(), cols.start.max())))
         is_step = cols.kind_is(STEP)
         if not is_step.any():

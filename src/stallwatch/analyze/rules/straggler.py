@@ -12,7 +12,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts, check_non_negative
-from stallwatch.analyze.rules.steps import Appendable, framework_columns
+from stallwatch.analyze.rules.steps import Appendable, new_events
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
 
 US = 1_000_000
@@ -104,11 +104,10 @@ class Straggler(Rule):
                     self._done[key] = _compact(r)
 
     def _add(self, chunk: Chunk) -> None:
-        table = chunk.framework
-        if table is None or table.num_rows == 0:
+        cols = new_events(chunk)
+        if cols is None:
             return
-        self._events += table.num_rows
-        cols = framework_columns(chunk)
+        self._events += cols.n
         train = cols.mode_is([TRAIN]) & (cols.step >= 0)
         duration = np.maximum(cols.end - cols.start, 0)
         for (node, rank), rows in cols.groups(cols.kind_is(STEP) & train, by_mode=False):
