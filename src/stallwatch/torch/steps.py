@@ -87,6 +87,7 @@ class StepTracker:
         self._loader_modes: dict[int, str] = {}
         self._last_end = 0  # steps never overlap: a step starts no earlier than the previous one ended
         self._optimizing = False  # inside optimizer.step(): a closure's forward/backward belong to this step
+        self._optimizer_mark: tuple[_Step | None, int] = (None, 0)  # the step, and its events, when it began
 
     @property
     def in_step(self) -> bool:
@@ -177,6 +178,8 @@ class StepTracker:
             self._decide(OPTIMIZER_SOURCE, t0)
         if self._open is None and self.source == OPTIMIZER_SOURCE:
             self._inferred_step(t0)
+        step = self._open
+        self._optimizer_mark = (step, len(step.events) if step is not None else 0)
 
     def optimizer(self, t0: int, t1: int, name: str) -> None:
         self._optimizing = False
@@ -191,8 +194,12 @@ class StepTracker:
                 return
         step.work = step.backward = True
         # A closure's forward and backward ran inside the optimizer's call: only the time around them is the
-        # optimizer's own (else LBFGS, or Lightning's automatic optimization, reads "optimizer 100 %").
-        inner = sorted((e[2], e[3]) for e in step.events if e[0] in (FORWARD, BACKWARD) and e[2] >= t0 and e[3] <= t1)
+        # optimizer's own (else LBFGS, or Lightning's automatic optimization, reads "optimizer 100 %"). They are
+        # among the events recorded since it began (most steps: none, and nothing to sort).
+        marked, mark = self._optimizer_mark
+        since = step.events[mark:] if marked is step else step.events
+        inner = sorted((e[2], e[3]) for e in since if e[0] in (FORWARD, BACKWARD) and e[2] >= t0 and e[3] <= t1) \
+            if since else ()
         at, pieces = t0, 0
         for s0, s1 in inner:
             if s0 > at:
