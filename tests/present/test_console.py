@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from stallwatch.analyze.steps import StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
-from stallwatch.present.console import human, run_summary, table, usage_table
+from stallwatch.present.console import human, run_summary, steps_table, table, usage_table
 
 T0 = 1_763_790_000_000_000  # 2025-11-22 05:40:00 UTC
 
@@ -84,3 +85,14 @@ def test_run_summary_without_data():
         "  command exit code 0, duration 1.5 s (2025-11-22 05:40:00 UTC → 2025-11-22 05:40:01 UTC)",
         "  no system samples were stored",
     ]
+
+
+def test_the_steps_table_shows_what_no_phase_covers():
+    """"other" is the rest of the step, in none of the phases: where a loop without a DataLoader builds its
+    batches by hand. A row without phases has none to subtract from."""
+    text = steps_table([StepStat("vm", 0, "TRAIN", 150, 45.0, 60.9, 64.5, 129,
+                                 {"forward": 44.2, "backward": 30.1, "optimizer": 2.6}),
+                        StepStat("vm", 0, "GLOBAL", 3, 1.0, 1.0, 1.0, 0, {})])
+    header, _, train, other = text.splitlines()
+    assert header.split()[-2:] == ["optimizer", "other"]
+    assert train.split()[-5:] == ["-", "44%", "30%", "3%", "23%"] and other.split()[-1] == "-"

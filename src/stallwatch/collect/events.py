@@ -418,6 +418,8 @@ def stage_unacked(identity: dict[str, int], stream: int, lines: list[SentLine]) 
         with open(path + ".tmp", "wb") as f:
             f.write(hello + b"".join(line.payload for line in lines))
         os.replace(path + ".tmp", path)
+    except FileNotFoundError:
+        pass  # the run's node has finished and its private folder is gone (a process that outlived the job)
     except OSError as exc:
         warn_once("events-stage-unacked", "cannot keep the last framework events for the sampler (%s)",
                   exc.strerror or exc)

@@ -44,15 +44,21 @@ def usage_table(stats: Sequence[UsageStat]) -> str:
 
 
 def steps_table(stats: Sequence[StepStat]) -> str:
-    """One row per node, rank and mode; phases as shares of the step time."""
+    """One row per node, rank and mode; phases as shares of the step time, and "other": the rest of the step,
+    in none of them (the loop's own code: batches built by hand, logging, the loss; collectives)."""
     def ms(v: float) -> str:
         return f"{v:.1f} ms" if v < 1000 else f"{v / 1000:.2f} s"
 
+    def other(s: StepStat) -> str:
+        if not s.phase_pct:
+            return "-"
+        return f"{max(0.0, 100.0 - sum(s.phase_pct.get(p, 0.0) for p in PHASES)):.0f}%"
+
     rows = [[s.node, str(s.rank), s.mode, str(s.steps), ms(s.p50_ms), ms(s.p95_ms),
              f"{ms(s.max_ms)} (#{s.slowest_step})",
-             *(f"{s.phase_pct[p]:.0f}%" if p in s.phase_pct else "-" for p in PHASES)] for s in stats]
+             *(f"{s.phase_pct[p]:.0f}%" if p in s.phase_pct else "-" for p in PHASES), other(s)] for s in stats]
     return table(["node", "rank", "mode", "steps", "p50", "p95", "slowest", "data wait", "forward", "backward",
-                  "optimizer"], rows, "lllrrrrrrrr")
+                  "optimizer", "other"], rows, "lllrrrrrrrrr")
 
 
 def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
