@@ -76,7 +76,7 @@ SCENARIOS = {
                        ["InputBound", "Dataloader"]),
     "stalls": (dict(sample_s=0.0, compute_s=0.005, stalls=list(range(30, 200, 14)), steps=200, workers=0),
                ["InputBound", "StepOutlier"]),
-    "batches_by_hand": (dict(hand=True, get_s=0.003, steps=200), ["LoopOverhead"]),
+    "batches_by_hand": (dict(hand=True, get_s=0.003, steps=200), []),
     "no_loader_healthy": (dict(hand=True, get_s=0.0, steps=200), []),
 }
 
@@ -115,6 +115,21 @@ def test_the_top_finding_is_the_planted_problem(scenario):
         return
     assert found.findings[0].rule == expected[0], [f.rule for f in found.findings]
     assert found.verdict.startswith(found.findings[0].title)
+
+
+def test_a_loop_that_builds_its_batches_by_hand_is_healthy_and_says_where_its_time_goes(scenario):
+    """No rule judges the time a loop without a DataLoader spends in its own code (building batches by hand, an
+    environment, logging): the healthy verdict says how much it is, where it is large, and not where it is not."""
+    name, _, analysis = scenario
+    if name not in ("batches_by_hand", "no_loader_healthy"):
+        pytest.skip("only the loops without a DataLoader")
+    said = [e for e in analysis.findings.evidence if "in the loop's own code" in e]
+    if name == "no_loader_healthy":
+        assert said == [], said
+        return
+    (line,) = said
+    share = float(line.split(" % ")[0])
+    assert 25 <= share <= 50 and "outside the model and the data loader" in line, line
 
 
 def test_stalls_are_named_by_step(scenario):

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.summary import JobFate, JobSummary
+from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
 from stallwatch.timeutil import format_duration
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
@@ -258,22 +259,6 @@ def _input_bound(r: RuleResult, s: JobSummary) -> list[Finding]:
                           steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]), evidence)]
 
 
-@translates("LoopOverhead")
-def _loop_overhead(r: RuleResult, s: JobSummary) -> list[Finding]:
-    if not r.fired:
-        return []
-    fired = [e for e in (r.details.get("ranks") or {}).values() if isinstance(e, dict) and e.get("triggered")]
-    windows = [(int(e["worst_window"]["start_us"]), int(e["worst_window"]["end_us"])) for e in fired
-               if isinstance(e.get("worst_window"), dict)]
-    stake = r.details.get("time_at_stake_s")
-    title = r.details.get("title") if isinstance(r.details.get("title"), str) else "The loop's own code takes time"
-    evidence = {f"{e['node']}/{e['rank']}": {"outside_share": e.get("outside_share"), "outside_s": e.get("outside_s"),
-                                             "dataloader": e.get("dataloader")} for e in fired[:16]}
-    return [finding(r, s, "loop", title, float(stake) if isinstance(stake, (int, float)) else None,
-                    Where(_strings(r.details.get("nodes")), _strings(r.details.get("ranks_fired")), [],
-                          sorted(windows)[:LISTED_WINDOWS]), evidence)]
-
-
 @translates("Straggler")
 def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
     stragglers = [x for x in r.details.get("stragglers") or [] if isinstance(x, dict)]
@@ -410,6 +395,10 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
         wait = general_us.get("data_wait")
         if isinstance(wait, (int, float)) and in_steps > 0:
             out.append(f"waiting for data {100.0 * wait / in_steps:.0f} % of step time")
+        own = _loop_code(fw.details.get("ranks") or {})
+        if own is not None:
+            out.append(f"{own[1]:.0f} % of step time on rank {own[0]} in the loop's own code, outside the model and "
+                       "the data loader")
     outliers = results.get("StepOutlier")
     if outliers is not None and outliers.applies:
         out.append(f"{outliers.datapoints:,} steps checked, no outlier series")
@@ -423,6 +412,27 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
                 out.append(f"median {metric} utilization {min(p50):.0f}–{max(p50):.0f} %" if len(p50) > 1
                            else f"median {metric} utilization {p50[0]:.0f} %")
     return out
+
+
+LOOP_CODE_SHARE = 20.0  # % of step time outside every timed phase worth saying in a healthy verdict
+
+
+def _loop_code(ranks: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The rank whose steps spend the largest share (at least LOOP_CODE_SHARE %) in none of their timed phases —
+    the steps table's "other" — as ("node/rank", %); None when no rank does (or its phases are not timed)."""
+    worst: tuple[str, float] | None = None
+    for name, r in ranks.items():
+        if not isinstance(r, dict):
+            continue
+        steps = sum(v for k, v in (r.get("phase_us") or {}).items() if k != "others" and isinstance(v, (int, float)))
+        events = r.get("events_us") or {}
+        timed = [events.get(k) for k in (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE)]
+        if steps <= 0 or not isinstance(events.get(FORWARD), (int, float)):
+            continue  # the model's calls are not timed (Keras on JAX): the rest is unknown, not the loop's
+        share = 100.0 * (1.0 - sum(v for v in timed if isinstance(v, (int, float))) / steps)
+        if share >= LOOP_CODE_SHARE and (worst is None or share > worst[1]):
+            worst = (str(name), share)
+    return worst
 
 
 def _slug(name: str) -> str:
