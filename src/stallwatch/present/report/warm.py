@@ -23,10 +23,14 @@ def warm_in_background(*, start_after_s: float = START_AFTER_S) -> threading.Eve
     done = threading.Event()
 
     def run() -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
+        tid = threading.get_native_id()
+        try:  # this thread only (Linux): it runs when a core is otherwise idle, never in the job's way
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         except (OSError, AttributeError):
-            pass
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, 19)
+            except (OSError, AttributeError):
+                pass
         try:
             time.sleep(start_after_s)
             for name in MODULES:
