@@ -92,7 +92,9 @@ def test_the_steps_table_shows_what_no_phase_covers():
     batches by hand. A row without phases has none to subtract from."""
     text = steps_table([StepStat("vm", 0, "TRAIN", 150, 45.0, 60.9, 64.5, 129,
                                  {"forward": 44.2, "backward": 30.1, "optimizer": 2.6}),
-                        StepStat("vm", 0, "GLOBAL", 3, 1.0, 1.0, 1.0, 0, {})])
-    header, _, train, other = text.splitlines()
+                        StepStat("vm", 0, "GLOBAL", 3, 1.0, 1.0, 1.0, 0, {}),
+                        StepStat("vm", 1, "TRAIN", 150, 45.0, 60.9, 64.5, 129, {"data_wait": 12.0})])
+    header, _, train, other, untimed = text.splitlines()
     assert header.split()[-2:] == ["optimizer", "other"]
     assert train.split()[-5:] == ["-", "44%", "30%", "3%", "23%"] and other.split()[-1] == "-"
+    assert untimed.split()[-5:] == ["12%", "-", "-", "-", "-"]  # no forward timed: the rest is not the loop's

@@ -9,6 +9,7 @@ from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.findings import Finding, Findings
 from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
+from stallwatch.records import FORWARD
 from stallwatch.timeutil import format_duration, format_us
 
 
@@ -50,8 +51,8 @@ def steps_table(stats: Sequence[StepStat]) -> str:
         return f"{v:.1f} ms" if v < 1000 else f"{v / 1000:.2f} s"
 
     def other(s: StepStat) -> str:
-        if not s.phase_pct:
-            return "-"
+        if FORWARD not in s.phase_pct:
+            return "-"  # the model's calls are not timed (Keras on JAX: data wait only): the rest is unknown
         return f"{max(0.0, 100.0 - sum(s.phase_pct.get(p, 0.0) for p in PHASES)):.0f}%"
 
     rows = [[s.node, str(s.rank), s.mode, str(s.steps), ms(s.p50_ms), ms(s.p95_ms),
