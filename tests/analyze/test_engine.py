@@ -66,6 +66,22 @@ def test_step_statistics_and_summary_on_dask_equal_the_local_engine(run_dir, das
     assert dask_engine.client.status == "running"
 
 
+def test_report_step_views_on_dask_equal_the_local_engine(run_dir, dask_engine):
+    """The report's per-step views, one task per node: histograms, rank × step matrices, training stretches."""
+    import numpy as np
+
+    local, remote = RunAnalysis(str(run_dir)), RunAnalysis(str(run_dir), engine=dask_engine)
+    tasks = dask_engine.stats.tasks
+    assert remote.phase_spans == local.phase_spans and len(local.phase_spans) >= 3
+    a, b = remote.rank_steps(), local.rank_steps()
+    assert a.ranks == b.ranks and np.array_equal(a.step_ms, b.step_ms, equal_nan=True)
+    assert np.array_equal(a.wait_pct, b.wait_pct, equal_nan=True)
+    for x, y in zip(remote.step_histograms({"TRAIN"}), local.step_histograms({"TRAIN"}), strict=True):
+        assert x.node == y.node and np.array_equal(x.edges, y.edges)
+        assert all(np.array_equal(x.shares[k], y.shares[k]) for k in y.shares)
+    assert dask_engine.stats.tasks - tasks >= 3 * 2  # three passes, one task per node each (plus the step counts)
+
+
 def test_timeline_on_dask_is_the_local_file(run_dir, dask_engine, tmp_path):
     run = open_run(str(run_dir))
     a = export_timeline(run, tmp_path / "local.json.gz")

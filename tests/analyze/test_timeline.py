@@ -51,8 +51,8 @@ def test_phase_spans_from_events():
 def test_merge_breaks_only_at_long_gaps():
     starts = np.array([0, 10, 20, 100, 110, 0, 5, 300], dtype=np.int64)  # three "ranks", in time order each
     ends = starts + 8
-    assert timeline._merge(starts, ends, 5) == [(0, 28), (100, 118), (300, 308)]
-    assert timeline._merge(starts, ends, 100) == [(0, 118), (300, 308)]
+    assert timeline.merge_intervals(starts, ends, 5) == [(0, 28), (100, 118), (300, 308)]
+    assert timeline.merge_intervals(starts, ends, 100) == [(0, 118), (300, 308)]
 
 
 def test_points_stay_within_budget(tmp_path):
@@ -67,3 +67,28 @@ def test_points_stay_within_budget(tmp_path):
     assert sum(len(s.ts) for s in lines) <= timeline.POINT_BUDGET
     gpu = next(s for s in panels[1].series if s.name == "n0")
     assert gpu.values.max() == 100.0 and gpu.ts[np.argmax(gpu.values)] == START_US + 12_345 * INTERVAL_US
+
+
+def test_long_lines_are_cut_in_two_stages_keeping_span_and_peaks():
+    """A line longer than 2 × MAX_BUCKETS points is first cut to MAX_BUCKETS buckets as its node is read (so a
+    fleet's nodes are never in memory at once), then to the panel's buckets: the span, the peaks and the troughs
+    stay, every point is a real sample; a short line is cut once, as before."""
+    frame = make_node("n0", 30_000, 2, 2, seed=3)
+    values = frame.columns["cpu/cpu_util"].astype(np.float64)
+    values[7_777], values[20_001] = 123.0, -5.0
+    ts, cut = timeline.prepare_line(frame.timestamps, values)
+    assert len(ts) <= 2 * timeline.MAX_BUCKETS + 2 and (ts[0], ts[-1]) == (frame.timestamps[0], frame.timestamps[-1])
+    final_ts, final = timeline.minmax(ts, cut, 400)
+    assert final.max() == 123.0 and final.min() == -5.0
+    assert np.array_equal(values[np.searchsorted(frame.timestamps, final_ts)], final)
+    short = make_node("n1", 1_000, 2, 2, seed=4)
+    line = (short.timestamps, short.columns["cpu/cpu_util"])
+    assert all(np.array_equal(a, b) for a, b in zip(timeline.prepare_line(*line), line))
+
+
+def test_panels_from_frames_made_one_at_a_time_equal_panels_from_all():
+    frames = [make_node(f"n{k}", 5_000, 2, 2, seed=k) for k in range(3)]
+    together = timeline.panels({f.node: f for f in frames})
+    one_by_one = timeline.panels((f.node, f) for f in frames)
+    assert [(p.title, [(s.name, s.ts.tolist(), s.values.tolist()) for s in p.series]) for p in together] == \
+        [(p.title, [(s.name, s.ts.tolist(), s.values.tolist()) for s in p.series]) for p in one_by_one]

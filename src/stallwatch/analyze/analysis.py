@@ -12,8 +12,9 @@ results. Renderers only render what it returns.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import cached_property, partial
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import rollup_views as _rollup_views
+from stallwatch.analyze import step_digest as _step_digest
 from stallwatch.analyze import step_window as _step_window
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
@@ -52,6 +54,8 @@ from stallwatch.store.rollups import RunRollups
 MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
 BUCKETS_ONLY: frozenset[str] = frozenset()  # a system rollup view of the buckets alone: counts, spans, gaps
 _USAGE_METRICS = frozenset(usage_metrics())
+SYSTEM_CACHE_BYTES = 256 * 2**20  # nodes' snapshots kept in memory (least recently used dropped): a day of a
+# 16-core, 8-GPU node at 500 ms is ≈ 70 MB, so a fleet's report holds a few nodes, a small run all of them
 USAGE_BUCKETS = 2000  # enough bucket means for a p95; a day of 10 s buckets (8,640 per node) costs 6x the time
 
 
@@ -76,7 +80,7 @@ class RunAnalysis:
         self._given = list(rule_results) if rule_results is not None else None
         self._extra_rules = list(rules or [])
         self._params = params or {}
-        self._system: dict[str, tuple[frozenset[str] | None, NodeFrame]] = {}
+        self._system: OrderedDict[str, tuple[frozenset[str] | None, NodeFrame]] = OrderedDict()
         self.overview_from_rollups = overview_from_rollups
         self._engine_spec = engine
         self._opened: Engine | None = None
@@ -136,10 +140,14 @@ class RunAnalysis:
         wanted = None if metrics is None else frozenset(metrics)
         have = self._system.get(node)
         if have is not None and (have[0] is None or (wanted is not None and wanted <= have[0])):
+            self._system.move_to_end(node)
             return _subset(have[1], wanted)
         read = wanted if have is None or wanted is None or have[0] is None else wanted | have[0]
         frame = node_frame(node, self.run.system_wide(node, metrics=read), self.node_info(node))
         self._system[node] = (read, frame)
+        self._system.move_to_end(node)
+        while len(self._system) > 1 and sum(_nbytes(f) for _, f in self._system.values()) > SYSTEM_CACHE_BYTES:
+            self._system.popitem(last=False)  # the least recently used node: read again if asked again
         return _subset(frame, wanted)
 
     @cached_property
@@ -319,11 +327,7 @@ class RunAnalysis:
         samples = samples.filter(pc.equal(samples["name"].cast(pa.string()), DDP_EVENT))
         counts: dict[tuple[str, int], int] = {}
         if samples.num_rows:
-            table = self.steps.table
-            train = table.filter(pc.equal(table["mode"].cast(pa.string()), TRAIN))
-            grouped = pa.table({"node": train["node"].cast(pa.string()), "rank": train["rank"]}) \
-                .group_by(["node", "rank"]).aggregate([([], "count_all")])
-            counts = {(str(r["node"]), int(r["rank"])): int(r["count_all"]) for r in grouped.to_pylist()}
+            counts = {(s.node, s.rank): s.steps for s in self.step_stats() if s.mode == TRAIN}
         return gradient_sync(samples, counts)
 
     @cached_property
@@ -418,15 +422,48 @@ class RunAnalysis:
         return {p.node: p.span for p in self._node_step_totals if p.span is not None}
 
     def step_histograms(self, modes: set[str]) -> list[_steps.NodeSteps]:
-        return _steps.step_histograms(self.steps, modes)
+        """Per node, its steps of `modes` binned (`steps.step_histograms`), read node by node."""
+        digests = self._step_digests(lambda node: _step_digest.DigestPlan(hist_modes=frozenset(modes)))
+        return sorted((d.histogram for d in digests if d.histogram is not None), key=lambda h: h.node)
 
     def timeline_panels(self, node_names: Iterable[str] | None = None) -> list[Panel]:
-        frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
-        return _timeline.panels(frames)
+        """The timeline's panels, each node's snapshots read (or taken from the cache) one node at a time."""
+        return _timeline.panels((n, self.system(n, _timeline.METRICS)) for n in (node_names or self.nodes))
 
     @cached_property
     def phase_spans(self) -> list[Span]:
-        return _timeline.phase_spans(self.steps, _int(self.info.get("start_us")), _int(self.info.get("end_us")))
+        """Initialization, the training / evaluation stretches and finalization (`timeline.phase_spans`), merged
+        node by node; a mode's stretches end at pauses of 10 typical steps (its steps' weighted median p50)."""
+        _, loop = _steps.merge_step_summaries(self._node_step_totals)
+        if loop is None:
+            return []
+        gaps = {mode: _timeline.phase_gap_us(1000.0 * ms) for mode, ms in self._median_step_ms.items()
+                if mode in _timeline.PHASE_LABELS}
+        merged: dict[str, list[tuple[int, int]]] = {}
+        for d in self._step_digests(lambda node: _step_digest.DigestPlan(gaps_us=gaps)):
+            for mode, parts in d.intervals.items():
+                merged.setdefault(mode, []).extend(parts)
+        return _timeline.spans_of_phases({m: (parts, gaps[m]) for m, parts in merged.items()}, loop.first_us,
+                                         loop.last_us, _int(self.info.get("start_us")), _int(self.info.get("end_us")))
+
+    @cached_property
+    def _median_step_ms(self) -> dict[str, float]:
+        """Per mode (and "" for all modes), the typical step: the median of the ranks' median steps, each
+        weighted by its step count (the exact median would need every step of the run at once)."""
+        stats = [s for s in self.step_stats() if s.steps]
+        out = {}
+        for mode in {"", *(s.mode for s in stats)} if stats else ():
+            mine = sorted((s.p50_ms, s.steps) for s in stats if not mode or s.mode == mode)
+            counts = np.cumsum([n for _, n in mine])
+            out[mode] = float(mine[int(np.searchsorted(counts, counts[-1] / 2.0))][0])
+        return out
+
+    def _step_digests(self, plan_of: Callable[[str], _step_digest.DigestPlan]) -> Iterator[_step_digest.NodeStepDigest]:
+        """Each node's `step_digest` for its plan, on the engine, in node order."""
+        items = [(node, plan) for node in sorted(self.ranks) if not (plan := plan_of(node)).empty]
+        if self.engine.name == "local":
+            return self.engine.map(lambda item: _step_digest.node_step_digest(self.run, *item), items)
+        return self.engine.map(partial(_digest_task, shared_uri(self.run.uri)), items)
 
     @cached_property
     def flagged_spans(self) -> list[Span]:
@@ -446,12 +483,31 @@ class RunAnalysis:
 
     def heatmaps(self, dimensions: tuple[str, ...] = _heatmap.DEFAULT_DIMENSIONS,
                  node_names: Iterable[str] | None = None) -> dict[str, Any]:
-        frames = {n: self.system(n, _timeline.METRICS) for n in (node_names or self.nodes)}
-        return _heatmap.node_heatmaps(frames, dimensions)
+        names = list(node_names or self.nodes)
+        rows = sum(len(_heatmap.row_columns(self._stored_series(n, _timeline.METRICS), dimensions)) for n in names)
+        return _heatmap.node_heatmaps(((n, self.system(n, _timeline.METRICS)) for n in names), dimensions,
+                                      rows_total=rows)
+
+    def _stored_series(self, node: str, metrics: Iterable[str]) -> NodeFrame:
+        """The node's stored series of `metrics` as a frame without snapshots: which devices it has, unread."""
+        wanted = set(metrics)
+        keys = [k for k in self.run.system_keys(node) if k.metric in wanted]
+        return NodeFrame(node, _NO_TIMES, {k.column: _NO_VALUES for k in keys}, {})
 
     def rank_steps(self, mode: str = TRAIN) -> _ranks.RankSteps | None:
-        """The rank × step matrices of step time and data wait for `mode` (None without such steps)."""
-        return _ranks.rank_steps(self.steps, self.data_waits, mode=mode)
+        """The rank × step matrices of step time and data wait for `mode` (None without such steps), summed
+        node by node on a grid from every rank's first and last step number."""
+        ranges = {(p.node, rank): r for p in self._node_step_totals for (rank, m), r in p.step_ranges.items()
+                  if m == mode}
+        grid = _ranks.step_grid(ranges, mode=mode)
+        if grid is None:
+            return None
+        drawn = {n for n, _ in grid.rows}
+        total = _ranks.RankCells(grid)
+        for d in self._step_digests(lambda node: _step_digest.DigestPlan(grid=grid if node in drawn else None)):
+            if d.cells is not None:
+                total.merge(d.cells)
+        return total.result()
 
     def node_series(self, node: str, start_us: int | None = None, end_us: int | None = None,
                     buckets: int = 600) -> _node_series.NodeSeries:
@@ -553,17 +609,30 @@ class RunAnalysis:
 
     @cached_property
     def profiling_cost(self) -> _cost.ProfilingCost:
-        return _cost.profiling_cost({n: self.node_info(n) for n in self.nodes}, self.run.files(), self.steps,
-                                   self.run.profiles("detailed"))
+        windows = list(enumerate(self.run.profiles("detailed")))
+        costs: list[tuple[int, _cost.WindowCost]] = []
+        if windows:
+            mine = lambda node: _step_digest.DigestPlan(windows=[(i, w) for i, w in windows  # noqa: E731
+                                                                 if str(w.get("node")) == node])
+            costs = sorted((c for d in self._step_digests(mine) for c in d.windows), key=lambda c: c[0])
+        per_mode, _ = _steps.merge_step_summaries(self._node_step_totals)
+        return _cost.profiling_cost({n: self.node_info(n) for n in self.nodes}, self.run.files(),
+                                    steps=sum(per_mode.values()), median_step_ms=self._median_step_ms.get(""),
+                                    windows=[c for _, c in costs])
 
 
 _NO_TIMES = np.empty(0, np.int64)
+_NO_VALUES = np.empty(0, np.float32)
 
 
 def _ordered(results: dict[str, RuleResult], names: list[str]) -> list[RuleResult]:
     out = [results[n] for n in names if n in results]
     out += [r for n, r in sorted(results.items()) if n not in names]
     return out
+
+
+def _nbytes(frame: NodeFrame) -> int:
+    return int(frame.timestamps.nbytes) + sum(int(v.nbytes) for v in frame.columns.values())
 
 
 def _subset(frame: NodeFrame, metrics: frozenset[str] | None) -> NodeFrame:
@@ -576,3 +645,8 @@ def _subset(frame: NodeFrame, metrics: frozenset[str] | None) -> NodeFrame:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _digest_task(uri: str, item: tuple[str, _step_digest.DigestPlan]) -> _step_digest.NodeStepDigest:
+    """On a worker: one node's step digest (`item`: the node and its plan)."""
+    return _step_digest.node_step_digest_task(uri, *item)

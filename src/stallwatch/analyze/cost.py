@@ -82,15 +82,14 @@ class ProfilingCost:
         return 100.0 * BENCH_STEP_US / 1000.0 / self.median_step_ms if self.median_step_ms else None
 
 
-def profiling_cost(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any], steps: FrameworkColumns,
-                   windows: Sequence[Mapping[str, Any]]) -> ProfilingCost:
-    """`records`: node name -> its record; `files`: the run's files (path, size); `steps`: step events only;
-    `windows`: the detailed-profiling windows' records."""
+def profiling_cost(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any], *, steps: int,
+                   median_step_ms: float | None, windows: Sequence[WindowCost]) -> ProfilingCost:
+    """`records`: node name -> its record; `files`: the run's files (path, size); `steps`: the run's step
+    events, `median_step_ms` their typical duration; `windows`: the detailed-profiling windows' `window_costs`."""
     sampler, warnings = keep_up(records)
-    durations = steps.end - steps.start
     return ProfilingCost(sampler, warnings, sampler_usage(records), storage(records, files),
-                         sum(_int(r.get("samples_written")) or 0 for r in records.values()), steps.n,
-                         float(np.median(durations)) / 1000.0 if steps.n else None, window_costs(steps, windows))
+                         sum(_int(r.get("samples_written")) or 0 for r in records.values()), steps,
+                         median_step_ms, list(windows))
 
 
 def keep_up(records: Mapping[str, Mapping[str, Any]]) -> tuple[list[SamplerKeepUp], list[str]]:
@@ -156,8 +155,12 @@ def storage(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any]) -> l
     return out
 
 
-def window_costs(steps: FrameworkColumns, windows: Sequence[Mapping[str, Any]]) -> list[WindowCost]:
+def window_costs(steps: FrameworkColumns, windows: Sequence[Mapping[str, Any]],
+                 others: Sequence[Mapping[str, Any]] | None = None) -> list[WindowCost]:
+    """Each window's steps against its rank's steps of that mode outside every window of `others` (default:
+    `windows`)."""
     windows = [w for w in windows if _int(w.get("start_us")) and _int(w.get("end_us"))]
+    others = windows if others is None else [w for w in others if _int(w.get("start_us")) and _int(w.get("end_us"))]
     out = []
     for w in windows:
         node, rank, mode = str(w.get("node")), _int(w.get("rank")), str(w.get("mode") or "TRAIN")
@@ -169,7 +172,7 @@ def window_costs(steps: FrameworkColumns, windows: Sequence[Mapping[str, Any]]) 
             continue
         inside = (start >= w["start_us"]) & (end <= w["end_us"])
         in_any = np.zeros(len(start), bool)
-        for other in windows:
+        for other in others:
             if str(other.get("node")) == node and _int(other.get("rank")) == rank:
                 in_any |= (end > other["start_us"]) & (start < other["end_us"])
         after = np.flatnonzero(start >= w["end_us"])

@@ -3,7 +3,7 @@ time bucketed into columns of mean utilization, so a GPU that stalls while cores
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -53,14 +53,19 @@ def buckets_for(total_rows: int) -> int:
     return int(np.clip(CELL_BUDGET // max(1, total_rows), MIN_BUCKETS, MAX_BUCKETS))
 
 
-def node_heatmaps(frames: dict[str, Any], dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS) -> dict[str, HeatRows]:
+def node_heatmaps(frames: dict[str, Any] | Iterable[tuple[str, Any]],
+                  dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS, *,
+                  rows_total: int | None = None) -> dict[str, HeatRows]:
     """Every node's heatmap rows, bucketed so that all nodes together stay within CELL_BUDGET cells; nodes
-    without rows are left out."""
-    counts = {node: len(row_columns(f, dimensions)) for node, f in frames.items() if len(f)}
-    buckets = buckets_for(sum(counts.values()))
+    without rows are left out. With `rows_total` (the rows of all nodes, known from the stored series) the
+    frames may be (node, snapshots) pairs made one at a time: one node's snapshots are in memory at once."""
+    if rows_total is None:
+        frames = dict(frames)
+        rows_total = sum(len(row_columns(f, dimensions)) for f in frames.values() if len(f))
+    buckets = buckets_for(rows_total)
     out = {}
-    for node, frame in frames.items():
-        if counts.get(node):
+    for node, frame in (frames.items() if isinstance(frames, dict) else frames):
+        if len(frame):
             rows = heat_rows(frame, buckets, dimensions)
             if rows is not None:
                 out[node] = rows

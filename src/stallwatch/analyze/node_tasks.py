@@ -33,7 +33,8 @@ def node_steps(run: Run, node: str, with_stats: bool = True) -> _steps.NodeStepS
         acc.add(run.framework(a, b, kinds=kinds, nodes=[node], starting=True,
                               fields=("kind", "mode", "step", "start_us", "end_us")))
     spans = acc.spans()
-    return _steps.NodeStepSummary(node, acc.stats() if with_stats else [], acc.per_mode(), spans.get(node))
+    ranges = {(rank, mode): r for (_, rank, mode), r in acc.step_ranges().items()}
+    return _steps.NodeStepSummary(node, acc.stats() if with_stats else [], acc.per_mode(), spans.get(node), ranges)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,16 @@ class StepStatsAccumulator:
         out.sort(key=lambda s: (s.node, s.rank, mode_order(s.mode), s.mode))
         return out
 
+    def step_ranges(self) -> dict[tuple[str, int, str], tuple[int, int]]:
+        """Per node, rank and mode, its first and last step number (≥ 0; the rank × step matrix's grid)."""
+        out = {}
+        for key, parts in self._numbers.items():
+            numbers = np.concatenate(parts)
+            numbers = numbers[numbers >= 0]
+            if numbers.size:
+                out[key] = (int(numbers.min()), int(numbers.max()))
+        return out
+
     def per_mode(self) -> dict[str, int]:
         """Step events per mode, in TRAIN/EVAL/GLOBAL order (`steps_per_mode`)."""
         counts: dict[str, int] = {}
@@ -124,11 +134,13 @@ class StepStatsAccumulator:
 
 @dataclass(frozen=True)
 class NodeStepSummary:
-    """One node's steps, streamed: `step_stats` rows, step events per mode, its loop's span."""
+    """One node's steps, streamed: `step_stats` rows, step events per mode, its loop's span, and per (rank,
+    mode) its first and last step number."""
     node: str
     stats: list[StepStat]
     per_mode: dict[str, int]
     span: LoopSpan | None
+    step_ranges: dict[tuple[int, str], tuple[int, int]] = field(default_factory=dict)
 
 
 def merge_step_summaries(parts: list[NodeStepSummary]) -> tuple[dict[str, int], LoopSpan | None]:
@@ -186,20 +198,25 @@ def step_histograms(steps: FrameworkColumns, modes: set[str], bins: int = HISTOG
     wanted = steps.mode_is(modes) & (seconds > 0)
     out = []
     for code in sorted(range(len(steps.nodes)), key=lambda c: steps.nodes[c]):
-        here = wanted & (steps.node == code)
-        if not here.any():
-            continue
-        d = seconds[here]
-        lo, hi = float(d.min()), float(d.max())
-        edges = np.geomspace(lo, hi, bins + 1) if hi > lo * 1.001 else np.array([lo * 0.999, hi * 1.001])
-        shares = {}
-        for (node, rank, mode), rows in steps.groups(here):
-            part = seconds[rows]
-            counts, _ = np.histogram(part, bins=edges)
-            shares[(rank, mode)] = counts / part.size
-        ordered = dict(sorted(shares.items(), key=lambda kv: (kv[0][0], mode_order(kv[0][1]))))
-        out.append(NodeSteps(steps.nodes[code], edges, ordered))
+        series = {(rank, mode): seconds[rows] for (_, rank, mode), rows in steps.groups(wanted & (steps.node == code))}
+        hist = node_histogram(steps.nodes[code], series, bins)
+        if hist is not None:
+            out.append(hist)
     return out
+
+
+def node_histogram(node: str, series: dict[tuple[int, str], np.ndarray],
+                   bins: int = HISTOGRAM_BINS) -> NodeSteps | None:
+    """One node's histogram (`step_histograms`) from its step durations in seconds per (rank, mode); None
+    without any."""
+    series = {key: d for key, d in series.items() if d.size}
+    if not series:
+        return None
+    lo = min(float(d.min()) for d in series.values())
+    hi = max(float(d.max()) for d in series.values())
+    edges = np.geomspace(lo, hi, bins + 1) if hi > lo * 1.001 else np.array([lo * 0.999, hi * 1.001])
+    shares = {key: np.histogram(d, bins=edges)[0] / d.size for key, d in series.items()}
+    return NodeSteps(node, edges, dict(sorted(shares.items(), key=lambda kv: (kv[0][0], mode_order(kv[0][1])))))
 
 
 def node_rank_mode(steps: FrameworkColumns, node: str, rank: int, mode: str) -> np.ndarray:

@@ -6,7 +6,7 @@ Timeline and the dashboard draw."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -86,31 +86,52 @@ def buckets_for(lines: int) -> int:
     return int(np.clip(POINT_BUDGET // max(1, 2 * lines), MIN_BUCKETS, MAX_BUCKETS))
 
 
-def panels(frames: dict[str, Any], metrics: tuple[Metric, ...] = TIMELINE_METRICS) -> list[Panel]:
-    """One panel per metric that some node has, one downsampled line per node."""
-    raw: list[tuple[Metric, list[tuple[str, np.ndarray, np.ndarray]]]] = []
-    for metric in metrics:
-        lines = []
-        for node, frame in frames.items():
-            values = metric.values(frame) if len(frame) else None
+def panels(frames: Mapping[str, Any] | Iterable[tuple[str, Any]],
+           metrics: tuple[Metric, ...] = TIMELINE_METRICS) -> list[Panel]:
+    """One panel per metric that some node has, one downsampled line per node. `frames` (node -> snapshots, or
+    (node, snapshots) pairs made one at a time) are used one at a time: each line is first cut to `MAX_BUCKETS`
+    peak-keeping buckets (`prepare_line`), so a long run's nodes are never all in memory."""
+    items = frames.items() if isinstance(frames, Mapping) else frames
+    raw: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {m.title: [] for m in metrics}
+    for node, frame in items:
+        if not len(frame):
+            continue
+        for metric in metrics:
+            values = metric.values(frame)
             if values is not None and not np.all(np.isnan(values)):
-                lines.append((node, frame.timestamps, values))
-        if lines:
-            raw.append((metric, lines))
-    buckets = buckets_for(sum(len(lines) for _, lines in raw))
+                raw[metric.title].append((node, *prepare_line(frame.timestamps, values)))
+    buckets = buckets_for(sum(len(lines) for lines in raw.values()))
     out = []
-    for metric, lines in raw:
-        series = [Series(node, *minmax(ts, values, buckets)) for node, ts, values in lines]
-        out.append(Panel(metric.title, metric.y_label, series, metric.y_format, metric.percent))
+    for metric in metrics:
+        lines = raw[metric.title]
+        if lines:
+            series = [Series(node, *minmax(ts, values, buckets)) for node, ts, values in lines]
+            out.append(Panel(metric.title, metric.y_label, series, metric.y_format, metric.percent))
     return out
+
+
+def prepare_line(ts: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A line cut to `MAX_BUCKETS` min/max buckets, its first and last point kept so that the final, coarser
+    cut spans the same time: the same as cutting the raw line where it has at most 2 × `MAX_BUCKETS` points
+    (half an hour at 500 ms), else each final bucket's extremes are within one fine bucket of the raw ones."""
+    cut_ts, cut_values = minmax(ts, values, MAX_BUCKETS)
+    if len(cut_ts) == len(ts):
+        return cut_ts, cut_values
+    order = np.argsort(ts, kind="stable")
+    first, last = order[0], order[-1]
+    keep_ts = np.r_[ts[first], cut_ts, ts[last]]
+    keep_values = np.r_[values[first], cut_values, values[last]]
+    unique = np.r_[True, keep_ts[1:] != keep_ts[:-1]]
+    return keep_ts[unique], keep_values[unique]
 
 
 # -- training phases -------------------------------------------------------------------------------------
 
 
-def _merge(starts: np.ndarray, ends: np.ndarray, gap_us: int) -> list[tuple[int, int]]:
-    """Intervals (in the order given: per rank, in time) merged where the next starts within `gap_us` of the
-    previous end; runs are found vectorised, then the few runs are merged into a sorted union."""
+def merge_intervals(starts: np.ndarray, ends: np.ndarray, gap_us: int) -> list[tuple[int, int]]:
+    """Intervals (in any order; fastest per rank, in time) merged where the next starts within `gap_us` of the
+    previous end; runs are found vectorised, then the few runs are merged into a sorted union. Merging merged
+    parts again gives the same union, so a run can be merged node by node, an hour at a time."""
     if len(starts) == 0:
         return []
     new = np.r_[True, (starts[1:] - ends[:-1] > gap_us) | (starts[1:] < starts[:-1])]
@@ -127,27 +148,49 @@ def _merge(starts: np.ndarray, ends: np.ndarray, gap_us: int) -> list[tuple[int,
     return [(a, b) for a, b in merged]
 
 
-def phase_spans(steps: FrameworkColumns, job_start: int | None, job_end: int | None) -> list[Span]:
+def phase_gap_us(median_step_us: float) -> int:
+    """Steps of one mode further apart than this (10 median steps, at least 1 s) start a new stretch."""
+    return max(1_000_000, int(10 * median_step_us))
+
+
+def phase_spans(steps: FrameworkColumns, job_start: int | None, job_end: int | None,
+                gaps_us: Mapping[str, int] | None = None) -> list[Span]:
     """Initialization (job start to the first step), the TRAIN / EVAL / GLOBAL stretches (steps of one mode
-    with no pause longer than 10 median steps, at least 1 s, across all ranks) and finalization. `steps` holds
-    step events only."""
+    with no pause longer than `gaps_us[mode]`, by default `phase_gap_us` of its median step, across all ranks)
+    and finalization. `steps` holds step events only."""
     if steps.n == 0:
         return []
     start, end = steps.start, steps.end
-    spans: list[Span] = []
-    first, last = int(start.min()), int(end.max())
-    if job_start is not None and first > job_start:
-        spans.append(Span(int(job_start), first, "Initialization",
-                          f"Initialization: {format_duration((first - job_start) / 1e6)} before the first step"))
+    intervals = {}
     for mode in (TRAIN, EVAL, GLOBAL):
         sel = steps.mode_is([mode])
         if not sel.any():
             continue
         s, e = start[sel], end[sel]
-        sample = (e - s)[:: max(1, int(sel.sum()) // 100_000)]
-        gap = max(1_000_000, int(10 * np.median(sample)))
+        if gaps_us is not None and mode in gaps_us:
+            gap = gaps_us[mode]
+        else:
+            gap = phase_gap_us(float(np.median((e - s)[:: max(1, int(sel.sum()) // 100_000)])))
+        intervals[mode] = (merge_intervals(s, e, gap), gap)
+    return spans_of_phases(intervals, int(start.min()), int(end.max()), job_start, job_end)
+
+
+def spans_of_phases(intervals: Mapping[str, tuple[list[tuple[int, int]], int]], first: int, last: int,
+                    job_start: int | None, job_end: int | None) -> list[Span]:
+    """The spans of `phase_spans` from each mode's merged stretches (and the gap they were merged with: parts
+    merged apart are merged again) and the first step's start and last step's end."""
+    spans: list[Span] = []
+    if job_start is not None and first > job_start:
+        spans.append(Span(int(job_start), first, "Initialization",
+                          f"Initialization: {format_duration((first - job_start) / 1e6)} before the first step"))
+    for mode in (TRAIN, EVAL, GLOBAL):
+        if mode not in intervals:
+            continue
+        parts, gap = intervals[mode]
+        a_s = np.array([a for a, _ in parts], np.int64)
+        b_s = np.array([b for _, b in parts], np.int64)
         label = PHASE_LABELS[mode]
-        for a, b in _merge(s, e, gap):
+        for a, b in merge_intervals(a_s, b_s, gap):
             spans.append(Span(a, b, label, f"{label} ({mode} steps): {format_duration((b - a) / 1e6)}"))
     if job_end is not None and job_end > last:
         spans.append(Span(last, int(job_end), "Finalization",

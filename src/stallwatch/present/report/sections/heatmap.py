@@ -11,10 +11,8 @@ from bokeh.models import DataRange1d
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.series import HeatRows
-from stallwatch.analyze.timeline import METRICS
 from stallwatch.present import charts
 from stallwatch.present.report.model import Chart, NotApplicable, Paragraph, Section
-from stallwatch.records import GPU_UTIL
 
 INTRO = ("Every GPU and every CPU core of a node is a row; the x-axis is the duration of the job and the colour "
          "is the mean utilization in each time bucket (yellow: fully busy, purple: idle, grey: no data). It makes "
@@ -37,13 +35,13 @@ def stack(figs: list[Any]) -> Any:
 
 def build(analysis: RunAnalysis) -> list[Section]:
     section = Section("heatmap", "Utilization heatmap", [Paragraph(INTRO)])
-    shown = figures(analysis.heatmaps())
+    heatmaps = analysis.heatmaps()
+    shown = figures(heatmaps)
     if not shown:
         section.blocks.append(NotApplicable("No node recorded per-core CPU or GPU utilization, so there is no "
                                             "heatmap to show."))
         return [section]
-    frames = {n: analysis.system(n, METRICS) for n in analysis.nodes}
-    gpu_less = [n for n, f in frames.items() if len(f) and not f.devices("gpu", GPU_UTIL)]
+    gpu_less = [n for n, rows in heatmaps.items() if not any(name.startswith("gpu") for name in rows.names)]
     if gpu_less:
         section.blocks.append(Paragraph(f"No GPU recorded on {', '.join(gpu_less)}: only CPU cores are shown there."))
     model = shown[0] if len(shown) == 1 else stack(shown)
