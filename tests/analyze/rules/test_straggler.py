@@ -91,3 +91,22 @@ def test_a_slow_node_is_named():
 def test_chunk_invariance():
     gen = synchronous(RANKS, n=300, extra_ms={("algo-1", 1): 10}, seed=4)
     assert_chunk_invariant(Straggler, whole(gen.table()))
+
+
+@pytest.mark.parametrize("ranks", [RANKS, [(f"algo-{n}", r) for n in (1, 2, 3, 4, 5) for r in range(4)]])
+@pytest.mark.parametrize("numbers_per_block", [7, 100, 101])  # windows across blocks; a block of one window
+def test_blocks_of_any_size_give_the_result_of_one_block(monkeypatch, ranks, numbers_per_block):
+    """The result compares ranks a block of step numbers at a time (its memory bounded by BLOCK_CELLS), and
+    every figure equals the one-block result exactly: excess and medians are half-µs values, so their sums do
+    not depend on the blocks. Planted: one slow rank from step 250 (fires), ranks compared with the median of
+    the others (4 ranks) and of all (20 ranks)."""
+    import json
+
+    from stallwatch.analyze.rules import straggler
+
+    gen = synchronous(ranks, n=700, extra_ms={ranks[2]: 8}, from_step=250, seed=5)
+    one = evaluate(Straggler, whole(gen.table()))
+    assert one["RuleTriggered"] == 1 and one["Details"]["time_at_stake_s"] > 0
+    monkeypatch.setattr(straggler, "BLOCK_CELLS", numbers_per_block * len(ranks))
+    blocked = evaluate(Straggler, whole(gen.table()))
+    assert json.dumps(blocked, sort_keys=True) == json.dumps(one, sort_keys=True)

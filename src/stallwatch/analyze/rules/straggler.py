@@ -5,8 +5,9 @@ over the other ranks; a rank whose excess stays above the threshold over a windo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -130,50 +131,37 @@ class Straggler(Rule):
         if len(ranks) < 2:
             return self.not_applicable("a single rank: there is no other rank to be slower than")
         basis = _basis([compact[k] for k in ranks])
-        outside = {key: _outside(compact[key], basis) for key in ranks}
-        numbers = np.unique(np.concatenate([o[0] for o in outside.values()]))
-        matrix = np.full((len(ranks), len(numbers)), np.nan)  # time outside waits, µs
-        steps = np.full((len(ranks), len(numbers)), np.nan)  # step duration, µs
-        starts = np.full(len(numbers), np.iinfo(np.int64).max, np.int64)
-        for i, key in enumerate(ranks):
-            num, out, dur, start = outside[key]
-            pos = np.searchsorted(numbers, num)
-            matrix[i, pos], steps[i, pos] = out, dur
-            np.minimum.at(starts, pos, start)
-        shared = np.count_nonzero(~np.isnan(matrix), axis=0) >= 2
-        matrix, steps, numbers, starts = matrix[:, shared], steps[:, shared], numbers[shared], starts[shared]
-        if len(numbers) < MIN_SHARED_STEPS:
+        grid = _Grid([compact[k] for k in ranks], basis)
+        if len(grid.numbers) < MIN_SHARED_STEPS:
             return self.not_applicable(f"fewer than {MIN_SHARED_STEPS} TRAIN steps shared by two ranks or more")
-        median_step = np.nanmedian(steps, axis=0)
-        excess = _excess(matrix)  # µs, NaN where a rank lacks the step
         threshold, floor_us = float(self.params["threshold"]), float(self.params["min_excess_ms"]) * 1000.0
-        window = min(self.params["window"], len(numbers))
+        window = min(self.params["window"], len(grid.numbers))
+        scan = _Scan(len(ranks), window, threshold, floor_us)
+        medians = []
+        for a, median_step, excess in grid.blocks(block_columns(len(ranks))):
+            scan.add(a, median_step, excess)
+            medians.append(median_step)
+        median_all = float(np.nanmedian(np.concatenate(medians)))
+        del medians
+        numbers, starts = grid.numbers, grid.starts
         table: dict[str, Any] = {}
         stragglers = []
         triggered = violations = 0
-        datapoints = int(np.count_nonzero(~np.isnan(excess)))
         for i, (node, rank) in enumerate(ranks):
-            e = excess[i]
-            have = ~np.isnan(e)
-            mean_excess = float(np.mean(e[have])) if have.any() else 0.0
-            win_excess = _rolling_mean(np.where(have, e, 0.0), have, window)
-            win_step = _rolling_mean(np.where(have, median_step, 0.0), have, window)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                share = np.where(win_step > 0, 100.0 * win_excess / win_step, 0.0)
-            over = (share > threshold) & (win_excess > floor_us)
-            above = int(np.count_nonzero(over))
-            entry = {"node": node, "rank": rank, "steps": int(have.sum()), "basis": basis,
+            have = int(scan.count[i])
+            mean_excess = float(scan.total[i]) / have if have else 0.0
+            above = int(scan.above[i])
+            entry = {"node": node, "rank": rank, "steps": have, "basis": basis,
                      "mean_excess_s": mean_excess / US,
-                     "mean_share": 100.0 * mean_excess / float(np.nanmedian(median_step)),
+                     "mean_share": 100.0 * mean_excess / median_all,
                      "windows_above": above, "triggered": above > 0}
             if above:
-                first = int(np.argmax(over))
-                worst = int(np.argmax(np.where(over, share, -np.inf)))
+                first, worst = int(scan.first[i]), int(scan.worst[i])
                 entry.update(first_window={"first_step": int(numbers[first]), "start_us": int(starts[first])},
                              worst_window={"first_step": int(numbers[worst]),
                                            "last_step": int(numbers[min(worst + window - 1, len(numbers) - 1)]),
-                                           "excess_s_per_step": float(win_excess[worst]) / US,
-                                           "share": float(share[worst])})
+                                           "excess_s_per_step": float(scan.worst_excess[i]) / US,
+                                           "share": float(scan.worst_share[i])})
                 triggered += 1
                 violations += above
                 stragglers.append({"node": node, "rank": rank, "excess_s_per_step": mean_excess / US,
@@ -181,17 +169,20 @@ class Straggler(Rule):
                                    "since_step": int(numbers[first]), "since_us": int(starts[first])})
             table[f"{node}/{rank}"] = entry
         fired = np.array([table[f"{n}/{r}"]["triggered"] for n, r in ranks])
-        # the job waits for the slowest straggler at every step: its excess, step by step
+        # the job waits for the slowest straggler at every step: its excess, step by step (half-µs values: the
+        # sum is exact in any order, so block by block)
         stake = 0.0
         if fired.any():
-            chosen = np.where(fired[:, None], np.maximum(excess, 0), np.nan)
-            with np.errstate(all="ignore"):  # steps where no straggler has a value: NaN, left out of the sum
-                per_step = np.nanmax(chosen, axis=0, initial=-np.inf, where=~np.isnan(chosen))
-            stake = float(np.sum(per_step[np.isfinite(per_step)])) / US
+            for _, _, excess in grid.blocks(block_columns(len(ranks))):
+                chosen = np.where(fired[:, None], np.maximum(excess, 0), np.nan)
+                with np.errstate(all="ignore"):  # steps where no straggler has a value: NaN, left out of the sum
+                    per_step = np.nanmax(chosen, axis=0, initial=-np.inf, where=~np.isnan(chosen))
+                stake += float(np.sum(per_step[np.isfinite(per_step)]))
+            stake /= US
         nodes = _straggling_nodes(ranks, fired)
         details: dict[str, Any] = {"stragglers": stragglers, "ranks": table, "straggling_nodes": nodes,
                                    "time_at_stake_s": stake, "shared_steps": int(len(numbers)),
-                                   "median_step_s": float(np.nanmedian(median_step)) / US}
+                                   "median_step_s": median_all / US}
         if stragglers:
             names = [f"{s['node']}/{s['rank']}" for s in stragglers]
             details["ranks_fired"] = names
@@ -201,7 +192,8 @@ class Straggler(Rule):
                                 f"({top['share']:.0f} % of a step) that every other rank waits for"
                                 if len(names) == 1 else f"{len(names)} straggling ranks ({', '.join(names[:4])}"
                                 f"{'…' if len(names) > 4 else ''}) hold the others back")
-        return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints, details=details,
+        return self.make_result(triggered=triggered, violations=violations,
+                                datapoints=int(scan.count.sum()), details=details,
                                 recommendation=self._advice(stragglers, nodes, stake) if stragglers else None)
 
     def _advice(self, stragglers: list[dict[str, Any]], nodes: list[str], stake: float) -> str:
@@ -211,6 +203,99 @@ class Straggler(Rule):
         where = f" All ranks of node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)} are slow: look at the node " \
                 "(hardware, thermal throttling, other processes, its data path)." if nodes else ""
         return f"{who}. The other ranks wait for it, about {stake:.1f} s in all.{where} {self.recommendation}"
+
+
+BLOCK_CELLS = 1 << 19  # ranks × step numbers compared at once (4 MB per float64 matrix, a dozen of them at
+# once): what the result holds beyond the ranks' steps
+
+
+def block_columns(ranks: int) -> int:
+    """Step numbers per block so that a block's ranks × numbers matrices stay within `BLOCK_CELLS` cells."""
+    return max(1, BLOCK_CELLS // max(ranks, 1))
+
+
+class _Grid:
+    """The step numbers shared by two ranks or more (sorted), their earliest start and the median step of the
+    ranks at each; `blocks()` hands out the ranks × numbers matrices a block of numbers at a time, so the result
+    never holds the whole ranks × steps matrix."""
+
+    def __init__(self, ranks: list[_Steps], basis: str) -> None:
+        self.ranks, self.basis = ranks, basis
+        everything = functools.reduce(np.union1d, (r.number.astype(np.int64) for r in ranks),
+                                      np.empty(0, np.int64))  # one rank's numbers at a time: ranks mostly share them
+        seen = np.zeros(len(everything), np.int64)
+        starts = np.full(len(everything), np.iinfo(np.int64).max, np.int64)
+        for r in ranks:
+            pos = np.searchsorted(everything, r.number.astype(np.int64))
+            seen[pos] += 1  # numbers are distinct within a rank
+            np.minimum.at(starts, pos, r.start)
+        shared = seen >= 2
+        self.numbers, self.starts = everything[shared], starts[shared]
+
+    def blocks(self, width: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(first column, median step, excess) per block of `width` shared numbers."""
+        for a in range(0, len(self.numbers), width):
+            numbers = self.numbers[a:a + width]
+            matrix = np.full((len(self.ranks), len(numbers)), np.nan)  # time outside waits, µs
+            steps = np.full((len(self.ranks), len(numbers)), np.nan)  # step duration, µs
+            for i, r in enumerate(self.ranks):
+                lo, hi = np.searchsorted(r.number, [numbers[0], numbers[-1] + 1]) if len(numbers) else (0, 0)
+                num, out, dur = _outside(r, self.basis, lo, hi)
+                pos = np.searchsorted(numbers, num)
+                ok = (pos < len(numbers)) & (numbers[np.minimum(pos, len(numbers) - 1)] == num)
+                matrix[i, pos[ok]], steps[i, pos[ok]] = out[ok], dur[ok]
+            with np.errstate(all="ignore"):
+                median = np.nanmedian(steps, axis=0)
+            yield a, median, _excess(matrix)
+
+
+class _Scan:
+    """Per rank, over windows of `window` consecutive shared numbers fed a block at a time: the sum and count of
+    its excess, the windows above the thresholds, the first one and the worst one (first of equals). Excess and
+    step medians are half-µs values, so every sum is exact whatever the blocks: the results equal one block."""
+
+    def __init__(self, ranks: int, window: int, threshold: float, floor_us: float) -> None:
+        self.window, self.threshold, self.floor_us = window, threshold, floor_us
+        self.total, self.count = np.zeros(ranks), np.zeros(ranks, np.int64)
+        self.above, self.first, self.worst = (np.zeros(ranks, np.int64), np.full(ranks, -1, np.int64),
+                                              np.full(ranks, -1, np.int64))
+        self.worst_share, self.worst_excess = np.full(ranks, -np.inf), np.zeros(ranks)
+        # the last window - 1 columns seen: values (0 where missing), presence, median step
+        self._tail = (np.zeros((ranks, 0)), np.zeros((ranks, 0), bool), np.zeros(0))
+
+    def add(self, a: int, median_step: np.ndarray, excess: np.ndarray) -> None:
+        have = ~np.isnan(excess)
+        values = np.where(have, excess, 0.0)
+        self.total += values.sum(axis=1)
+        self.count += have.sum(axis=1)
+        tv, th, tm = self._tail
+        v, h = np.concatenate([tv, values], axis=1), np.concatenate([th, have], axis=1)
+        m = np.concatenate([tm, median_step])
+        offset = a - tv.shape[1]  # the global column of v's first column
+        w = self.window
+        if v.shape[1] >= w:
+            cv = np.concatenate([np.zeros((len(v), 1)), np.cumsum(v, axis=1)], axis=1)
+            ch = np.concatenate([np.zeros((len(h), 1), np.int64), np.cumsum(h, axis=1)], axis=1)
+            total, count = cv[:, w:] - cv[:, :-w], ch[:, w:] - ch[:, :-w]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                win_excess = np.where(count > 0, total / np.maximum(count, 1), 0.0)
+                for i in range(len(v)):
+                    hm = np.where(h[i], m, 0.0)
+                    cm = np.r_[0.0, np.cumsum(hm)]
+                    win_step = np.where(count[i] > 0, (cm[w:] - cm[:-w]) / np.maximum(count[i], 1), 0.0)
+                    share = np.where(win_step > 0, 100.0 * win_excess[i] / win_step, 0.0)
+                    over = (share > self.threshold) & (win_excess[i] > self.floor_us)
+                    if not over.any():
+                        continue
+                    self.above[i] += int(np.count_nonzero(over))
+                    if self.first[i] < 0:
+                        self.first[i] = offset + int(np.argmax(over))
+                    best = int(np.argmax(np.where(over, share, -np.inf)))
+                    if share[best] > self.worst_share[i]:
+                        self.worst[i], self.worst_share[i] = offset + best, float(share[best])
+                        self.worst_excess[i] = float(win_excess[i][best])
+        keep = min(w - 1, v.shape[1])
+        self._tail = (v[:, v.shape[1] - keep:], h[:, h.shape[1] - keep:], m[len(m) - keep:])
 
 
 LEAVE_ONE_OUT_UP_TO = 16  # ranks: each is compared with the median of the *others* (with two ranks, the other one)
@@ -236,15 +321,16 @@ def _basis(ranks: list[_Steps]) -> str:
     return "nothing"
 
 
-def _outside(r: _Steps, basis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per step number (first occurrence): (numbers, time outside waits, step duration, start)."""
-    dur = r.dur.astype(np.int64)
+def _outside(r: _Steps, basis: str, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows [lo, hi) of a rank, one per step number: (numbers, time outside waits, step duration)."""
+    rows = slice(lo, hi)
+    dur = r.dur[rows].astype(np.int64)
     subtract = {"collectives": r.coll, "backward": r.bwd}.get(basis)
     if subtract is not None:
-        dur_out = np.maximum(dur - subtract.astype(np.int64), 0)
+        dur_out = np.maximum(dur - subtract[rows].astype(np.int64), 0)
     else:
         dur_out = np.maximum(dur, 0)
-    return r.number.astype(np.int64), dur_out.astype(np.float64), dur.astype(np.float64), r.start
+    return r.number[rows].astype(np.int64), dur_out.astype(np.float64), dur.astype(np.float64)
 
 
 def _per_step(number: np.ndarray, steps: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -253,14 +339,6 @@ def _per_step(number: np.ndarray, steps: np.ndarray, times: np.ndarray) -> np.nd
     out = np.zeros(len(number), np.int64)
     np.add.at(out, pos[ok], times[ok])
     return out
-
-
-def _rolling_mean(values: np.ndarray, have: np.ndarray, window: int) -> np.ndarray:
-    """Mean of `values` over each window of `window` consecutive columns, counting only columns in `have`."""
-    cv, ch = np.r_[0.0, np.cumsum(values)], np.r_[0, np.cumsum(have)]
-    total, count = cv[window:] - cv[:-window], ch[window:] - ch[:-window]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), 0.0)
 
 
 def _straggling_nodes(ranks: list[tuple[str, int]], fired: np.ndarray) -> list[str]:
