@@ -21,7 +21,7 @@ from stallwatch.store.reader import open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US, combine_system, stat_column, system_rows
 from stallwatch.store.rollup_writer import SYSTEM_BLOCK_US
 from stallwatch.store.rollups import RunRollups
-from tests.run_builder import KEYS, S, make_run, run_record
+from tests.run_builder import KEYS, T0, S, make_run, run_record
 
 SPIKE_AT = 137  # snapshot index of a one-sample spike planted on cpu0
 
@@ -185,3 +185,41 @@ def test_framework_rollups_count_and_time_every_event(tmp_path):
     assert sum(waits["sum_us"].to_pylist()) == 300 * 20_000 and all(waits["in_step"].to_pylist())
     loop = fw.filter(pa.compute.equal(fw["kind"], "loop")).to_pylist()
     assert [(x["name"], x["args"], x["node"], x["rank"]) for x in loop] == [("loader", '{"how": "loader"}', "algo-1", 0)]
+
+
+def _bytes_under(root, top: str) -> int:
+    return sum(p.stat().st_size for p in (root / top).rglob("*") if p.is_file()) if (root / top).exists() else 0
+
+
+def _write_node(root, max_bytes: int, seconds: int = 300):
+    """One node written by the real SystemWriter (10 s segments, a rollup rewrite per segment) under a cap."""
+    from stallwatch.store.system_writer import SystemWriter
+    from tests import run_builder
+
+    location = RunLocation(str(root))
+    w = SystemWriter(location, "algo-1", KEYS, interval_us=S, flush_interval_us=2 * S, max_bytes=max_bytes,
+                     segment_us=10 * S)
+    run_builder.feed(w, run_builder.NodeData("algo-1"), 0, 0, seconds)
+    w.close()
+    return w
+
+
+def test_rollups_count_in_the_storage_cap_and_give_their_room_to_data(tmp_path, caplog):
+    """The cap bounds the data and the rollups together: with room for both, the budget counts exactly what is on
+    disk; with room for the data and only part of the rollups, every snapshot is kept, the rollups are given up
+    (one line), nothing on disk passes the cap, and readers rebuild the rollups from the data."""
+    roomy = _write_node(tmp_path / "roomy", 1 << 30)
+    data = _bytes_under(tmp_path / "roomy", layout.SYSTEM_DIR)
+    rollups = _bytes_under(tmp_path / "roomy", layout.ROLLUPS_DIR)
+    assert rollups > 0 and roomy._budget.used == data + rollups
+    limit = data + rollups // 2
+    caplog.set_level(logging.INFO, logger="stallwatch")
+    tight = _write_node(tmp_path / "tight", limit)
+    on_disk = sum(_bytes_under(tmp_path / "tight", top) for top in (layout.SYSTEM_DIR, layout.ROLLUPS_DIR))
+    assert tight.samples_dropped == 0 and on_disk <= limit and tight._budget.used == on_disk
+    assert _bytes_under(tmp_path / "tight", layout.ROLLUPS_DIR) == 0
+    assert "rollups" in caplog.text and "rebuild" in caplog.text
+    location = RunLocation(str(tmp_path / "tight"))
+    location.write_atomic(layout.RUN_JSON, json.dumps(run_record("tight", "algo-1", T0)).encode())
+    got = RunRollups(open_run(str(tmp_path / "tight"))).system("algo-1", SYSTEM_LEVELS_US[0])
+    assert got.rebuilt > 0 and got.rows["count"].to_pylist() and sum(got.rows["count"].to_pylist()) == 300

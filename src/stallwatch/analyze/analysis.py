@@ -56,6 +56,7 @@ BUCKETS_ONLY: frozenset[str] = frozenset()  # a system rollup view of the bucket
 _USAGE_METRICS = frozenset(usage_metrics())
 SYSTEM_CACHE_BYTES = 256 * 2**20  # nodes' snapshots kept in memory (least recently used dropped): a day of a
 # 16-core, 8-GPU node at 500 ms is ≈ 70 MB, so a fleet's report holds a few nodes, a small run all of them
+MAX_DRAWN_NODES = 16  # per-node charts (step histograms, heatmaps) drawn at most; the tables list every node
 USAGE_BUCKETS = 2000  # enough bucket means for a p95; a day of 10 s buckets (8,640 per node) costs 6x the time
 
 
@@ -421,9 +422,12 @@ class RunAnalysis:
     def loop_spans(self) -> dict[str, _steps.LoopSpan]:
         return {p.node: p.span for p in self._node_step_totals if p.span is not None}
 
-    def step_histograms(self, modes: set[str]) -> list[_steps.NodeSteps]:
-        """Per node, its steps of `modes` binned (`steps.step_histograms`), read node by node."""
-        digests = self._step_digests(lambda node: _step_digest.DigestPlan(hist_modes=frozenset(modes)))
+    def step_histograms(self, modes: set[str], nodes: Iterable[str] | None = None) -> list[_steps.NodeSteps]:
+        """Per node (of `nodes`, default all), its steps of `modes` binned (`steps.step_histograms`), read node
+        by node."""
+        wanted = None if nodes is None else set(nodes)
+        digests = self._step_digests(lambda node: _step_digest.DigestPlan(
+            hist_modes=frozenset(modes) if wanted is None or node in wanted else frozenset()))
         return sorted((d.histogram for d in digests if d.histogram is not None), key=lambda h: h.node)
 
     def timeline_panels(self, node_names: Iterable[str] | None = None) -> list[Panel]:
@@ -602,6 +606,18 @@ class RunAnalysis:
         events = self.run.framework(frm, None, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.step_breakdown(events, last)
+
+    def drawn_nodes(self, among: Iterable[str] | None = None, limit: int | None = None) -> list[str]:
+        """The nodes a per-node chart draws (of `among`, default all): the nodes the findings name, most time at
+        stake first, then those that stand out in the node comparison, then the rest by name; at most `limit`
+        (default `MAX_DRAWN_NODES`), so a fleet's report stays readable and does not grow with the nodes (its
+        tables list them all)."""
+        pool = list(among) if among is not None else list(self.nodes)
+        named = [n for f in self.findings.findings
+                 for n in (*f.where.nodes, *(r.split("/", 1)[0] for r in f.where.ranks))]
+        odd = [o.node for o in self.node_comparison.oddities] if len(self.nodes) > 1 else []
+        order = list(dict.fromkeys([*named, *odd, *sorted(pool)]))
+        return [n for n in order if n in set(pool)][:MAX_DRAWN_NODES if limit is None else limit]
 
     @cached_property
     def node_comparison(self) -> _nodes.NodeComparison:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from stallwatch.log import logger, warn_once
 from stallwatch.store import layout
@@ -22,10 +22,24 @@ class StorageBudget:
     limit: int
     used: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # what can be given back for data: rollups, which readers rebuild from the data (each returns bytes freed)
+    _reclaimers: list[Callable[[], int]] = field(default_factory=list, repr=False, compare=False)
 
     def add(self, delta: int) -> None:
         with self._lock:
             self.used += delta
+
+    def fits(self, delta: int) -> bool:
+        return self.used + delta <= self.limit
+
+    def reclaimable(self, reclaim: Callable[[], int]) -> None:
+        """Register bytes that may be deleted to make room for data (`reclaim()` deletes them, says how many)."""
+        self._reclaimers.append(reclaim)
+
+    def reclaim(self) -> int:
+        """Delete everything reclaimable (once: reclaimers are dropped); bytes freed (already subtracted)."""
+        reclaimers, self._reclaimers = self._reclaimers, []
+        return sum(r() for r in reclaimers)
 
 
 class Sink(Protocol):
@@ -169,7 +183,10 @@ class ChunkWriter:
         self._reset()
 
     def _write(self, name: str, data: bytes, replaces: int) -> bool:
-        if self._budget.used - replaces + len(data) > self._budget.limit:
+        if not self._budget.fits(len(data) - replaces) and self._budget.reclaim():
+            logger.info("storage cap: the rollups of %s were deleted to keep %s (readers rebuild them)",
+                        self._dir, self.what)
+        if not self._budget.fits(len(data) - replaces):
             if not self._cap_hit:
                 self._cap_hit = True
                 logger.warning("storage cap of %.0f MB reached (%s); new %s are not stored. "

@@ -31,7 +31,7 @@ class FrameworkWriter(ChunkWriter):
                          segment_us=segment_us, budget=budget)
         self._cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
         self._rollups = RollupBlocks(sink, layout.framework_rollup_dir(node, rank), FRAMEWORK_BLOCK_US,
-                                     combine_framework)
+                                     combine_framework, budget=self._budget)
 
     def append(self, event: FrameworkEvent) -> None:
         self._make_room()

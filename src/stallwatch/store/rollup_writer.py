@@ -1,6 +1,7 @@
 """A stream's rollups written as segments are compacted: one file per aligned block of time (6 h of system
 rollups, a day of framework ones), rewritten under a new name as each segment adds to it, so a day of a node is a
-handful of files. Never raises: rollups can always be rebuilt from the segments (readers do)."""
+handful of files. Never raises: rollups can always be rebuilt from the segments (readers do). They count in the
+node's storage cap, and give their room back to data when the cap is reached (`StorageBudget.reclaim`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pyarrow as pa
 
 from stallwatch.log import warn_once
 from stallwatch.store import layout
-from stallwatch.store.chunk_writer import Sink
+from stallwatch.store.chunk_writer import Sink, StorageBudget
 from stallwatch.store.rollup_codec import encode
 
 H = 3600 * 1_000_000
@@ -25,8 +26,13 @@ class RollupBlocks:
     stream has moved past it), so readers know which segments it covers."""
 
     def __init__(self, sink: Sink, directory: str, block_us: int,
-                 combine: Callable[[list[pa.Table]], pa.Table]) -> None:
+                 combine: Callable[[list[pa.Table]], pa.Table], budget: StorageBudget | None = None) -> None:
         self._sink = sink
+        self._budget = budget
+        self._files: dict[str, int] = {}  # written and not deleted: name -> bytes (counted in the budget)
+        self._off = False  # past the storage cap: no more rollups (readers rebuild them)
+        if budget is not None:
+            budget.reclaimable(self._reclaim)
         self._dir = directory
         self._block_us = block_us
         self._combine = combine
@@ -38,6 +44,8 @@ class RollupBlocks:
 
     def add(self, rows: pa.Table, first_us: int, last_us: int) -> None:
         """A compacted segment's rollup rows (`bucket_us` aligned to a divisor of the block) and sample span."""
+        if self._off:
+            return
         try:
             blocks = rows["bucket_us"].to_numpy() // self._block_us
             for block in np.unique(blocks):
@@ -60,15 +68,40 @@ class RollupBlocks:
                       self._dir, type(exc).__name__, exc)
 
     def _write(self) -> None:
-        if self._rows is None:
+        if self._rows is None or self._off:
             return
         name = f"{self._dir}/{layout.rollup_name(self._start, self._end)}"
         if name == self._written:
             return
-        self._sink.write_atomic(name, encode(self._rows))
+        data = encode(self._rows)
+        replaces = self._files.get(self._written, 0) if self._written is not None else 0
+        if self._budget is not None and not self._budget.fits(len(data) - replaces):
+            warn_once(f"rollup-cap-{self._dir}", "storage cap reached: no more rollups of %s (readers rebuild them "
+                      "from the data)", self._dir)
+            self._reclaim()
+            return
+        self._sink.write_atomic(name, data)
+        self._files[name] = len(data)
+        if self._budget is not None:
+            self._budget.add(len(data))
         previous, self._written = self._written, name
         if previous is not None:
-            try:
-                self._sink.delete(previous)
-            except Exception:  # a leftover with the same start and an earlier end is skipped by readers
-                pass
+            self._delete(previous)
+
+    def _delete(self, name: str) -> None:
+        try:
+            self._sink.delete(name)
+        except Exception:  # a leftover with the same start and an earlier end is skipped by readers
+            return
+        size = self._files.pop(name, 0)
+        if self._budget is not None:
+            self._budget.add(-size)
+
+    def _reclaim(self) -> int:
+        """Delete every rollup this stream wrote and write no more: their room goes to data. Bytes freed."""
+        self._off = True
+        before = sum(self._files.values())
+        for name in list(self._files):
+            self._delete(name)
+        self._rows, self._written = None, None
+        return before - sum(self._files.values())

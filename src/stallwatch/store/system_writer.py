@@ -31,7 +31,8 @@ class SystemWriter(ChunkWriter):
         self.keys = list(keys)
         self._ts = np.zeros(capacity, dtype=np.int64)
         self._values = np.full((capacity, len(self.keys)), np.nan, dtype=np.float64)
-        self._rollups = RollupBlocks(sink, layout.system_rollup_dir(node), SYSTEM_BLOCK_US, combine_system)
+        self._rollups = RollupBlocks(sink, layout.system_rollup_dir(node), SYSTEM_BLOCK_US, combine_system,
+                                     budget=self._budget)
 
     def set_interval(self, interval_us: int) -> None:
         """A live change of the sampling interval: the buffer grows to hold a segment at the new pace (it never

@@ -59,3 +59,21 @@ def test_no_rows_is_not_applicable(tmp_path):
     write_run(tmp_path / "run", [frame])
     (sec,) = heatmap.build(RunAnalysis(open_run(str(tmp_path / "run"))))
     assert any(isinstance(b, NotApplicable) for b in sec.blocks)
+
+
+def test_a_fleet_draws_the_nodes_that_matter_first_and_says_so(tmp_path, monkeypatch):
+    """Past MAX_DRAWN_NODES, the heatmap draws the nodes the findings name first (here the node with the planted
+    CPU bottleneck, last by name), then by name, and says how many of how many it draws."""
+    from stallwatch.analyze import analysis as analysis_mod
+
+    nodes = [make_node(f"algo-{k}", 2000, 4, 2, seed=k) for k in range(1, 5)]
+    nodes.append(plant_cpu_bottleneck(make_node("algo-9", 2000, 4, 2, seed=9), 500, 1500, gpu=1, core=2))
+    write_run(tmp_path / "run", nodes)
+    monkeypatch.setattr(analysis_mod, "MAX_DRAWN_NODES", 3)
+    analysis = RunAnalysis(open_run(str(tmp_path / "run")))
+    assert "algo-9" in {n for f in analysis.findings.findings for n in f.where.nodes}
+    assert analysis.drawn_nodes() == ["algo-9", "algo-1", "algo-2"]
+    (sec,) = heatmap.build(analysis)
+    shown = _images(next(b for b in sec.blocks if isinstance(b, Chart)))
+    assert [f.title.text.split(":")[0] for f, _ in shown] == ["algo-9", "algo-1", "algo-2"]
+    assert any(isinstance(b, Paragraph) and b.text.startswith("3 of the 5 nodes are drawn") for b in sec.blocks)

@@ -90,3 +90,19 @@ def test_without_framework_data_it_does_not_apply_and_says_how_to_record(tmp_pat
     (na,) = sections[0].blocks
     assert isinstance(na, NotApplicable)
     assert na.reason.startswith("No framework data on this run") and "stallwatch run" in na.reason
+
+
+def test_a_fleet_draws_at_most_max_drawn_nodes_histograms_and_says_so(tmp_path, monkeypatch):
+    from stallwatch.analyze import analysis as analysis_mod
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.present.report.model import Paragraph
+    from tests.present.generated_run import training_run
+
+    run = training_run(tmp_path / "run", nodes=("algo-1", "algo-2", "algo-3", "algo-4"), with_framework=True)
+    monkeypatch.setattr(analysis_mod, "MAX_DRAWN_NODES", 2)
+    sections = steps.build(RunAnalysis(str(run)))
+    captions = [c.caption for c in blocks_of(sections, Chart) if c.caption.startswith("Step durations on node")]
+    assert captions == ["Step durations on node algo-1", "Step durations on node algo-2"]
+    assert any("Histograms of 2 of the 4 nodes are drawn" in b.text for b in blocks_of(sections, Paragraph))
+    rows = rows_by(table(sections, "Step durations per node"), "Node", "Rank", "Phase")
+    assert {node for node, _, _ in rows} == {"algo-1", "algo-2", "algo-3", "algo-4"}  # the table keeps every node

@@ -35,7 +35,8 @@ def stack(figs: list[Any]) -> Any:
 
 def build(analysis: RunAnalysis) -> list[Section]:
     section = Section("heatmap", "Utilization heatmap", [Paragraph(INTRO)])
-    heatmaps = analysis.heatmaps()
+    drawn = analysis.drawn_nodes()
+    heatmaps = analysis.heatmaps(node_names=drawn)
     shown = figures(heatmaps)
     if not shown:
         section.blocks.append(NotApplicable("No node recorded per-core CPU or GPU utilization, so there is no "
@@ -44,6 +45,11 @@ def build(analysis: RunAnalysis) -> list[Section]:
     gpu_less = [n for n, rows in heatmaps.items() if not any(name.startswith("gpu") for name in rows.names)]
     if gpu_less:
         section.blocks.append(Paragraph(f"No GPU recorded on {', '.join(gpu_less)}: only CPU cores are shown there."))
+    if len(drawn) < len(analysis.nodes):
+        section.blocks.append(Paragraph(
+            f"{len(drawn)} of the {len(analysis.nodes)} nodes are drawn: those the findings name first, then those "
+            "that stand out in the node comparison, then by name (the notebook's and the dashboard's heatmap draw "
+            "any node)."))
     model = shown[0] if len(shown) == 1 else stack(shown)
     section.blocks.append(Chart(model, "Utilization per GPU and CPU core over time"))
     return [section]

@@ -36,19 +36,29 @@ def build(analysis: RunAnalysis) -> list[Section]:
     series: dict[str, dict[str, Any]] = view.details.get("step_details") or {}
     sec.blocks.append(Paragraph(_intro(view)))
     sec.blocks.append(_stats_table(series))
-    histograms = analysis.step_histograms({str(e.get("phase")) for e in series.values()})
+    with_steps = sorted({str(e.get("node")) for e in series.values()})
+    drawn = analysis.drawn_nodes(with_steps)
+    histograms = analysis.step_histograms({str(e.get("phase")) for e in series.values()}, nodes=drawn)
     if histograms:
         sec.blocks.append(Paragraph(
             "The following histograms show the step durations measured on each node, one series per rank and "
             "phase, on a logarithmic axis so that slow steps and normal ones show together; the outliers are also "
             "marked as red triangles (hover for their step numbers). Click a label in the legend to hide its "
-            "series."))
+            "series." + _drawn_note(len(drawn), len(with_steps))))
     for hist in histograms:
         sec.blocks.append(Chart(_histogram(hist, series), caption=f"Step durations on node {hist.node}"))
     if any(e.get("number_of_outliers") for e in series.values()):
         sec.blocks += _outlier_context(view, series)
     sec.blocks.append(_verdict(view, series))
     return [sec]
+
+
+def _drawn_note(drawn: int, total: int) -> str:
+    """What a per-node chart leaves out of a fleet (the table above has every node)."""
+    if drawn >= total:
+        return ""
+    return (f" Histograms of {drawn} of the {total} nodes are drawn: those the findings name first, then those "
+            "that stand out in the node comparison, then by name; the table above has every node.")
 
 
 def _intro(view: RuleResult) -> str:
