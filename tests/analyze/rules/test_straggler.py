@@ -110,3 +110,20 @@ def test_blocks_of_any_size_give_the_result_of_one_block(monkeypatch, ranks, num
     monkeypatch.setattr(straggler, "BLOCK_CELLS", numbers_per_block * len(ranks))
     blocked = evaluate(Straggler, whole(gen.table()))
     assert json.dumps(blocked, sort_keys=True) == json.dumps(one, sort_keys=True)
+
+
+def test_kept_step_numbers_as_runs_read_back_as_the_numbers():
+    """A finished rank keeps its step numbers as runs of consecutive ones (a rank's numbers are one run when
+    nothing is skipped): every slice and every lookup equals the plain sorted array's, gaps and repeats of the
+    numbering included."""
+    from stallwatch.analyze.rules.straggler import _runs, _Steps
+
+    rng = np.random.default_rng(7)
+    numbers = np.unique(np.r_[np.arange(0, 500), np.arange(700, 705), rng.integers(900, 5_000, 300), [10**9]])
+    steps = _Steps(_runs(numbers), np.zeros(len(numbers), np.int32), None, None)
+    assert len(steps.runs) < len(numbers) and np.array_equal(steps.numbers(), numbers)
+    for lo, hi in ((0, 0), (0, 1), (3, 499), (499, 506), (100, len(numbers)), (len(numbers) - 1, len(numbers))):
+        assert np.array_equal(steps.numbers(lo, hi), numbers[lo:hi])
+    probes = np.r_[-5, numbers[::7], numbers[::11] + 1, 600, 10**9 + 3]
+    assert np.array_equal(steps.locate(probes), np.searchsorted(numbers, probes))
+    assert len(_runs(np.arange(100, 10_100)).tolist()) == 1

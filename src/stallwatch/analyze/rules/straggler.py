@@ -33,18 +33,70 @@ class _Rank:
 @dataclass(frozen=True)
 class _Steps:
     """A rank's steps once its node is complete: one row per step number (its first step), in the narrowest
-    integer type that holds them exactly (≈ 20 bytes a step instead of ≈ 50 in growable columns of events).
-    Ranks are compared step by step across nodes at the end, so the rows are kept until then."""
+    integer type that holds them exactly, the numbers as runs of consecutive ones (≈ 4–12 bytes a step instead
+    of ≈ 50 in growable columns of events; each number's earliest start is kept once for all ranks, in
+    `_Starts`). Ranks are compared step by step across nodes at the end, so the rows are kept until then."""
 
-    number: np.ndarray  # sorted, distinct
-    start: np.ndarray  # µs, int64
+    runs: np.ndarray  # the sorted, distinct step numbers as runs: rows of (first number, length)
     dur: np.ndarray  # µs
     coll: np.ndarray | None  # µs in collectives per step; None when they are recorded in too few of its steps
     bwd: np.ndarray | None  # µs in backward per step; likewise
 
+    def numbers(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The step numbers of rows [lo, hi), int64."""
+        hi = len(self.dur) if hi is None else hi
+        if hi <= lo:
+            return np.empty(0, np.int64)
+        lengths = self.runs[:, 1]
+        ends = np.cumsum(lengths)
+        offsets = ends - lengths  # row of each run's first number
+        rows = np.arange(lo, hi, dtype=np.int64)
+        k = np.searchsorted(ends, rows, side="right")
+        return self.runs[k, 0] + (rows - offsets[k])
 
-def _compact(r: _Rank) -> _Steps:
-    """`r` reduced to `_Steps` (what `_basis` and `_outside` read of it, exactly)."""
+    def locate(self, values: np.ndarray) -> np.ndarray:
+        """Row where each value is or would be (`np.searchsorted(numbers, values)`, without the numbers)."""
+        values = np.asarray(values, np.int64)
+        if not len(self.runs):
+            return np.zeros(len(values), np.int64)
+        firsts, lengths = self.runs[:, 0], self.runs[:, 1]
+        offsets = np.r_[0, np.cumsum(lengths)[:-1]]
+        k = np.searchsorted(firsts, values, side="right") - 1
+        inside = np.clip(values - firsts[np.maximum(k, 0)], 0, lengths[np.maximum(k, 0)])
+        return np.where(k < 0, 0, offsets[np.maximum(k, 0)] + inside)
+
+
+def _runs(number: np.ndarray) -> np.ndarray:
+    """Sorted distinct numbers as rows of (first, length) of consecutive runs."""
+    if not len(number):
+        return np.zeros((0, 2), np.int64)
+    starts = np.flatnonzero(np.r_[True, np.diff(number) != 1])
+    lengths = np.diff(np.r_[starts, len(number)])
+    return np.stack([number[starts].astype(np.int64), lengths.astype(np.int64)], axis=1)
+
+
+class _Starts:
+    """Each step number's earliest start over every rank compacted so far (what the result reports a window's
+    start by), kept once for all ranks: sorted numbers and their starts."""
+
+    def __init__(self) -> None:
+        self.numbers, self.starts = np.empty(0, np.int64), np.empty(0, np.int64)
+
+    def merged(self, numbers: np.ndarray, starts: np.ndarray) -> _Starts:
+        out = _Starts()
+        out.numbers = np.union1d(self.numbers, numbers)
+        out.starts = np.full(len(out.numbers), np.iinfo(np.int64).max, np.int64)
+        for nums, sts in ((self.numbers, self.starts), (numbers, starts)):
+            np.minimum.at(out.starts, np.searchsorted(out.numbers, nums), sts)
+        return out
+
+    def of(self, numbers: np.ndarray) -> np.ndarray:
+        return self.starts[np.searchsorted(self.numbers, numbers)]
+
+
+def _compact(r: _Rank) -> tuple[_Steps, np.ndarray, np.ndarray]:
+    """`r` reduced to `_Steps` (what `_basis` and `_outside` read of it, exactly), with its step numbers and
+    their first starts (for `_Starts`)."""
     number, start, dur = r.step.view(), r.start.view(), r.dur.view()
     order = np.lexsort((start, number))
     number, start, dur = number[order], start[order], dur[order]
@@ -55,8 +107,8 @@ def _compact(r: _Rank) -> _Steps:
         covered = steps.n > 0 and len(np.intersect1d(number, steps.view())) >= COVERED * len(number)
         return _narrow(_per_step(number, steps.view(), times.view())) if covered else None
 
-    return _Steps(_narrow(number), start.astype(np.int64), _narrow(dur), per_step(r.coll_step, r.coll),
-                  per_step(r.bwd_step, r.bwd))
+    steps = _Steps(_runs(number), _narrow(dur), per_step(r.coll_step, r.coll), per_step(r.bwd_step, r.bwd))
+    return steps, number.astype(np.int64), start.astype(np.int64)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -94,6 +146,7 @@ class Straggler(Rule):
         check_non_negative(self, "threshold", "min_excess_ms")
         self._ranks: dict[tuple[str, int], _Rank] = {}
         self._done: dict[tuple[str, int], _Steps] = {}  # ranks of nodes whose data is complete, compacted
+        self._starts = _Starts()  # their step numbers' earliest starts
         self._events = 0
 
     def update(self, chunk: Chunk) -> None:
@@ -102,7 +155,8 @@ class Straggler(Rule):
             for key in [key for key in self._ranks if key[0] == node]:
                 r = self._ranks.pop(key)
                 if r.step.n:
-                    self._done[key] = _compact(r)
+                    self._done[key], numbers, starts = _compact(r)
+                    self._starts = self._starts.merged(numbers, starts)
 
     def _add(self, chunk: Chunk) -> None:
         cols = new_events(chunk)
@@ -126,12 +180,16 @@ class Straggler(Rule):
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        compact = {**self._done, **{k: _compact(r) for k, r in self._ranks.items() if r.step.n}}
+        compact, starts = dict(self._done), self._starts
+        for key, r in self._ranks.items():  # ranks of nodes still being read (live evaluation)
+            if r.step.n:
+                compact[key], numbers, first = _compact(r)
+                starts = starts.merged(numbers, first)
         ranks = sorted(compact)
         if len(ranks) < 2:
             return self.not_applicable("a single rank: there is no other rank to be slower than")
         basis = _basis([compact[k] for k in ranks])
-        grid = _Grid([compact[k] for k in ranks], basis)
+        grid = _Grid([compact[k] for k in ranks], basis, starts)
         if len(grid.numbers) < MIN_SHARED_STEPS:
             return self.not_applicable(f"fewer than {MIN_SHARED_STEPS} TRAIN steps shared by two ranks or more")
         threshold, floor_us = float(self.params["threshold"]), float(self.params["min_excess_ms"]) * 1000.0
@@ -219,18 +277,15 @@ class _Grid:
     ranks at each; `blocks()` hands out the ranks × numbers matrices a block of numbers at a time, so the result
     never holds the whole ranks × steps matrix."""
 
-    def __init__(self, ranks: list[_Steps], basis: str) -> None:
+    def __init__(self, ranks: list[_Steps], basis: str, starts: _Starts) -> None:
         self.ranks, self.basis = ranks, basis
-        everything = functools.reduce(np.union1d, (r.number.astype(np.int64) for r in ranks),
+        everything = functools.reduce(np.union1d, (r.numbers() for r in ranks),
                                       np.empty(0, np.int64))  # one rank's numbers at a time: ranks mostly share them
         seen = np.zeros(len(everything), np.int64)
-        starts = np.full(len(everything), np.iinfo(np.int64).max, np.int64)
         for r in ranks:
-            pos = np.searchsorted(everything, r.number.astype(np.int64))
-            seen[pos] += 1  # numbers are distinct within a rank
-            np.minimum.at(starts, pos, r.start)
-        shared = seen >= 2
-        self.numbers, self.starts = everything[shared], starts[shared]
+            seen[np.searchsorted(everything, r.numbers())] += 1  # numbers are distinct within a rank
+        self.numbers = everything[seen >= 2]
+        self.starts = starts.of(self.numbers)
 
     def blocks(self, width: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(first column, median step, excess) per block of `width` shared numbers."""
@@ -239,7 +294,7 @@ class _Grid:
             matrix = np.full((len(self.ranks), len(numbers)), np.nan)  # time outside waits, µs
             steps = np.full((len(self.ranks), len(numbers)), np.nan)  # step duration, µs
             for i, r in enumerate(self.ranks):
-                lo, hi = np.searchsorted(r.number, [numbers[0], numbers[-1] + 1]) if len(numbers) else (0, 0)
+                lo, hi = r.locate(np.array([numbers[0], numbers[-1] + 1])) if len(numbers) else (0, 0)
                 num, out, dur = _outside(r, self.basis, lo, hi)
                 pos = np.searchsorted(numbers, num)
                 ok = (pos < len(numbers)) & (numbers[np.minimum(pos, len(numbers) - 1)] == num)
@@ -325,12 +380,13 @@ def _outside(r: _Steps, basis: str, lo: int = 0, hi: int | None = None) -> tuple
     """Rows [lo, hi) of a rank, one per step number: (numbers, time outside waits, step duration)."""
     rows = slice(lo, hi)
     dur = r.dur[rows].astype(np.int64)
+    numbers = r.numbers(int(lo), int(hi) if hi is not None else None)
     subtract = {"collectives": r.coll, "backward": r.bwd}.get(basis)
     if subtract is not None:
         dur_out = np.maximum(dur - subtract[rows].astype(np.int64), 0)
     else:
         dur_out = np.maximum(dur, 0)
-    return r.number[rows].astype(np.int64), dur_out.astype(np.float64), dur.astype(np.float64)
+    return numbers, dur_out.astype(np.float64), dur.astype(np.float64)
 
 
 def _per_step(number: np.ndarray, steps: np.ndarray, times: np.ndarray) -> np.ndarray:
