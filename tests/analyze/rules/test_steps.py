@@ -298,3 +298,28 @@ def test_max_initialization_time_not_applicable_without_framework_data():
 def test_max_initialization_time_chunk_invariance():
     assert_chunk_invariant(MaxInitializationTime, init_run(22 * MINUTE), pieces=15)
     assert_chunk_invariant(MaxInitializationTime, init_run(5 * MINUTE), pieces=15)
+
+
+def test_narrow_columns_hold_int32_until_a_value_does_not_fit_and_read_back_exactly():
+    """The rules' per-step columns (step numbers, durations, waits) and StepOutlier's per-step-number tables are
+    int32 while every value fits — half the memory of the node being read — and widen to int64 at the first
+    value that does not (a 40-minute step, a step number past 2^31); what is read back is the same."""
+    from stallwatch.analyze.rules.steps import Appendable, _Series
+
+    col = Appendable(narrow=True)
+    col.extend(np.array([5, 2**31 - 1, -(2**31)], np.int64))
+    assert col._data.dtype == np.int32 and col.view().dtype == np.int64
+    col.extend(np.array([2**31, 7], np.int64))
+    assert col._data.dtype == np.int64 and col.view().tolist() == [5, 2**31 - 1, -(2**31), 2**31, 7]
+
+    s = _Series()
+    numbers = np.arange(10, dtype=np.int64)
+    s.add_context(numbers, np.zeros(10, np.int64), np.full(10, 1_000, np.int64))
+    assert s.ctx.dtype == np.int32 and s.first.dtype == np.int32
+    long_us = 40 * 60 * 1_000_000  # a 40-minute step and 40 minutes of forward in step 3
+    s.add_context(np.array([3]), np.array([1]), np.array([long_us]))
+    s.add_steps(numbers, numbers * 10**9, np.r_[np.full(3, 2_000), [long_us + 5_000], np.full(6, 2_000)])
+    assert s.ctx.dtype == np.int64 and s.first.dtype == np.int64
+    ctx = s.context_of(np.arange(10))
+    assert ctx[3, 1] == long_us and ctx[3, 0] == 1_000 and ctx[3, -1] == 4_000 and ctx[0, -1] == 1_000
+    assert s.dur.view()[3] == long_us + 5_000 and s.context_totals()[-1] == 4_000 + 9 * 1_000

@@ -26,8 +26,8 @@ class _Rank:
     """One rank's steps as they came: number, start, duration; and its waits by step number."""
 
     def __init__(self) -> None:
-        self.step, self.start, self.dur = Appendable(), Appendable(), Appendable()
-        self.wait_step, self.wait = Appendable(), Appendable()
+        self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
+        self.wait_step, self.wait = Appendable(narrow=True), Appendable(narrow=True)
         self.workers: list[float] = []
 
     def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

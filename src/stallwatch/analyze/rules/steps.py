@@ -221,13 +221,18 @@ _DENSE_SPAN = 1 << 22  # step numbers per (rank, phase) whose context is kept (f
 
 
 class Appendable:
-    """A numpy column that grows by doubling: appends cost O(new) amortised, reads are views."""
+    """A numpy column that grows by doubling: appends cost O(new) amortised, reads are views. With `narrow`,
+    integers are kept as int32 while every value fits (half the memory of a rule's per-step columns: step
+    numbers, durations) and as int64 from the first that does not; they read back as int64 either way."""
 
-    def __init__(self, dtype: Any = np.int64) -> None:
-        self._data = np.empty(0, dtype)
+    def __init__(self, dtype: Any = np.int64, *, narrow: bool = False) -> None:
+        self._data = np.empty(0, np.int32 if narrow else dtype)
+        self._narrow = narrow
         self.n = 0
 
     def extend(self, values: np.ndarray) -> None:
+        if self._data.dtype == np.int32 and len(values) and not _fits_int32(values):
+            self._data = self._data.astype(np.int64)
         need = self.n + len(values)
         if need > len(self._data):
             grown = np.empty(max(need, 2 * len(self._data), 1024), self._data.dtype)
@@ -237,7 +242,20 @@ class Appendable:
         self.n = need
 
     def view(self) -> np.ndarray:
-        return self._data[: self.n]
+        data = self._data[: self.n]
+        return data.astype(np.int64) if data.dtype == np.int32 else data
+
+
+def _fits_int32(values: np.ndarray) -> bool:
+    return int(values.min()) >= -(1 << 31) and int(values.max()) < (1 << 31)
+
+
+def _store(table: np.ndarray, rows: np.ndarray | slice, values: np.ndarray) -> np.ndarray:
+    """`table[rows] = values`, first widening an int32 table to int64 when a value does not fit; the table."""
+    if table.dtype == np.int32 and np.size(values) and not _fits_int32(np.asarray(values)):
+        table = table.astype(np.int64)
+    table[rows] = values
+    return table
 
 
 class _Series:
@@ -250,11 +268,13 @@ class _Series:
     def __init__(self) -> None:
         self.n = self.s1 = self.s2 = 0  # Python ints: exact, whatever the order of arrival
         self.durations = Distribution(None, np.float64)  # µs
-        self.step, self.start, self.dur = Appendable(), Appendable(), Appendable()
+        self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
         self.base = 0  # step number of row 0 of the dense tables
-        self.ctx = np.zeros((0, _RECORDED), np.int64)  # per step number: µs per recorded kind
+        # per step number: µs per recorded kind, and the duration of its step (when it has one); int32 while
+        # every value fits (35 minutes), int64 from the first that does not (`_store`)
+        self.ctx = np.zeros((0, _RECORDED), np.int32)
         self.occ = np.zeros(0, np.int32)  # per step number: steps seen with it
-        self.first = np.zeros(0, np.int64)  # per step number: duration of its step (when it has one)
+        self.first = np.zeros(0, np.int32)
         self.totals = np.zeros(_RECORDED + 1, np.int64)  # over every step: µs per kind, then outside_phases
         self.duplicates = False  # a step number seen twice: outside_phases is then summed in result()
 
@@ -272,7 +292,8 @@ class _Series:
             cap = new_hi - new_lo + 1
             if size:  # grow by doubling towards higher numbers, so appends stay amortised
                 cap = min(max(cap, 2 * size), _DENSE_SPAN)
-            ctx, occ, first = np.zeros((cap, _RECORDED), np.int64), np.zeros(cap, np.int32), np.zeros(cap, np.int64)
+            ctx, occ = np.zeros((cap, _RECORDED), self.ctx.dtype), np.zeros(cap, np.int32)
+            first = np.zeros(cap, self.first.dtype)
             at = self.base - new_lo
             ctx[at: at + size], occ[at: at + size], first[at: at + size] = self.ctx, self.occ, self.first
             self.base, self.ctx, self.occ, self.first = new_lo, ctx, occ, first
@@ -292,7 +313,7 @@ class _Series:
         rows = touched + (lo - self.base)
         delta = delta[touched]
         before = self.ctx[rows].sum(axis=1)
-        self.ctx[rows] += delta
+        self.ctx = _store(self.ctx, rows, self.ctx[rows] + delta)
         occ = self.occ[rows].astype(np.int64)
         self.totals[:_RECORDED] += (occ[:, None] * delta).sum(axis=0)
         single = occ == 1  # steps seen more than once: outside_phases is summed in result()
@@ -319,7 +340,7 @@ class _Series:
         if (self.occ[rows] > 0).any() or (seen > 1).any():
             self.duplicates = True
         self.occ += seen.astype(np.int32)
-        self.first[rows] = d  # only read while every step number has one step
+        self.first = _store(self.first, rows, d)  # only read while every step number has one step
         ctx = self.ctx[rows]
         self.totals[:_RECORDED] += ctx.sum(axis=0)
         self.totals[_RECORDED] += int(np.maximum(d - ctx.sum(axis=1), 0).sum())

@@ -25,9 +25,9 @@ class _Rank:
     """One rank's TRAIN steps (number, start, duration) and, per step number, its collective and backward time."""
 
     def __init__(self) -> None:
-        self.step, self.start, self.dur = Appendable(), Appendable(), Appendable()
-        self.coll_step, self.coll = Appendable(), Appendable()
-        self.bwd_step, self.bwd = Appendable(), Appendable()
+        self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
+        self.coll_step, self.coll = Appendable(narrow=True), Appendable(narrow=True)
+        self.bwd_step, self.bwd = Appendable(narrow=True), Appendable(narrow=True)
 
 
 @dataclass(frozen=True)
