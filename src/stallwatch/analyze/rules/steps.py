@@ -220,8 +220,12 @@ _CONTEXT_NAMES = CONTEXT_KINDS + ("other", "outside_phases")
 _DENSE_SPAN = 1 << 22  # step numbers per (rank, phase) whose context is kept (from the smallest seen)
 
 
+GROWTH = 4  # growing columns and tables grow by 1/GROWTH: appends stay amortised O(new) (each value is copied
+# about GROWTH times), and at most a fifth of a node-day of per-step state is room not yet used (doubling: half)
+
+
 class Appendable:
-    """A numpy column that grows by doubling: appends cost O(new) amortised, reads are views. With `narrow`,
+    """A numpy column that grows by a share (`GROWTH`): appends cost O(new) amortised, reads are views. With `narrow`,
     integers are kept as int32 while every value fits (half the memory of a rule's per-step columns: step
     numbers, durations) and as int64 from the first that does not; they read back as int64 either way."""
 
@@ -235,7 +239,7 @@ class Appendable:
             self._data = self._data.astype(np.int64)
         need = self.n + len(values)
         if need > len(self._data):
-            grown = np.empty(max(need, 2 * len(self._data), 1024), self._data.dtype)
+            grown = np.empty(max(need, len(self._data) + len(self._data) // GROWTH, 1024), self._data.dtype)
             grown[: self.n] = self._data[: self.n]
             self._data = grown
         self._data[self.n: need] = values
@@ -290,8 +294,8 @@ class _Series:
         new_hi = min(new_hi, new_lo + _DENSE_SPAN - 1)
         if size == 0 or new_lo < self.base or new_hi >= self.base + size:
             cap = new_hi - new_lo + 1
-            if size:  # grow by doubling towards higher numbers, so appends stay amortised
-                cap = min(max(cap, 2 * size), _DENSE_SPAN)
+            if size:  # grow by a share towards higher numbers, so appends stay amortised
+                cap = min(max(cap, size + size // GROWTH), _DENSE_SPAN)
             ctx, occ = np.zeros((cap, _RECORDED), self.ctx.dtype), np.zeros(cap, np.int32)
             first = np.zeros(cap, self.first.dtype)
             at = self.base - new_lo
