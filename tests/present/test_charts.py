@@ -77,6 +77,14 @@ def test_timeline_one_legend_per_figure_kind_that_hides():
     assert first.y_range.end == 105 and second.y_range.__class__.__name__ == "DataRange1d"
 
 
+def test_amounts_start_at_zero_and_never_in_scientific_notation():
+    """A percent panel is 0–105; an amount (network MB/s, I/O wait) starts at 0 and its ticks read 0.00015,
+    not 1.500e-4, on an idle node."""
+    cpu, net = (_figures(_two_panels())[i + 1] for i in range(2))  # the first figure is the flagged track
+    assert (cpu.y_range.start, cpu.y_range.end) == (0, 105)
+    assert net.y_range.start == 0 and net.yaxis[0].formatter.use_scientific is False
+
+
 def test_single_panel_is_one_figure():
     fig = charts.timeline([Panel("CPU", "%", [_series("n")])])
     assert not isinstance(fig, GridPlot) and fig.title.text == "CPU"

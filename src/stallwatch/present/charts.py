@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 from bokeh.layouts import gridplot
 from bokeh.models import (
+    BasicTickFormatter,
     ColorBar,
     ColumnDataSource,
     CustomJS,
@@ -181,6 +182,9 @@ def _panel(panel: Panel, shared: Overlay, x_range: Any, height: int, colors: dic
                active_scroll="xwheel_zoom", sizing_mode="stretch_width", y_axis_label=panel.y_label)
     if panel.percent:
         f.y_range = Range1d(0, 105, bounds=(0, 105))
+    else:  # never negative (I/O wait, network); an idle node's network reads 0.00015 MB/s, not 1.500e-4
+        f.y_range.start = 0
+        f.yaxis.formatter = BasicTickFormatter(use_scientific=False)
     for label, source in [*shared.spans.items(), *shared.flags.items()]:
         r = f.vstrip(x0="x0", x1="x1", source=source, fill_color=shared.color(label), fill_alpha=0.15, line_alpha=0)
         shared.drawn.setdefault(label, []).append(r)
