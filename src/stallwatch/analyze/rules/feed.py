@@ -45,7 +45,7 @@ def read_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None) -> Chun
 
 SLICE_US = 3600 * 1_000_000  # batch evaluation reads and feeds the run at most an hour at a time
 MIN_SLICE_US = 60 * 1_000_000
-SLICE_BYTES = 4 << 20  # stored bytes per slice (~0.7 M framework events): a slice's memory, whatever the nodes
+SLICE_BYTES = 1 << 20  # stored bytes per slice (~0.2 M framework events): a slice's memory, whatever the nodes
 _ATTEMPTS = 3  # reads of a slice whose files were compacted while it was read
 
 
