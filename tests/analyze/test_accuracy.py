@@ -21,12 +21,19 @@ import json, sys, time, torch
 from torch.utils.data import DataLoader, Dataset
 SAMPLE_S, COMPUTE_S, STALLS, STEPS, ONSET, WORKERS = {sample_s}, {compute_s}, set({stalls}), {steps}, {onset}, {workers}
 
+def work(seconds):
+    """CPU work (not a sleep): on a loaded machine it stretches like the loader's and the model's real work do,
+    so the share of each step spent waiting for data is the planted one however busy the machine is."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
 class Data(Dataset):
-    """Each sample costs SAMPLE_S (from step ONSET on); the batches in STALLS take 0.3 s more."""
+    """Each sample costs SAMPLE_S of CPU (from step ONSET on); the batches in STALLS wait 0.3 s more (I/O)."""
     def __len__(self): return STEPS * 8
     def __getitem__(self, i):
         if i // 8 >= ONSET:
-            time.sleep(SAMPLE_S)
+            work(SAMPLE_S)
             if i % 8 == 0 and i // 8 in STALLS:
                 time.sleep(0.3)
         return torch.randn(16), torch.randn(1)
@@ -37,7 +44,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for i, (x, y) in enumerate(DataLoader(Data(), batch_size=8, num_workers=WORKERS)):
     if i == ONSET:
         json.dump({{"onset": time.time()}}, open(sys.argv[1], "w"))
-    time.sleep(COMPUTE_S)  # the model's work
+    work(COMPUTE_S)  # the model's work
     opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
 '''
 

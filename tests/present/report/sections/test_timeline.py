@@ -112,3 +112,16 @@ def test_no_system_data(tmp_path):
             path.unlink()
     (sec,) = timeline.build(_ctx(tmp_path / "run"))
     assert any(isinstance(b, NotApplicable) for b in sec.blocks)
+
+
+def test_a_fleet_draws_lines_of_the_nodes_that_matter_first_and_says_so(busy_run, monkeypatch):
+    """Past MAX_DRAWN_NODES, each panel draws the nodes the findings name first (algo-1: its planted CPU
+    bottleneck), and the section says how many of how many."""
+    from stallwatch.analyze import analysis as analysis_mod
+
+    monkeypatch.setattr(analysis_mod, "MAX_DRAWN_NODES", 1)
+    (sec,) = timeline.build(_ctx(busy_run))
+    chart = next(b for b in sec.blocks if isinstance(b, Chart))
+    assert all(set(_lines(f)) == {"algo-1"} for f in _figures(chart))
+    text = " ".join(b.text for b in sec.blocks if isinstance(b, Paragraph))
+    assert "Lines of 1 of the 2 nodes are drawn" in text

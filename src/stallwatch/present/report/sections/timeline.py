@@ -27,7 +27,8 @@ NO_TIMES = ("The flagged track shows the CPU and I/O bottleneck ranges (the firs
 
 def build(analysis: RunAnalysis) -> list[Section]:
     section = Section("timeline", "Timeline", [Paragraph(INTRO)])
-    shown = analysis.timeline_panels()
+    drawn = analysis.drawn_nodes()
+    shown = analysis.timeline_panels(drawn)
     if not shown:
         section.blocks.append(NotApplicable("No node recorded system metrics, so there is no timeline to show."))
         return [section]
@@ -37,6 +38,10 @@ def build(analysis: RunAnalysis) -> list[Section]:
     text = "" if not missing else f" Not recorded on any node: {', '.join(missing)}."
     if not spans:
         text += " The job recorded no training steps, so no training phases are shaded."
+    if len(drawn) < len(analysis.nodes):
+        text += (f" Lines of {len(drawn)} of the {len(analysis.nodes)} nodes are drawn: those the findings name "
+                 "first, then those that stand out in the node comparison, then by name (the shading and the "
+                 "flags are every node's).")
     if text:
         section.blocks.append(Paragraph(text.strip()))
     model = charts.timeline(shown, spans=spans, flags=flags, markers=markers)
