@@ -119,3 +119,18 @@ def test_a_report_holds_few_nodes_snapshots_and_draws_the_same(tmp_path, monkeyp
     assert all(np.array_equal(again[n].values, heat[n].values, equal_nan=True) and again[n].names == heat[n].names
                for n in heat)
     assert len(tight._system) == 1
+
+
+def test_the_report_reads_each_node_once_for_its_step_views(analysis):
+    """The histograms of every mode, the TRAIN rank × step matrix and the training stretches come from one read
+    of each node (one task per node); what they hold is checked against the whole-run functions above."""
+    first, got = analysis
+    a = RunAnalysis(str(first.run.uri))
+    a.step_stats()
+    tasks = a.engine.stats.tasks
+    spans, hist, ranks = a.phase_spans, a.step_histograms({TRAIN, EVAL}), a.rank_steps()
+    assert a.engine.stats.tasks - tasks == 3  # three nodes, one task each
+    assert spans == got["spans"]
+    assert [(h.node, h.edges.tolist(), {k: v.tolist() for k, v in h.shares.items()}) for h in hist] == \
+        [(h.node, h.edges.tolist(), {k: v.tolist() for k, v in h.shares.items()}) for h in got["hist"]]
+    assert np.array_equal(ranks.step_ms, got["ranks"].step_ms, equal_nan=True)

@@ -426,9 +426,13 @@ class RunAnalysis:
         """Per node (of `nodes`, default all), its steps of `modes` binned (`steps.step_histograms`), read node
         by node."""
         wanted = None if nodes is None else set(nodes)
-        digests = self._step_digests(lambda node: _step_digest.DigestPlan(
-            hist_modes=frozenset(modes) if wanted is None or node in wanted else frozenset()))
-        return sorted((d.histogram for d in digests if d.histogram is not None), key=lambda h: h.node)
+        if frozenset(modes) == self._step_modes:  # the report's case: from the one pass it shares
+            digests: Iterable[_step_digest.NodeStepDigest] = self._report_steps
+        else:
+            digests = self._step_digests(lambda node: _step_digest.DigestPlan(
+                hist_modes=frozenset(modes) if wanted is None or node in wanted else frozenset()))
+        return sorted((d.histogram for d in digests
+                       if d.histogram is not None and (wanted is None or d.node in wanted)), key=lambda h: h.node)
 
     def timeline_panels(self, node_names: Iterable[str] | None = None) -> list[Panel]:
         """The timeline's panels, each node's snapshots read (or taken from the cache) one node at a time."""
@@ -441,14 +445,32 @@ class RunAnalysis:
         _, loop = _steps.merge_step_summaries(self._node_step_totals)
         if loop is None:
             return []
-        gaps = {mode: _timeline.phase_gap_us(1000.0 * ms) for mode, ms in self._median_step_ms.items()
-                if mode in _timeline.PHASE_LABELS}
+        gaps = self._phase_gaps
         merged: dict[str, list[tuple[int, int]]] = {}
-        for d in self._step_digests(lambda node: _step_digest.DigestPlan(gaps_us=gaps)):
+        for d in self._report_steps:
             for mode, parts in d.intervals.items():
                 merged.setdefault(mode, []).extend(parts)
         return _timeline.spans_of_phases({m: (parts, gaps[m]) for m, parts in merged.items()}, loop.first_us,
                                          loop.last_us, _int(self.info.get("start_us")), _int(self.info.get("end_us")))
+
+    @cached_property
+    def _phase_gaps(self) -> dict[str, int]:
+        """Per mode, the pause that ends a training stretch (`timeline.phase_gap_us` of its typical step)."""
+        return {mode: _timeline.phase_gap_us(1000.0 * ms) for mode, ms in self._median_step_ms.items()
+                if mode in _timeline.PHASE_LABELS}
+
+    @cached_property
+    def _step_modes(self) -> frozenset[str]:
+        return frozenset(s.mode for s in self.step_stats() if s.steps)
+
+    @cached_property
+    def _report_steps(self) -> list[_step_digest.NodeStepDigest]:
+        """What the report draws of every step — the histograms of every mode, the TRAIN rank × step matrix, the
+        training stretches — in one read of each node (each view alone would read the nodes again)."""
+        grid = self._step_grid(TRAIN)
+        drawn = {n for n, _ in grid.rows} if grid is not None else set()
+        return list(self._step_digests(lambda node: _step_digest.DigestPlan(
+            hist_modes=self._step_modes, grid=grid if node in drawn else None, gaps_us=self._phase_gaps)))
 
     @cached_property
     def _median_step_ms(self) -> dict[str, float]:
@@ -501,17 +523,23 @@ class RunAnalysis:
     def rank_steps(self, mode: str = TRAIN) -> _ranks.RankSteps | None:
         """The rank × step matrices of step time and data wait for `mode` (None without such steps), summed
         node by node on a grid from every rank's first and last step number."""
-        ranges = {(p.node, rank): r for p in self._node_step_totals for (rank, m), r in p.step_ranges.items()
-                  if m == mode}
-        grid = _ranks.step_grid(ranges, mode=mode)
+        grid = self._step_grid(mode)
         if grid is None:
             return None
         drawn = {n for n, _ in grid.rows}
         total = _ranks.RankCells(grid)
-        for d in self._step_digests(lambda node: _step_digest.DigestPlan(grid=grid if node in drawn else None)):
+        digests: Iterable[_step_digest.NodeStepDigest] = self._report_steps if mode == TRAIN else \
+            self._step_digests(lambda node: _step_digest.DigestPlan(grid=grid if node in drawn else None))
+        for d in digests:
             if d.cells is not None:
                 total.merge(d.cells)
         return total.result()
+
+    def _step_grid(self, mode: str) -> _ranks.StepGrid | None:
+        """The rank × step grid of `mode` from every rank's first and last step number."""
+        ranges = {(p.node, rank): r for p in self._node_step_totals for (rank, m), r in p.step_ranges.items()
+                  if m == mode}
+        return _ranks.step_grid(ranges, mode=mode)
 
     def node_series(self, node: str, start_us: int | None = None, end_us: int | None = None,
                     buckets: int = 600) -> _node_series.NodeSeries:
