@@ -426,7 +426,7 @@ class RunAnalysis:
         """Per node (of `nodes`, default all), its steps of `modes` binned (`steps.step_histograms`), read node
         by node."""
         wanted = None if nodes is None else set(nodes)
-        if frozenset(modes) == self._step_modes:  # the report's case: from the one pass it shares
+        if "_report_steps" in self.__dict__ and frozenset(modes) == self._step_modes:  # read with the stretches
             digests: Iterable[_step_digest.NodeStepDigest] = self._report_steps
         else:
             digests = self._step_digests(lambda node: _step_digest.DigestPlan(
@@ -466,7 +466,8 @@ class RunAnalysis:
     @cached_property
     def _report_steps(self) -> list[_step_digest.NodeStepDigest]:
         """What the report draws of every step — the histograms of every mode, the TRAIN rank × step matrix, the
-        training stretches — in one read of each node (each view alone would read the nodes again)."""
+        training stretches — in one read of each node, made by `phase_spans` (the report's timeline comes first);
+        the histograms and the matrix use it when it is there, else read what they need on their own."""
         grid = self._step_grid(TRAIN)
         drawn = {n for n, _ in grid.rows} if grid is not None else set()
         return list(self._step_digests(lambda node: _step_digest.DigestPlan(
@@ -528,7 +529,8 @@ class RunAnalysis:
             return None
         drawn = {n for n, _ in grid.rows}
         total = _ranks.RankCells(grid)
-        digests: Iterable[_step_digest.NodeStepDigest] = self._report_steps if mode == TRAIN else \
+        shared = mode == TRAIN and "_report_steps" in self.__dict__  # read with the stretches already
+        digests: Iterable[_step_digest.NodeStepDigest] = self._report_steps if shared else \
             self._step_digests(lambda node: _step_digest.DigestPlan(grid=grid if node in drawn else None))
         for d in digests:
             if d.cells is not None:

@@ -67,14 +67,14 @@ class StepDigestAccumulator:
         """Events of this node (step and data-wait kinds; others are ignored)."""
         kind = events["kind"].cast(pa.string())
         steps = events.filter(pc.equal(kind, STEP))
-        if steps.num_rows:
-            self._add_steps(steps)
+        cols = FrameworkColumns(steps)
+        if cols.n:
+            self._add_steps(steps, cols)
         if self._cells is not None:
             waits = events.filter(pc.equal(kind, DATA_WAIT))
-            self._cells.add(FrameworkColumns(steps), FrameworkColumns(waits) if waits.num_rows else None)
+            self._cells.add(cols, FrameworkColumns(waits) if waits.num_rows else None)
 
-    def _add_steps(self, table: pa.Table) -> None:
-        cols = FrameworkColumns(table)
+    def _add_steps(self, table: pa.Table, cols: FrameworkColumns) -> None:
         duration = cols.end - cols.start
         if self.plan.hist_modes:
             wanted = cols.mode_is(self.plan.hist_modes) & (duration > 0)

@@ -5,7 +5,6 @@ over the other ranks; a rank whose excess stays above the threshold over a windo
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -83,7 +82,13 @@ class _Starts:
         self.numbers, self.starts = np.empty(0, np.int64), np.empty(0, np.int64)
 
     def merged(self, numbers: np.ndarray, starts: np.ndarray) -> _Starts:
+        """With a rank's sorted, distinct numbers and their first starts (a copy: the result may be live)."""
         out = _Starts()
+        pos = np.searchsorted(self.numbers, numbers)
+        if len(self.numbers) and np.array_equal(self.numbers[np.minimum(pos, len(self.numbers) - 1)], numbers):
+            out.numbers, out.starts = self.numbers, self.starts.copy()  # the usual case: no new number, no sort
+            np.minimum.at(out.starts, pos, starts)
+            return out
         out.numbers = np.union1d(self.numbers, numbers)
         out.starts = np.full(len(out.numbers), np.iinfo(np.int64).max, np.int64)
         for nums, sts in ((self.numbers, self.starts), (numbers, starts)):
@@ -278,9 +283,9 @@ class _Grid:
     never holds the whole ranks × steps matrix."""
 
     def __init__(self, ranks: list[_Steps], basis: str, starts: _Starts) -> None:
+        """`starts`: every one of `ranks`' step numbers (and its first start), as merged when they were kept."""
         self.ranks, self.basis = ranks, basis
-        everything = functools.reduce(np.union1d, (r.numbers() for r in ranks),
-                                      np.empty(0, np.int64))  # one rank's numbers at a time: ranks mostly share them
+        everything = starts.numbers
         seen = np.zeros(len(everything), np.int64)
         for r in ranks:
             seen[np.searchsorted(everything, r.numbers())] += 1  # numbers are distinct within a rank
