@@ -75,6 +75,29 @@ def test_rules_that_did_not_fire_or_do_not_apply_make_no_finding():
     assert found.verdict == "Healthy: no rule found a problem (training steps 93 % of the loop)."
 
 
+def test_a_run_shorter_than_a_rules_start_up_skip_says_that_rule_did_not_judge_it():
+    """On an H100, a 30 s run with its GPU idle 91 % of the time read "Healthy" while the GPU rules still skipped
+    their first 1,000 snapshots."""
+    def skipped(name):
+        return RuleResult(name, 0, 0, 0, {"patience": 1000, "window": 500}, "", "", {})
+    quiet = _rule("StepOutlier", 0, {"step_details": {}})
+    found = build_findings([quiet, skipped("LowGPUUtilization"), skipped("BatchSize")], _summary(),
+                           health=["median GPU utilization 9 %"])
+    assert found.healthy and found.findings == []
+    assert found.verdict == (
+        "Healthy: no rule found a problem (median GPU utilization 9 %). Too short for BatchSize and LowGPUUtilization "
+        "to judge: each skips the run's start-up (its `patience` parameter); "
+        "`stallwatch rules RUN --param LowGPUUtilization.patience=0` judges it anyway.")
+    judged = replace(skipped("LowGPUUtilization"), datapoints=10)
+    assert "Too short" not in build_findings([quiet, judged], _summary()).verdict
+
+
+def test_a_stake_longer_than_the_loop_is_not_read_as_a_share_above_100_percent():
+    from stallwatch.analyze.findings import share_text
+    assert share_text(0.41) == "41 % of the loop" and share_text(None) is None
+    assert share_text(1.27) == "more than the loop: time outside it counts"
+
+
 def test_a_crash_comes_first_and_never_reads_healthy():
     found = build_findings([], _summary(exit_code=1))
     assert not found.healthy

@@ -35,9 +35,11 @@ FUNCTIONS = ["nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHan
              "nvmlSystemGetDriverVersion"]
 CONSTANTS = ["NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_GRAPHICS", "NVML_CLOCK_MEM",
              "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_LIBRARY_NOT_FOUND",
-             "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNKNOWN", "NVML_ERROR_TIMEOUT"]
+             "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_UNKNOWN", "NVML_ERROR_TIMEOUT",
+             "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", "nvmlMemory_v2"]
 ERRORS = ["NVMLError_NotSupported", "NVMLError_GpuIsLost", "NVMLError_LibraryNotFound",
-          "NVMLError_DriverNotLoaded", "NVMLError_Unknown", "NVMLError_Timeout", "NVMLError_Uninitialized"]
+          "NVMLError_DriverNotLoaded", "NVMLError_Unknown", "NVMLError_Timeout", "NVMLError_Uninitialized",
+          "NVMLError_FunctionNotFound"]
 
 
 def test_fake_mirrors_the_real_pynvml_names_signatures_and_errors():
@@ -98,6 +100,28 @@ def test_disabled_reader_does_not_touch_nvml():
     assert reader.count == 0 and reader.keys() == [] and reader.read() == []
     assert "gpu=false" in reader.reason_absent
     assert nvml.calls["nvmlInit"] == 0
+
+
+def test_memory_used_leaves_out_what_the_driver_reserves_as_nvidia_smi_does():
+    # Measured on an H100 (driver 580): NVML's v1 call said 480 MiB used on an idle GPU, nvidia-smi 0.
+    nvml = load_fake_pynvml(gpus=1)
+    reader = GpuReader(nvml=nvml)
+    v = by_key(reader, reader.read())
+    assert v[("gpu0", r.GPU_MEM_USED_BYTES)] == 4 * GiB
+    assert nvml.calls["nvmlDeviceGetMemoryInfo_v2"] == 1
+    assert nvml.calls["nvmlDeviceGetMemoryInfo"] == 1  # the total, at start
+
+
+def test_a_driver_without_the_v2_memory_call_is_read_with_v1_and_asked_once(stallwatch_log):
+    nvml = load_fake_pynvml(gpus=2, not_supported=["nvmlDeviceGetMemoryInfo_v2"])
+    reader = GpuReader(nvml=nvml)
+    for _ in range(3):
+        v = by_key(reader, reader.read())
+        assert v[("gpu1", r.GPU_MEM_USED_BYTES)] == 5 * GiB + nvml.RESERVED  # v1 counts the reserved part
+        assert v[("gpu1", r.GPU_MEM_UTIL)] == pytest.approx(100.0 * (5 * GiB + nvml.RESERVED) / (24 * GiB))
+    assert nvml.calls["nvmlDeviceGetMemoryInfo_v2"] == 2  # once per GPU, then never again
+    assert nvml.calls["nvmlDeviceGetMemoryInfo"] == 2 + 6  # the totals at start, then every read
+    assert stallwatch_log.lines(logging.WARNING) == []
 
 
 # -- degrading --------------------------------------------------------------------------------------------

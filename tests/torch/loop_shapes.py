@@ -102,3 +102,24 @@ for it in range(12):
     ran["eval"] += 1
 done()
 '''
+
+# A loop without a DataLoader that builds its batches by hand and reads the loss after the update: on a GPU,
+# `loss.item()` waits there for the step's kernels (here a 20 ms sleep stands for that wait). Each iteration's
+# wall time is written, from one top of the loop to the next.
+SYNC_AFTER_UPDATE = _HEAD + '''
+import time
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+ran["iterations_us"] = []
+top = time.time_ns() // 1000
+for it in range(12):
+    i = (it * 16) % 224
+    xb = torch.stack([row.flip(0) for row in x[i:i + 32]])  # batch built by hand, in the loop
+    loss = ((model(xb) - y[i:i + 32]) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    time.sleep(0.02)  # loss.item() waiting for the GPU
+    ran["train"] += 1
+    now = time.time_ns() // 1000
+    ran["iterations_us"].append(now - top)
+    top = now
+done()
+'''

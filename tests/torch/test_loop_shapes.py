@@ -94,3 +94,20 @@ def test_a_loop_whose_boundary_cannot_be_found_says_so(tmp_path, source):
     assert any("iteration boundary could not be found" in n and "12 top-level forward calls" in n
                for n in analysis.notes), analysis.notes
     assert analysis.findings.verdict.startswith("Inconclusive") and not analysis.findings.healthy
+
+
+def test_a_wait_after_the_update_is_in_the_step_not_between_steps(tmp_path):
+    """Steps delimited by optimizer.step() ended at it: a GPU loop's `loss.item()` (the wait for the step's kernels)
+    and the next batch built by hand fell between steps (on an H100, 4.8 ms steps for 67.5 ms iterations)."""
+    p, out, ran, events = _profile(tmp_path, loop_shapes.SYNC_AFTER_UPDATE)
+    assert p.returncode == 0, p.stderr
+    steps = sorted((e["step"], e["start_us"], e["end_us"]) for e in events if e["kind"] == STEP)
+    assert len(steps) == ran["train"] == 12
+    assert all(a[2] == b[1] for a, b in zip(steps, steps[1:]))  # contiguous: nothing between steps
+    # each step from one iteration's forward to the next one's: within 2 ms of the loop's own wall time (its
+    # top-of-loop clock and the forward start differ by the batch building, which moves between the two)
+    inner = [end - start for _, start, end in steps[1:-1]]
+    assert all(abs(a - b) <= 2000 for a, b in zip(inner, ran["iterations_us"][1:-1])), (inner, ran)
+    assert all(d >= 20_000 for d in inner)
+    _phase_sums_fit_their_steps(events)
+

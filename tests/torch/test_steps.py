@@ -122,18 +122,37 @@ def test_a_loop_with_nothing_recognisable_gives_global_steps():
     assert steps(events) == []  # batches fetched but no work: nothing to call a step, nothing invented
 
 
-def test_without_a_data_loader_steps_end_at_optimizer_step(caplog):
+def test_without_a_data_loader_a_step_runs_from_its_first_call_to_the_next_iterations(caplog):
+    """On a GPU, `loss.item()` after `optimizer.step()` waits for the step's kernels: measured on an H100, steps
+    that ended at optimizer.step() read 4.8 ms for 67.5 ms iterations, the rest "between steps"."""
     t, events, _ = _tracker()
     for i in range(3):
         t.forward(100 * i, 100 * i + 10, "Net", True)
         t.backward(100 * i + 10, 100 * i + 20)
         t.optimizer(100 * i + 20, 100 * i + 30, "Adam")
     t.forward(500, 510, "Net", False)  # an evaluation under no_grad without a DataLoader: an EVAL step
+    t.forward(600, 610, "Net", True)
+    t.optimizer(620, 630, "Adam")
     t.finish()
-    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2), (EVAL, 0)]
-    assert [e for e in events if e[0] == STEP][1][2:4] == (100, 130)
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2), (EVAL, 0), (TRAIN, 3)]
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 100), (100, 200), (200, 500), (500, 510), (600, 630)]
     assert (FORWARD, "Net", 500, 510, EVAL, 0, 7, "") in events
     assert markers(events) == ["optimizer"]
+
+
+def test_a_collective_inside_the_next_forward_belongs_to_the_next_step():
+    """FSDP gathers parameters inside the forward: the collective is reported before the forward that holds it."""
+    t, events, _ = _tracker()
+    t.forward(0, 10, "Net", True)
+    t.backward(10, 20)
+    t.optimizer(20, 30, "Adam")
+    t.other("collective", "all_gather_into_tensor", 105, 108)
+    t.forward(100, 110, "Net", True)
+    t.backward(110, 120)
+    t.optimizer(120, 130, "Adam")
+    t.finish()
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 100), (100, 130)]
+    assert ("collective", "all_gather_into_tensor", 105, 108, TRAIN, 1, 7, "") in events
 
 
 def test_explicit_marks_take_over_and_keep_the_batch_fetched_before_the_mark():
@@ -274,7 +293,8 @@ def test_an_lbfgs_closure_is_one_step_and_its_forward_backward_are_not_optimizer
     optimizer_us = sum(e[3] - e[2] for e in step0 if e[0] == OPTIMIZER)
     inner_us = sum(e[3] - e[2] for e in step0 if e[0] in (FORWARD, BACKWARD))
     assert inner_us == 5 * 20 and optimizer_us == 600 - inner_us
-    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 600), (1000, 1600)]
+    # contiguous: a step runs to the next one's start, the last ends at its update
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 1000), (1000, 1600)]
 
 
 def test_forwards_without_backward_or_optimizer_say_the_loop_could_not_be_delimited():

@@ -90,6 +90,14 @@ def translates(*names: str) -> Callable[[Translator], Translator]:
     return register
 
 
+def share_text(share: float | None) -> str | None:
+    """A finding's share of the loop in words; a stake longer than the loop (system windows that include the
+    start-up) is said so instead of "127 %"."""
+    if share is None:
+        return None
+    return f"{100 * share:.0f} % of the loop" if share <= 1.0 else "more than the loop: time outside it counts"
+
+
 def finding(result: RuleResult, summary: JobSummary, key: str, title: str, stake_s: float | None, where: Where,
             evidence: dict[str, Any], recommendation: str | None = None, severity: str | None = None) -> Finding:
     loop = summary.loop_s
@@ -306,7 +314,8 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
                               SEVERITIES.index(f.severity), f.id))
     healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
         and not summary.loop_undetermined
-    return Findings(summary.uri, summary.fate, verdict(summary, found, health or []), healthy, found,
+    said = verdict(summary, found, health or [], not_judged(results))
+    return Findings(summary.uri, summary.fate, said, healthy, found,
                     summary.loop_s, list(health or []) if healthy else [], list(summary.notes), dict(summary.steps))
 
 
@@ -347,8 +356,17 @@ def _fold_outliers_into_input(found: list[Finding]) -> list[Finding]:
     return [merged if f is starved else f for f in found if f is not outliers]
 
 
-def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str:
-    """One line: the job's fate first when it did not end well, then the top finding, else health."""
+def not_judged(results: list[RuleResult]) -> list[str]:
+    """The rules that apply to the run but judged nothing: it is shorter than the start-up each skips
+    (`patience`; on an H100, a 30 s run with the GPU idle 91 % of the time read "Healthy" while every GPU rule
+    was still skipping its first 1,000 snapshots)."""
+    return sorted(r.name for r in results if r.status == "ok" and not r.imported and r.datapoints == 0
+                  and "patience" in r.parameters)
+
+
+def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudged: list[str] | None = None) -> str:
+    """One line: the job's fate first when it did not end well, then the top finding, else health (and the
+    rules the run was too short for, so that it never reads as if they had looked)."""
     fate, top = summary.fate, (found[0] if found else None)
     lasted = format_duration(summary.duration_s)
     if fate.ended_badly or fate.state == "unknown":
@@ -378,7 +396,13 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str]) -> str
     if fate.state == "running":
         return "So far healthy: no rule has found a problem yet."
     because = f" ({'; '.join(health)})" if health else ""
-    return f"Healthy: no rule found a problem{because}."
+    short = ""
+    if unjudged:
+        names = unjudged[0] if len(unjudged) == 1 else f"{', '.join(unjudged[:-1])} and {unjudged[-1]}"
+        example = "LowGPUUtilization" if "LowGPUUtilization" in unjudged else unjudged[0]
+        short = (f" Too short for {names} to judge: each skips the run's start-up (its `patience` parameter); "
+                 f"`stallwatch rules RUN --param {example}.patience=0` judges it anyway.")
+    return f"Healthy: no rule found a problem{because}.{short}"
 
 
 def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
@@ -397,8 +421,14 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
             out.append(f"waiting for data {100.0 * wait / in_steps:.0f} % of step time")
         own = _loop_code(fw.details.get("ranks") or {})
         if own is not None:
-            out.append(f"{own[1]:.0f} % of step time on rank {own[0]} in the loop's own code, outside the model and "
-                       "the data loader")
+            usage = results.get("OverallSystemUsage")
+            gpus = usage is not None and usage.applies and bool(usage.details.get("GPU"))
+            # CUDA runs asynchronously: the model's calls return once their kernels are queued, and the loop
+            # waits for them where it reads a result (`loss.item()`), outside every timed phase
+            where = ("the loop's own code or a wait for the GPU (a sync such as `loss.item()`)" if gpus
+                     else "the loop's own code")
+            out.append(f"{own[1]:.0f} % of step time on rank {own[0]} in {where}, outside the model and the data "
+                       "loader")
     outliers = results.get("StepOutlier")
     if outliers is not None and outliers.applies:
         out.append(f"{outliers.datapoints:,} steps checked, no outlier series")

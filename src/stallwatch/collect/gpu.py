@@ -15,6 +15,10 @@ _NAN = math.nan
 GPU_METRICS = (r.GPU_UTIL, r.GPU_MEM_UTIL, r.GPU_MEM_USED_BYTES, r.GPU_MEM_BW_UTIL,
                r.GPU_POWER_W, r.GPU_TEMP_C, r.GPU_SM_CLOCK_MHZ)
 
+# What an NVML without the v2 memory call raises (an old driver: no such symbol, or a struct version it does not
+# know); it is then asked with v1 from then on.
+V2_MISSING = ("NotSupported", "FunctionNotFound", "ArgumentVersionMismatch")
+
 
 def load_nvml() -> ModuleType | None:
     """The pynvml module, or None when nvidia-ml-py is not installed."""
@@ -33,6 +37,7 @@ class GpuReader:
         self._handles: list[Any] = []
         self._lost: set[int] = set()
         self._unsupported: set[tuple[int, str]] = set()
+        self._memory_v1: set[int] = set()  # GPUs whose driver or bindings lack the v2 memory call
         self.devices: list[dict[str, Any]] = []
         self.reason_absent = ""
         if not enabled:
@@ -79,7 +84,7 @@ class GpuReader:
                 out += [_NAN] * len(GPU_METRICS)
                 continue
             util = self._call(i, "utilization", lambda: self._nvml.nvmlDeviceGetUtilizationRates(h))
-            mem = self._call(i, "memory", lambda: self._nvml.nvmlDeviceGetMemoryInfo(h))
+            mem = self._call(i, "memory", lambda: self._memory_info(i, h))
             power = self._call(i, "power", lambda: self._nvml.nvmlDeviceGetPowerUsage(h))
             temp = self._call(i, "temperature", lambda: self._nvml.nvmlDeviceGetTemperature(h, self._nvml.NVML_TEMPERATURE_GPU))
             clock = self._call(i, "sm_clock", lambda: self._nvml.nvmlDeviceGetClockInfo(h, self._nvml.NVML_CLOCK_SM))
@@ -99,6 +104,19 @@ class GpuReader:
                 float(clock) if clock is not None else _NAN,
             ]
         return out
+
+    def _memory_info(self, index: int, handle: Any) -> Any:
+        """Used memory as nvidia-smi counts it: NVML's v2 call leaves out what the driver reserves (480 MiB on an
+        H100, which the v1 call counts as used even on an idle GPU); drivers or bindings without v2 get v1."""
+        version = getattr(self._nvml, "nvmlMemory_v2", None)
+        if index not in self._memory_v1 and version is not None:
+            try:
+                return self._nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except Exception as exc:
+                if not any(s in type(exc).__name__ for s in V2_MISSING):
+                    raise
+            self._memory_v1.add(index)
+        return self._nvml.nvmlDeviceGetMemoryInfo(handle)
 
     def close(self) -> None:
         if self._handles:

@@ -6,7 +6,7 @@ import textwrap
 from collections.abc import Sequence
 
 from stallwatch.analyze.catalog import RunRow
-from stallwatch.analyze.findings import Finding, Findings
+from stallwatch.analyze.findings import Finding, Findings, share_text
 from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
 from stallwatch.records import FORWARD
@@ -95,7 +95,8 @@ def findings_text(findings: Findings, width: int = 100) -> str:
     lines = ["What to fix first:", "  " + findings.verdict]
     for i, f in enumerate(findings.findings, 1):
         stake = f" — {format_duration(f.time_at_stake_s)} at stake" if f.time_at_stake_s is not None else ""
-        share = f" ({100 * f.share_of_loop:.0f} % of the loop)" if f.share_of_loop is not None else ""
+        said = share_text(f.share_of_loop)
+        share = f" ({said})" if said else ""
         lines.append(f"  {i}. [{f.severity}] {f.title}{stake}{share}")
         where = where_text(f)
         if where:

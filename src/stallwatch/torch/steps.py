@@ -4,10 +4,13 @@ start, end, number and mode, with its phases. Pure Python, no torch: the hooks f
 Where steps come from, best first: explicit marks (`prof.step()`, the Lightning and Transformers callbacks);
 the data loader (a step runs from asking for a batch to asking for the next one); and, when the loop never
 iterates a DataLoader, whatever repeats: `optimizer.step()`, else top-level forward/backward pairs (a manual
-update such as `p.data.add_(p.grad, alpha=-lr)`). Until an optimizer step is seen the loop's first iterations
-are held undecided (a gradient-accumulation loop is one step per optimizer step, not per micro-batch). Without
-a DataLoader, each top-level forward pass under `no_grad` outside a training step is one EVAL step. How a
-rank's steps were delimited is recorded as a `loop` marker, and a loop whose boundary cannot be found says so."""
+update such as `p.data.add_(p.grad, alpha=-lr)`). Steps are contiguous whatever delimits them: a step delimited
+by `optimizer.step()` runs on until the next iteration's first call, so what the loop does after the update (a
+`loss.item()` that waits for the GPU, logging, building the next batch by hand) is in a step, as it is with a
+DataLoader. Until an optimizer step is seen the loop's first iterations are held undecided (a gradient-accumulation
+loop is one step per optimizer step, not per micro-batch). Without a DataLoader, each top-level forward pass under
+`no_grad` outside a training step is one EVAL step. How a rank's steps were delimited is recorded as a `loop`
+marker, and a loop whose boundary cannot be found says so."""
 
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ class StepListener(Protocol):
 
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
-                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name")
+                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -70,6 +73,7 @@ class _Step:
         self.backward_since_cut = False
         self.forwards = 0
         self.name: str | None = None  # the step event's name when a framework names it (Keras: "predict_step")
+        self.updated = False  # its optimizer step ended (optimizer-delimited): the next iteration's first call ends it
 
 
 class StepTracker:
@@ -88,6 +92,7 @@ class StepTracker:
         self._last_end = 0  # steps never overlap: a step starts no earlier than the previous one ended
         self._optimizing = False  # inside optimizer.step(): a closure's forward/backward belong to this step
         self._optimizer_mark: tuple[_Step | None, int] = (None, 0)  # the step, and its events, when it began
+        self._carried: list[tuple] = []  # recorded inside the next iteration's first call before it was reported
 
     @property
     def in_step(self) -> bool:
@@ -135,6 +140,9 @@ class StepTracker:
     # The phase methods run a few times per step: the common case (inside a step) is inlined.
     def forward(self, t0: int, t1: int, name: str, grad_enabled: bool) -> None:
         step = self._open
+        if step is not None and step.updated and not self._optimizing:
+            self._next_iteration(t0)
+            step = None
         if step is None:
             if self.source not in INFERRED:
                 self._standalone(FORWARD, name, t0, t1, TRAIN if grad_enabled else EVAL)
@@ -176,6 +184,8 @@ class StepTracker:
         self._optimizing = True
         if self.source is None:
             self._decide(OPTIMIZER_SOURCE, t0)
+        if self._open is not None and self._open.updated:
+            self._next_iteration(t0)  # a second optimizer, or LBFGS whose closure calls the model inside it
         if self._open is None and self.source == OPTIMIZER_SOURCE:
             self._inferred_step(t0)
         step = self._open
@@ -209,11 +219,14 @@ class StepTracker:
         if t1 > at or not pieces:
             self._add(step, OPTIMIZER, name, min(at, t1), t1, "")
         if self.source == OPTIMIZER_SOURCE:
-            self._close(t1)
+            step.updated = True
 
     def _train_phase(self, kind: str, name: str, t0: int, t1: int) -> None:
         """Backward: the step it is in becomes a TRAIN step."""
         step = self._open
+        if step is not None and step.updated:
+            self._next_iteration(t0)
+            step = None
         if step is None:
             if self.source in INFERRED:
                 step = self._inferred_step(t0)
@@ -269,6 +282,8 @@ class StepTracker:
         a `loop` marker whose args say who marks them; an automatic step still open is dropped unfinished
         (what it held was the framework's set-up, not a step)."""
         t = now_us()
+        if self._open is not None and self._open.updated:
+            self._close(self._open.last_us)  # a finished optimizer step, not set-up
         self._open = None
         self._pending.clear()
         self._optimizing = False
@@ -344,6 +359,23 @@ class StepTracker:
     def _marker(self, name: str, at_us: int, args: str = "") -> None:
         self._emit((LOOP, name, at_us, at_us, GLOBAL, None, self.pid, args))
 
+    def _next_iteration(self, t0: int) -> None:
+        """An optimizer-delimited step ends where the next iteration's first call began. What was recorded since
+        that call began (a collective inside it, reported before the call itself) moves to the next step."""
+        step = self._open
+        if step is None:
+            return
+        events = step.events
+        cut = len(events)
+        while cut and events[cut - 1][2] >= t0:
+            cut -= 1
+        if cut < len(events):
+            self._carried = events[cut:]
+            del events[cut:]
+            self._close(t0)
+        else:
+            self._close(max(t0, step.last_us))
+
     def _inferred_step(self, t0: int) -> _Step:
         """A training step without a DataLoader or marks: begins with the model's (or optimizer's) first call."""
         step = _Step(max(t0, self._last_end), None, TRAIN, self.counts[TRAIN])
@@ -360,6 +392,9 @@ class StepTracker:
 
     def _begin(self, step: _Step) -> None:
         self._open = step
+        if self._carried:
+            step.events[:0] = self._carried
+            self._carried = []
         if self.listener is not None:
             self.listener.on_step_begin(step.predicted_mode, step.predicted_step, step.start_us)
 

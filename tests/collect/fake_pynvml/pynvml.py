@@ -4,7 +4,8 @@ It mirrors the names, signatures and exception classes of the real module (nvidi
 functions stallwatch calls, and returns fixed, per-GPU values that tests can assert exactly:
 
     GPU i: utilization.gpu = 40 + i %, utilization.memory = 20 + i %,
-           memory total = (16 + 8 i) GiB, used = (4 + i) GiB, free = total - used,
+           memory total = (16 + 8 i) GiB, used = (4 + i) GiB, free = total - used - reserved, reserved by the
+           driver = 480 MiB (the v1 call, like the real one, counts it as used: (4 + i) GiB + 480 MiB),
            power = 150000 + 1000 i mW, temperature = 60 + i °C, SM clock = 1400 + 10 i MHz,
            name = "Fake GPU i", uuid = "GPU-fake-000i", driver "999.99.99"
 
@@ -20,7 +21,7 @@ PYTHONPATH of the sampler subprocess) or from `configure(**same_names_lowercase)
     FAKE_NVML_FAIL_WITH       error class of those failures: GpuIsLost (default), Unknown, Timeout, …
     FAKE_NVML_FAIL_GPUS       comma-separated GPU indices that fail (default: all)
     FAKE_NVML_NOT_SUPPORTED   comma-separated function names that always raise NVMLError_NotSupported,
-                              e.g. nvmlDeviceGetPowerUsage
+                              e.g. nvmlDeviceGetPowerUsage, or nvmlDeviceGetMemoryInfo_v2 (an old driver)
 
 `calls` counts every call by function name, so a test can see what was (and was not) asked.
 """
@@ -42,6 +43,8 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 NVML_ERROR_UNKNOWN = 999
 
 NVML_TEMPERATURE_GPU = 0
@@ -50,6 +53,9 @@ NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 
 GiB = 1 << 30
+MiB = 1 << 20
+RESERVED = 480 * MiB  # what an H100's driver reserved (nvidia-smi leaves it out of memory.used)
+nvmlMemory_v2 = 0x2000028
 
 _ERROR_STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -61,6 +67,8 @@ _ERROR_STRINGS = {
     NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH: "Argument Version Mismatch",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
@@ -104,6 +112,9 @@ NVMLError_Timeout = _error_class("NVMLError_Timeout", NVML_ERROR_TIMEOUT)
 NVMLError_LibraryNotFound = _error_class("NVMLError_LibraryNotFound", NVML_ERROR_LIBRARY_NOT_FOUND)
 NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
 NVMLError_Unknown = _error_class("NVMLError_Unknown", NVML_ERROR_UNKNOWN)
+NVMLError_FunctionNotFound = _error_class("NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
+NVMLError_ArgumentVersionMismatch = _error_class("NVMLError_ArgumentVersionMismatch",
+                                                 NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 
 
 class c_nvmlUtilization_t:
@@ -115,6 +126,15 @@ class c_nvmlUtilization_t:
 class c_nvmlMemory_t:
     def __init__(self, total: int, free: int, used: int) -> None:
         self.total = total
+        self.free = free
+        self.used = used
+
+
+class c_nvmlMemory_v2_t:
+    def __init__(self, version: int, total: int, reserved: int, free: int, used: int) -> None:
+        self.version = version
+        self.total = total
+        self.reserved = reserved
         self.free = free
         self.used = used
 
@@ -253,10 +273,15 @@ def nvmlDeviceGetUtilizationRates(handle):
 
 
 def nvmlDeviceGetMemoryInfo(handle, version=None):
-    _device_call("nvmlDeviceGetMemoryInfo", handle)
     total = (16 + 8 * handle.index) * GiB
     used = (4 + handle.index) * GiB
-    return c_nvmlMemory_t(total=total, free=total - used, used=used)
+    if version:
+        _device_call("nvmlDeviceGetMemoryInfo_v2", handle)
+        if version != nvmlMemory_v2:
+            raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return c_nvmlMemory_v2_t(version, total=total, reserved=RESERVED, free=total - used - RESERVED, used=used)
+    _device_call("nvmlDeviceGetMemoryInfo", handle)
+    return c_nvmlMemory_t(total=total, free=total - used - RESERVED, used=used + RESERVED)
 
 
 def nvmlDeviceGetPowerUsage(handle):

@@ -46,5 +46,6 @@ def level(f: Findings) -> str:
 
 def _row(i: int, x: Finding) -> list[object]:
     return [i, x.severity, x.title, format_duration(x.time_at_stake_s) if x.time_at_stake_s is not None else "–",
-            f"{100 * x.share_of_loop:.0f} %" if x.share_of_loop is not None else "–", where_text(x) or "the whole run",
+            ("> 100 %" if x.share_of_loop > 1.0 else f"{100 * x.share_of_loop:.0f} %") if x.share_of_loop is not None
+            else "–", where_text(x) or "the whole run",
             x.recommendation]
