@@ -98,3 +98,12 @@ def test_the_steps_table_shows_what_no_phase_covers():
     assert header.split()[-2:] == ["optimizer", "other"]
     assert train.split()[-5:] == ["-", "44%", "30%", "3%", "23%"] and other.split()[-1] == "-"
     assert untimed.split()[-5:] == ["12%", "-", "-", "-", "-"]  # no forward timed: the rest is not the loop's
+
+
+def test_on_a_gpu_the_steps_table_says_its_phases_are_host_time():
+    rows = [StepStat("vm", 0, "TRAIN", 200, 67.9, 68.2, 310.1, 0, {"forward": 3.0, "backward": 4.0, "optimizer": 3.0})]
+    assert "host time" not in steps_table(rows)
+    text = steps_table(rows, gpu=True)
+    assert text.startswith(steps_table(rows)) and "host time" in text and "--detailed-profiling" in text
+    assert "host time" not in steps_table([], gpu=True)
+

@@ -15,11 +15,12 @@ import pytest
 
 from stallwatch.records import FrameworkEvent
 from stallwatch.store import layout
+from stallwatch.store.chunk_writer import StorageBudget
 from stallwatch.store.framework_writer import FrameworkWriter
 from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US, combine_system, stat_column, system_rows
-from stallwatch.store.rollup_writer import SYSTEM_BLOCK_US
+from stallwatch.store.rollup_writer import SYSTEM_BLOCK_US, LeftoverRollups
 from stallwatch.store.rollups import RunRollups
 from tests.run_builder import KEYS, T0, S, make_run, run_record
 
@@ -191,17 +192,36 @@ def _bytes_under(root, top: str) -> int:
     return sum(p.stat().st_size for p in (root / top).rglob("*") if p.is_file()) if (root / top).exists() else 0
 
 
-def _write_node(root, max_bytes: int, seconds: int = 300):
+def _write_node(root, max_bytes: int, seconds: int = 300, first: int = 0, budget: StorageBudget | None = None,
+                stored: int = 0):
     """One node written by the real SystemWriter (10 s segments, a rollup rewrite per segment) under a cap."""
     from stallwatch.store.system_writer import SystemWriter
     from tests import run_builder
 
     location = RunLocation(str(root))
     w = SystemWriter(location, "algo-1", KEYS, interval_us=S, flush_interval_us=2 * S, max_bytes=max_bytes,
-                     segment_us=10 * S)
-    run_builder.feed(w, run_builder.NodeData("algo-1"), 0, 0, seconds)
+                     segment_us=10 * S, stored_bytes=stored, budget=budget)
+    run_builder.feed(w, run_builder.NodeData("algo-1"), 0, first, seconds)
     w.close()
     return w
+
+
+def test_a_resumed_nodes_earlier_rollups_count_in_the_cap_and_give_their_room_to_data(tmp_path):
+    """A sampler that resumes a node (after a restart) found the earlier sampler's rollups on disk and counted
+    only the data: together they could pass the cap. Now they count, and are deleted when data needs the room."""
+    root = tmp_path / "run"
+    _write_node(root, 1 << 30)  # the earlier sampler: 300 s of data and its rollups
+    data, rollups = _bytes_under(root, layout.SYSTEM_DIR), _bytes_under(root, layout.ROLLUPS_DIR)
+    leftover = LeftoverRollups.of_node(RunLocation(str(root)), "algo-1")
+    assert leftover.bytes == rollups > 0
+    limit = 2 * data + rollups // 2  # room for twice the data, not for the rollups beside it
+    budget = StorageBudget(limit, data + leftover.bytes)
+    leftover.count_in(budget)
+    resumed = _write_node(root, limit, first=300, budget=budget, stored=data)  # the same 300 s more
+    on_disk = sum(_bytes_under(root, top) for top in (layout.SYSTEM_DIR, layout.ROLLUPS_DIR))
+    assert resumed.samples_dropped == 0 and on_disk <= limit and budget.used == on_disk
+    assert leftover.bytes == 0  # given back to data, with this sampler's own
+    assert not (root / layout.ROLLUPS_DIR).exists() or _bytes_under(root, layout.ROLLUPS_DIR) == 0
 
 
 def test_rollups_count_in_the_storage_cap_and_give_their_room_to_data(tmp_path, caplog):

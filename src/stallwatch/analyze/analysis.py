@@ -118,6 +118,11 @@ class RunAnalysis:
     def ranks(self) -> dict[str, list[str]]:
         return self.run.ranks()
 
+    @cached_property
+    def has_gpus(self) -> bool:
+        """Some node recorded a GPU: its steps' phases are then host time (CUDA runs asynchronously)."""
+        return any((rec or {}).get("gpus") for rec in (self.info.get("nodes") or {}).values() if isinstance(rec, dict))
+
     def node_info(self, node: str) -> dict[str, Any]:
         """The node's record (`nodes/<node>.json`): cores, memory, GPUs, start/end, status, sampling interval."""
         return dict((self.info.get("nodes") or {}).get(node) or {})

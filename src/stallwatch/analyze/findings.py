@@ -361,7 +361,7 @@ def not_judged(results: list[RuleResult]) -> list[str]:
     (`patience`; on an H100, a 30 s run with the GPU idle 91 % of the time read "Healthy" while every GPU rule
     was still skipping its first 1,000 snapshots)."""
     return sorted(r.name for r in results if r.status == "ok" and not r.imported and r.datapoints == 0
-                  and "patience" in r.parameters)
+                  and "patience" in r.parameters and not r.details.get("nothing_to_compare"))
 
 
 def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudged: list[str] | None = None) -> str:

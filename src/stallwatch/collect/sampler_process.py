@@ -93,6 +93,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     from stallwatch.store import layout
     from stallwatch.store.chunk_writer import StorageBudget
     from stallwatch.store.location import RunLocation
+    from stallwatch.store.rollup_writer import LeftoverRollups
     from stallwatch.store.spool import SpoolingSink
     from stallwatch.store.system_writer import SystemWriter
 
@@ -112,7 +113,9 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         e.size for top in (layout.system_dir(start.node), f"{layout.FRAMEWORK_DIR}/{start.node}",
                     f"{layout.TRACES_DIR}/{start.node}")
         for e in location.list(top))
-    budget = StorageBudget(start.max_storage_bytes, stored)
+    leftover = LeftoverRollups.of_node(location, start.node)  # a resumed node's, from its earlier sampler
+    budget = StorageBudget(start.max_storage_bytes, stored + leftover.bytes)
+    leftover.count_in(budget)
     interval_s = start.sample_interval_ms / 1000.0
     writer = SystemWriter(sink, start.node, sampler.keys, interval_us=start.sample_interval_ms * 1000,
                           flush_interval_us=int(start.flush_interval_s * 1e6),

@@ -71,7 +71,7 @@ def render_info(analysis: RunAnalysis) -> str:
     if ranks:
         steps = analysis.step_stats()
         if steps:
-            lines += ["", "steps:", steps_table(steps)]
+            lines += ["", "steps:", steps_table(steps, gpu=analysis.has_gpus)]
     windows = run.profiles()
     if windows:
         lines += ["", "profiling windows:"]

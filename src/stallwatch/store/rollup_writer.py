@@ -5,7 +5,7 @@ node's storage cap, and give their room back to data when the cap is reached (`S
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -105,3 +105,45 @@ class RollupBlocks:
             self._delete(name)
         self._rows, self._written = None, None
         return before - sum(self._files.values())
+
+
+class LeftoverRollups:
+    """A resumed node's rollups, left by its earlier sampler: counted in the storage cap like this sampler's own,
+    and deleted when data needs the room (readers rebuild them from the data)."""
+
+    def __init__(self, sink: Sink, files: dict[str, int]) -> None:
+        self._sink = sink
+        self._files = dict(files)  # path in the run -> bytes
+        self._budget: StorageBudget | None = None
+
+    @classmethod
+    def of_node(cls, location: Any, node: str) -> LeftoverRollups:
+        """The node's rollup files in a local run (a remote run's are not listed: none counted)."""
+        if location.remote:
+            return cls(location, {})
+        tops = (layout.system_rollup_dir(node), f"{layout.ROLLUPS_DIR}/{layout.FRAMEWORK_DIR}/{node}")
+        return cls(location, {e.path: e.size for top in tops for e in location.list(top)})
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._files.values())
+
+    def count_in(self, budget: StorageBudget) -> None:
+        """`budget.used` already holds `bytes`; from now on they are given back when data needs the room."""
+        self._budget = budget
+        if self._files:
+            budget.reclaimable(self._reclaim)
+
+    def _reclaim(self) -> int:
+        freed = 0
+        for name, size in list(self._files.items()):
+            try:
+                self._sink.delete(name)
+            except Exception:  # still on disk, still counted
+                continue
+            del self._files[name]
+            if self._budget is not None:
+                self._budget.add(-size)
+            freed += size
+        return freed
+

@@ -414,6 +414,16 @@ def test_load_balancing_patience_and_single_gpu():
     assert single["Status"] == "ok" and single["Violations"] == 0 and "one GPU only" in single["Message"]
 
 
+def test_load_balancing_tells_one_gpu_from_a_run_too_short_to_judge():
+    """Within patience no histogram is filled: a 2-GPU node then read "one GPU only" (and a 1-GPU node's verdict
+    "too short"). The GPUs are counted during patience too."""
+    short_pair = _balance(g.make_node(n=PATIENCE // 2, gpus=2))
+    assert short_pair["Datapoints"] == 0 and "one GPU only" not in short_pair["Message"]
+    assert short_pair["Details"]["algo-1"]["gpus"] == 2 and "nothing_to_compare" not in short_pair["Details"]
+    short_single = _balance(g.make_node(n=PATIENCE // 2, gpus=1))
+    assert "one GPU only" in short_single["Message"] and short_single["Details"]["nothing_to_compare"] is True
+
+
 def test_js_distance_matches_scipy():
     scipy_distance = pytest.importorskip("scipy.spatial.distance")
     rng = np.random.default_rng(0)

@@ -730,6 +730,7 @@ class _LoadNode:
     seen: int = 0
     snapshots: int = 0
     has_gpu: bool = False
+    gpu_count: int = 0  # GPUs seen, during patience too: a short run of an 8-GPU node is not "one GPU only"
     gpus: dict[str, _LoadGpu] = field(default_factory=dict)
 
 
@@ -756,7 +757,8 @@ class LoadBalancing(Rule):
     chunk or many give the same); RuleTriggered and Violations both count pairs further apart than
     `threshold`. Datapoints: snapshots after patience of nodes with GPUs. Details[node]: `workloads`
     {gpu: counts per bin}, `binedges`, `distances` {gpuA: {gpuB: d}} for every pair, `mean_utilization`
-    {gpu: %}, `imbalanced` [[gpuA, gpuB, d], …]."""
+    {gpu: %}, `imbalanced` [[gpuA, gpuB, d], …], `gpus` (how many it had, counted during patience too); and
+    `nothing_to_compare` when every node had one GPU (the rule never judges such a run, however long)."""
 
     name = "LoadBalancing"
     metrics = (GPU_UTIL,)
@@ -781,6 +783,8 @@ class LoadBalancing(Rule):
             st.seen += n
             cols = gpu_series(frame, GPU_UTIL)
             st.has_gpu |= bool(cols) and n > 0
+            if n > 0:
+                st.gpu_count = max(st.gpu_count, len(cols))
             st.snapshots += n - skip
             if n - skip == 0:
                 continue
@@ -817,16 +821,19 @@ class LoadBalancing(Rule):
                     if d > thr:
                         imbalanced.append([a, b, round(d, 4)])
             violations += len(imbalanced)
-            if len(gpus) < 2:
+            if st.gpu_count < 2:
                 single.append(node)
             details[node] = {"workloads": {g: st.gpus[g].counts.tolist() for g in gpus}, "binedges": _BINEDGES,
-                             "distances": distances, "mean_utilization": means, "imbalanced": imbalanced}
+                             "distances": distances, "mean_utilization": means, "imbalanced": imbalanced,
+                             "gpus": st.gpu_count}
             for a, b, d in imbalanced:
                 findings.append(f"on node {node} {a} and {b} had different workloads (distance {d:.2f} > {thr}; "
                                 f"mean utilization {means[a]:.0f} % vs {means[b]:.0f} %)")
         message = note_skipped(details, self._nodes)
         if single:
             message = "; ".join(filter(None, [message, f"one GPU only, nothing to balance: {', '.join(single)}"]))
+            if len(single) == len(nodes):
+                details["nothing_to_compare"] = True  # however long the run: not a run too short to judge
         recommendation = f"{listing(findings)}. {self.recommendation}" if findings else None
         return self.make_result(triggered=violations, violations=violations, datapoints=datapoints,
                                 details=details, message=message, recommendation=recommendation)

@@ -27,7 +27,7 @@ def rule_view(analysis: RunAnalysis, name: str, what: str) -> tuple[RuleResult |
     if view.status == "not_applicable":
         return view, NotApplicable(not_applicable_reason(view, what))
     patience = view.parameters.get("patience")
-    if view.datapoints == 0 and patience is not None:
+    if view.datapoints == 0 and patience is not None and not view.details.get("nothing_to_compare"):
         return view, NotApplicable(f"The run is too short for {what}: the {name} rule skips the first {patience} "
                                    "snapshots of each node (initialization), and no node had enough snapshots after "
                                    "them, so nothing was analyzed.")

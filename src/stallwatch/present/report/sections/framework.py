@@ -23,6 +23,11 @@ PHASE_TEXT = ("The following two pie charts show the time spent on the TRAIN pha
               "'others' includes the time spent between steps (after one step has finished and before the next step "
               "has started). Ideally, most of the training time should be spent on the TRAIN and EVAL phases. If "
               "TRAIN/EVAL were not specified in the training script, steps will be recorded as GLOBAL.")
+GPU_HOST_TIME = ("On a GPU, forward, backward and the optimizer step are timed on the host: each call returns once its "
+                 "kernels are queued, so the GPU's work shows where the loop waits for it (after the step, at a "
+                 "`loss.item()`, or in the call that found the queue full). The steps' durations are right either "
+                 "way; the GPU's own time per operator is in the detailed-profiling sections below, when a window "
+                 "was captured.")
 OTHERS_WARN = 25.0  # % of the loop between steps the seeds called significant
 UNEVEN = 70.0  # % forward (or backward) the seeds called a significant difference
 GENERAL_LABELS = {DATA_WAIT: "waiting for data", OPTIMIZER: "optimizer", COLLECTIVE: "collectives"}
@@ -43,7 +48,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
         return [main, *operator_sections(analysis, {})]
     details: Mapping[str, Any] = result.details
     blocks: list[Block] = []
-    blocks += _phases(details)
+    blocks += _phases(details, gpu=analysis.has_gpus)
     blocks += _general(details)
     blocks += _gradient_sync(analysis)
     blocks += _ranks(details)
@@ -56,7 +61,7 @@ def _seconds(values: Mapping[str, Any], labels: Mapping[str, str] | None = None)
     return {labels.get(k, k): float(v) / 1e6 for k, v in values.items()}
 
 
-def _phases(details: Mapping[str, Any]) -> list[Block]:
+def _phases(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
     phase, fb = details.get("phase") or {}, details.get("forward_backward") or {}
     out: list[Block] = []
     charts = []
@@ -78,6 +83,8 @@ def _phases(details: Mapping[str, Any]) -> list[Block]:
         charts.append(pie(_seconds(details.get("forward_backward_us") or {}), unit="seconds",
                           title="Forward and backward pass"))
     out.append(Paragraph(text))
+    if gpu:
+        out.append(Paragraph(GPU_HOST_TIME))
     if charts:
         out.append(Chart(row(*charts), "The ratio between the time spent on the TRAIN/EVAL phase and others"))
     return out

@@ -34,7 +34,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
     if skipped_nodes(view):
         sec.blocks.append(Paragraph(skipped_nodes(view)))
     nodes = node_details(view)
-    single = [n for n, d in nodes.items() if len(d.get("workloads") or {}) < 2]
+    single = [n for n, d in nodes.items() if _gpus(d) < 2]
     for node, d in nodes.items():
         sec.blocks += _node(node, d, threshold)
     if len(single) == len(nodes):
@@ -82,3 +82,10 @@ def _node(node: str, d: dict[str, Any], threshold: Any) -> list[Any]:
         blocks.append(Verdict(f"The rule identified workload balancing issues on node {node}, where workloads "
                               f"differed by more than the threshold of {threshold}: {pairs}.", WARN))
     return blocks
+
+
+def _gpus(detail: dict[str, Any]) -> int:
+    """The node's GPUs: counted by the rule (during its start-up skip too), else those with a histogram."""
+    count = detail.get("gpus")
+    return count if isinstance(count, int) and not isinstance(count, bool) else len(detail.get("workloads") or {})
+
