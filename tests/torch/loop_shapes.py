@@ -123,3 +123,28 @@ for it in range(12):
     top = now
 done()
 '''
+
+# A GAN without a DataLoader: the discriminator's update, then the generator's, each iteration; and the
+# generator's optimizer wrapped by another (Lookahead-style: the wrapper's step() steps the inner optimizer).
+GAN_TWO_OPTIMIZERS = _HEAD + '''
+class Wrapped(torch.optim.Optimizer):
+    def __init__(self, inner):
+        self.inner = inner
+        super().__init__(inner.param_groups, {})
+    def step(self, closure=None):
+        return self.inner.step(closure)
+G = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
+D = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+opt_d = torch.optim.Adam(D.parameters(), 1e-3)
+opt_g = Wrapped(torch.optim.Adam(G.parameters(), 1e-3))
+bce = nn.BCEWithLogitsLoss()
+for it in range(10):
+    real = x[it * 16:(it + 1) * 16]
+    fake = G(torch.randn(16, 8))
+    loss_d = bce(D(real), torch.ones(16, 1)) + bce(D(fake.detach()), torch.zeros(16, 1))
+    opt_d.zero_grad(); loss_d.backward(); opt_d.step()
+    loss_g = bce(D(fake), torch.ones(16, 1))
+    opt_g.zero_grad(); loss_g.backward(); opt_g.step()
+    ran["train"] += 1
+done()
+'''

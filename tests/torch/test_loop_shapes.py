@@ -104,10 +104,22 @@ def test_a_wait_after_the_update_is_in_the_step_not_between_steps(tmp_path):
     steps = sorted((e["step"], e["start_us"], e["end_us"]) for e in events if e["kind"] == STEP)
     assert len(steps) == ran["train"] == 12
     assert all(a[2] == b[1] for a, b in zip(steps, steps[1:]))  # contiguous: nothing between steps
-    # each step from one iteration's forward to the next one's: within 2 ms of the loop's own wall time (its
-    # top-of-loop clock and the forward start differ by the batch building, which moves between the two)
+    # each step holds its iteration's wait, and together they take the loop's own wall time: a step runs from one
+    # forward to the next, an iteration from one top of the loop to the next, so their sums differ only by two
+    # batch buildings (a few ms on a busy machine)
     inner = [end - start for _, start, end in steps[1:-1]]
-    assert all(abs(a - b) <= 2000 for a, b in zip(inner, ran["iterations_us"][1:-1])), (inner, ran)
-    assert all(d >= 20_000 for d in inner)
+    assert all(d >= 20_000 for d in inner), inner
+    assert abs(sum(inner) - sum(ran["iterations_us"][1:-1])) <= max(5_000, 0.05 * sum(inner)), (inner, ran)
+    _phase_sums_fit_their_steps(events)
+
+
+def test_a_gan_without_a_data_loader_is_one_step_per_iteration(tmp_path):
+    """Two optimizers per iteration, one of them wrapping another: 10 steps for 10 iterations (was 20, and a
+    wrapped optimizer's inner step would have counted again)."""
+    p, out, ran, events = _profile(tmp_path, loop_shapes.GAN_TWO_OPTIMIZERS)
+    assert p.returncode == 0, p.stderr
+    assert _steps(events) == {TRAIN: ran["train"]} == {TRAIN: 10}
+    per_step = Counter(e["step"] for e in events if e["kind"] == OPTIMIZER)
+    assert set(per_step.values()) == {2}  # the discriminator's and the (outer) generator's, once each
     _phase_sums_fit_their_steps(events)
 

@@ -304,3 +304,59 @@ def test_forwards_without_backward_or_optimizer_say_the_loop_could_not_be_delimi
     t.finish()
     assert len(steps(events)) == 1
     assert markers(events) == ["undetermined"]
+
+
+def _iteration(t: StepTracker, at: int, *optimizers: int) -> None:
+    """One iteration without a DataLoader: per optimizer, a forward, a backward and its update."""
+    for k, who in enumerate(optimizers):
+        base = at + 30 * k
+        t.forward(base, base + 10, "Net", True)
+        t.backward(base + 10, base + 20)
+        t.optimizer_begin(base + 20, who)
+        t.optimizer(base + 20, base + 30, "Adam", who)
+
+
+def test_a_gan_without_a_data_loader_is_one_step_per_iteration_not_per_optimizer():
+    """The discriminator's update, then the generator's: two optimizer steps, one iteration (was: two steps)."""
+    t, events, _ = _tracker()
+    for i in range(4):
+        _iteration(t, 100 * i, 1, 2)
+    t.finish()
+    assert steps(events) == [(TRAIN, i) for i in range(4)]
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 100), (100, 200), (200, 300), (300, 360)]
+    assert [sum(e[0] == OPTIMIZER and e[5] == i for e in events) for i in range(4)] == [2, 2, 2, 2]
+
+
+def test_two_optimizers_stepped_back_to_back_are_one_step():
+    """Muon beside AdamW (modded-nanoGPT): `opt1.step(); opt2.step()` after one backward."""
+    t, events, _ = _tracker()
+    for i in range(3):
+        at = 100 * i
+        t.forward(at, at + 10, "GPT", True)
+        t.backward(at + 10, at + 20)
+        for who in (1, 2):
+            t.optimizer_begin(at + 20 + 5 * who, who)
+            t.optimizer(at + 20 + 5 * who, at + 25 + 5 * who, "Muon" if who == 1 else "AdamW", who)
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
+
+
+def test_an_actor_updated_every_other_iteration_is_not_a_step_of_its_own():
+    """TD3: the critic every iteration, the actor every second one: one step per iteration."""
+    t, events, _ = _tracker()
+    for i in range(4):
+        _iteration(t, 100 * i, *((1, 2) if i % 2 else (1,)))
+    t.finish()
+    assert steps(events) == [(TRAIN, i) for i in range(4)]
+    assert [e[2] for e in events if e[0] == STEP] == [0, 100, 200, 300]
+
+
+def test_a_forward_after_the_last_update_is_a_step_of_its_own_at_exit():
+    t, events, _ = _tracker()
+    _iteration(t, 0, 1)
+    _iteration(t, 100, 1)
+    t.forward(200, 210, "Net", True)  # interrupted in the next iteration's forward
+    t.finish()
+    assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
+    assert [e[2:4] for e in events if e[0] == STEP] == [(0, 100), (100, 200), (200, 210)]
+

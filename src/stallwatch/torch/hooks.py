@@ -70,7 +70,7 @@ class TorchHooks:
         self._discover_left = 0
         self._discover_calls = DISCOVERY_CALLS_WITHOUT_STEPS
         self._new_loaders: set[int] = set()
-        self._optim_start = 0
+        self._optim_calls: list[tuple[int, int]] = []  # (optimizer id, start) of the optimizer steps in progress
         self._ddp: list[Any] = []  # DistributedDataParallel models found: their own timing samples are read
         self._ddp_seen: dict[int, int] = {}  # id(model) -> the sampled iteration already recorded
         self._steps = 0
@@ -355,19 +355,29 @@ class TorchHooks:
         post = optim.register_optimizer_step_post_hook(self._optim_post)
         self._undo.extend([pre.remove, post.remove])
 
-    def _optim_pre(self, _opt: Any, _args: Any, _kwargs: Any) -> None:
-        self._optim_start = now_us()  # a step that raised never reaches the post hook: the next one overwrites
-        if self.enabled:
+    def _optim_pre(self, opt: Any, _args: Any, _kwargs: Any) -> None:
+        """Only the outermost optimizer step is the loop's: one that wraps another (ZeroRedundancyOptimizer,
+        Lookahead, accelerate's) steps it inside its own. An optimizer already in progress is a step that raised
+        (its post hook never ran): start afresh."""
+        calls, who = self._optim_calls, id(opt)
+        if any(w == who for w, _ in calls):
+            calls.clear()
+        calls.append((who, now_us()))
+        if len(calls) == 1 and self.enabled:
             try:
-                self.tracker.optimizer_begin(self._optim_start)
+                self.tracker.optimizer_begin(calls[0][1], who)
             except Exception as exc:
                 _failed("optimizer", exc)
 
     def _optim_post(self, opt: Any, _args: Any, _kwargs: Any) -> None:
-        t0, self._optim_start = self._optim_start, 0
-        if self.enabled and t0:
+        calls, who = self._optim_calls, id(opt)
+        if not calls or calls[-1][0] != who:
+            calls.clear()  # not the one begun last: the record is lost, the next step starts clean
+            return
+        _, t0 = calls.pop()
+        if not calls and self.enabled:
             try:
-                self.tracker.optimizer(t0, now_us(), _class_name(opt))
+                self.tracker.optimizer(t0, now_us(), _class_name(opt), who)
             except Exception as exc:
                 _failed("optimizer", exc)
 

@@ -3,8 +3,9 @@ start, end, number and mode, with its phases. Pure Python, no torch: the hooks f
 
 Where steps come from, best first: explicit marks (`prof.step()`, the Lightning and Transformers callbacks);
 the data loader (a step runs from asking for a batch to asking for the next one); and, when the loop never
-iterates a DataLoader, whatever repeats: `optimizer.step()`, else top-level forward/backward pairs (a manual
-update such as `p.data.add_(p.grad, alpha=-lr)`). Steps are contiguous whatever delimits them: a step delimited
+iterates a DataLoader, whatever repeats: `optimizer.step()` (with several optimizers, an iteration ends when the
+one that stepped first in it steps again), else top-level forward/backward pairs (a manual update such as
+`p.data.add_(p.grad, alpha=-lr)`). Steps are contiguous whatever delimits them: a step delimited
 by `optimizer.step()` runs on until the next iteration's first call, so what the loop does after the update (a
 `loss.item()` that waits for the GPU, logging, building the next batch by hand) is in a step, as it is with a
 DataLoader. Until an optimizer step is seen the loop's first iterations are held undecided (a gradient-accumulation
@@ -55,7 +56,8 @@ class StepListener(Protocol):
 
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
-                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated")
+                 "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated",
+                 "first_optimizer", "cut")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -73,7 +75,12 @@ class _Step:
         self.backward_since_cut = False
         self.forwards = 0
         self.name: str | None = None  # the step event's name when a framework names it (Keras: "predict_step")
-        self.updated = False  # its optimizer step ended (optimizer-delimited): the next iteration's first call ends it
+        # Optimizer-delimited: `updated` once an optimizer stepped. The next model call may begin the next iteration
+        # (`cut`: its time and where its events start) or be the same iteration's other optimizer's (a GAN's
+        # generator after its discriminator): the next optimizer.step() decides, by whether it is the step's first.
+        self.updated = False
+        self.first_optimizer: int | None = None
+        self.cut: tuple[int, int] | None = None
 
 
 class StepTracker:
@@ -141,8 +148,13 @@ class StepTracker:
     def forward(self, t0: int, t1: int, name: str, grad_enabled: bool) -> None:
         step = self._open
         if step is not None and step.updated and not self._optimizing:
-            self._next_iteration(t0)
-            step = None
+            if grad_enabled:
+                if step.cut is None:
+                    step.cut = (t0, len(step.events))
+            else:  # an evaluation after the update: the iteration ended here
+                step.cut = None
+                self._next_iteration(t0)
+                step = None
         if step is None:
             if self.source not in INFERRED:
                 self._standalone(FORWARD, name, t0, t1, TRAIN if grad_enabled else EVAL)
@@ -178,23 +190,26 @@ class StepTracker:
     def backward(self, t0: int, t1: int) -> None:
         self._train_phase(BACKWARD, "backward", t0, t1)
 
-    def optimizer_begin(self, t0: int) -> None:
-        """optimizer.step() starts: a loop with an optimizer is delimited by it (the iterations held undecided
-        become this one step); an LBFGS-style closure's forward and backward happen inside it."""
+    def optimizer_begin(self, t0: int, who: int = 0) -> None:
+        """optimizer.step() starts (`who`: which optimizer): a loop with an optimizer is delimited by it (the
+        iterations held undecided become this one step); an LBFGS-style closure's forward and backward happen
+        inside it."""
         self._optimizing = True
         if self.source is None:
             self._decide(OPTIMIZER_SOURCE, t0)
         if self._open is not None and self._open.updated:
-            self._next_iteration(t0)  # a second optimizer, or LBFGS whose closure calls the model inside it
+            self._same_or_next_iteration(t0, who)
         if self._open is None and self.source == OPTIMIZER_SOURCE:
             self._inferred_step(t0)
         step = self._open
         self._optimizer_mark = (step, len(step.events) if step is not None else 0)
 
-    def optimizer(self, t0: int, t1: int, name: str) -> None:
+    def optimizer(self, t0: int, t1: int, name: str, who: int = 0) -> None:
         self._optimizing = False
         if self.source is None:
             self._decide(OPTIMIZER_SOURCE, t0)
+        if self._open is not None and self._open.updated:  # no optimizer_begin for this one (a caller without it)
+            self._same_or_next_iteration(t0, who)
         step = self._open
         if step is None:
             if self.source in INFERRED:
@@ -220,13 +235,14 @@ class StepTracker:
             self._add(step, OPTIMIZER, name, min(at, t1), t1, "")
         if self.source == OPTIMIZER_SOURCE:
             step.updated = True
+            if step.first_optimizer is None:
+                step.first_optimizer = who
 
     def _train_phase(self, kind: str, name: str, t0: int, t1: int) -> None:
         """Backward: the step it is in becomes a TRAIN step."""
         step = self._open
-        if step is not None and step.updated:
-            self._next_iteration(t0)
-            step = None
+        if step is not None and step.updated and step.cut is None:
+            step.cut = (t0, len(step.events))  # a backward first (the model's call was not seen): as a forward
         if step is None:
             if self.source in INFERRED:
                 step = self._inferred_step(t0)
@@ -304,6 +320,8 @@ class StepTracker:
         """At exit: a step with work in it ends where its last phase ended; an empty one is dropped. A step cut
         short (a signal, an exception) keeps the mode its loop had, not the mode of the phases it reached."""
         step = self._open
+        if step is not None and step.updated and step.cut is not None:
+            step = self._unfinished_iteration(step.cut[0])
         if step is not None and step.work:
             if step.cuts:
                 self._decide(PAIRS, step.last_us)
@@ -358,6 +376,32 @@ class StepTracker:
 
     def _marker(self, name: str, at_us: int, args: str = "") -> None:
         self._emit((LOOP, name, at_us, at_us, GLOBAL, None, self.pid, args))
+
+    def _same_or_next_iteration(self, t0: int, who: int) -> None:
+        """An optimizer steps after the open step's update: the step's first optimizer again begins a new iteration,
+        which began at the cut (the first model call since the update) or here; another optimizer (a generator
+        after its discriminator, an actor after its critic, Muon beside AdamW) continues the same iteration."""
+        step = self._open
+        assert step is not None
+        if who != step.first_optimizer:
+            step.updated, step.cut = False, None
+            return
+        cut, step.cut = step.cut, None
+        at = cut[0] if cut is not None else t0
+        self._next_iteration(at)
+        self._inferred_step(at)
+
+    def _unfinished_iteration(self, at: int) -> _Step:
+        """At exit, an iteration begun after the last update and never updated (cut short, or a last forward):
+        a step of its own, as it was before the update's step stayed open."""
+        self._next_iteration(at)
+        rest = self._inferred_step(at)
+        rest.work = True
+        rest.forwards = sum(1 for e in rest.events if e[0] == FORWARD)
+        rest.forward = rest.forwards > 0
+        rest.backward = any(e[0] == BACKWARD for e in rest.events)
+        rest.last_us = max([rest.start_us, *(e[3] for e in rest.events)])
+        return rest
 
     def _next_iteration(self, t0: int) -> None:
         """An optimizer-delimited step ends where the next iteration's first call began. What was recorded since
