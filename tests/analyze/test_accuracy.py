@@ -53,16 +53,22 @@ HAND_JOB = '''
 import sys, time, torch
 GET_S, STEPS = {get_s}, {steps}
 
+def work(seconds):
+    """CPU work, as in JOB: on a loaded machine the model's and the batch's stretch with the loop's own code."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__(); self.l = torch.nn.Linear(16, 1)
     def forward(self, x):
-        time.sleep(0.005)  # the model's work
+        work(0.005)  # the model's work
         return self.l(x)
 
 data, target = torch.randn(4096, 16), torch.randn(4096, 1)
 def get_batch():
-    time.sleep(GET_S)  # reading, slicing and stacking samples by hand
+    work(GET_S)  # reading, slicing and stacking samples by hand
     ix = torch.randint(0, 4096, (8,))
     return data[ix], target[ix]
 

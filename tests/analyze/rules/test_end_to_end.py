@@ -16,6 +16,13 @@ import sys, time, torch
 from torch.utils.data import DataLoader, Dataset
 WORKERS, SLOW, COMPUTE_S = int(sys.argv[1]), {slow}, float(sys.argv[2])
 
+def work(seconds):
+    """CPU work, not a sleep: on a loaded machine the model's work stretches as the loading does, so the healthy
+    run's wait for data stays a small share of its steps."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
 class Costly(Dataset):
     def __len__(self): return 8 * 160
     def __getitem__(self, i):
@@ -29,7 +36,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for i, (x, y) in enumerate(loader):
     if i in SLOW:
         time.sleep(0.4)  # far above mean + 3σ, which the stalls themselves inflate (σ ≈ 0.26 × the stall)
-    time.sleep(COMPUTE_S)  # the model's own work (a real model's forward and backward)
+    work(COMPUTE_S)  # the model's own work (a real model's forward and backward)
     opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
 '''
 SLOW_STEPS = (20, 35, 50, 65, 80, 95, 110, 120, 130, 140, 150, 155)  # 12 > n_outliers (10)

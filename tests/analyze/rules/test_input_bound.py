@@ -81,6 +81,23 @@ def test_isolated_stalls_are_named():
     assert "long stalls" in out["Recommendation"] and "100, 175" in out["Recommendation"]
 
 
+def test_a_hiccup_of_a_fraction_of_a_step_is_not_a_stall():
+    """Waits of 20 ms in 100 ms steps (20× the 1 ms typical wait, a busy machine's scheduling) are not named beside
+    the 12 planted 2 s reads: a stall costs at least half a typical step."""
+    stalls = list(range(100, 1000, 75))
+    waits = np.full(1000, 1 * MS)
+    waits[range(110, 1000, 45)] = 20 * MS
+    slow = {}
+    for n in stalls:
+        waits[n] = 2000 * MS
+        slow[n] = 2100 * MS
+    gen = FwGen()
+    gen.steps(n=1000, data_wait_us=waits, slow=slow, jitter_us=0)
+    gen.dataloader(num_workers=4)
+    entry = _ranks(evaluate(InputBound, whole(gen.table())))["algo-1/0/TRAIN"]
+    assert entry["cause"] == "stalls" and entry["stall_steps"] == stalls
+
+
 def test_patience_and_a_short_run():
     """The first `patience` steps (start-up) never decide; a run shorter than a window is one window (a short
     job that waits for data all the time was called healthy), unless it has too few steps to say."""
