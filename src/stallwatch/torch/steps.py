@@ -57,7 +57,7 @@ class StepListener(Protocol):
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
                  "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated",
-                 "first_optimizer", "cut")
+                 "first_optimizer", "next_at")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -76,11 +76,11 @@ class _Step:
         self.forwards = 0
         self.name: str | None = None  # the step event's name when a framework names it (Keras: "predict_step")
         # Optimizer-delimited: `updated` once an optimizer stepped. The next model call may begin the next iteration
-        # (`cut`: its time and where its events start) or be the same iteration's other optimizer's (a GAN's
-        # generator after its discriminator): the next optimizer.step() decides, by whether it is the step's first.
+        # (`next_at`: when it began) or be the same iteration's other optimizer's (a GAN's generator after its
+        # discriminator): the next optimizer.step() decides, by whether it is the step's first.
         self.updated = False
         self.first_optimizer: int | None = None
-        self.cut: tuple[int, int] | None = None
+        self.next_at: int | None = None
 
 
 class StepTracker:
@@ -149,10 +149,10 @@ class StepTracker:
         step = self._open
         if step is not None and step.updated and not self._optimizing:
             if grad_enabled:
-                if step.cut is None:
-                    step.cut = (t0, len(step.events))
+                if step.next_at is None:
+                    step.next_at = t0
             else:  # an evaluation after the update: the iteration ended here
-                step.cut = None
+                step.next_at = None
                 self._next_iteration(t0)
                 step = None
         if step is None:
@@ -241,8 +241,8 @@ class StepTracker:
     def _train_phase(self, kind: str, name: str, t0: int, t1: int) -> None:
         """Backward: the step it is in becomes a TRAIN step."""
         step = self._open
-        if step is not None and step.updated and step.cut is None:
-            step.cut = (t0, len(step.events))  # a backward first (the model's call was not seen): as a forward
+        if step is not None and step.updated and step.next_at is None:
+            step.next_at = t0  # a backward first (the model's call was not seen): as a forward
         if step is None:
             if self.source in INFERRED:
                 step = self._inferred_step(t0)
@@ -320,8 +320,8 @@ class StepTracker:
         """At exit: a step with work in it ends where its last phase ended; an empty one is dropped. A step cut
         short (a signal, an exception) keeps the mode its loop had, not the mode of the phases it reached."""
         step = self._open
-        if step is not None and step.updated and step.cut is not None:
-            step = self._unfinished_iteration(step.cut[0])
+        if step is not None and step.updated and step.next_at is not None:
+            step = self._unfinished_iteration(step.next_at)
         if step is not None and step.work:
             if step.cuts:
                 self._decide(PAIRS, step.last_us)
@@ -379,15 +379,15 @@ class StepTracker:
 
     def _same_or_next_iteration(self, t0: int, who: int) -> None:
         """An optimizer steps after the open step's update: the step's first optimizer again begins a new iteration,
-        which began at the cut (the first model call since the update) or here; another optimizer (a generator
+        which began at `next_at` (the first model call since the update) or here; another optimizer (a generator
         after its discriminator, an actor after its critic, Muon beside AdamW) continues the same iteration."""
         step = self._open
         assert step is not None
         if who != step.first_optimizer:
-            step.updated, step.cut = False, None
+            step.updated, step.next_at = False, None
             return
-        cut, step.cut = step.cut, None
-        at = cut[0] if cut is not None else t0
+        at = step.next_at if step.next_at is not None else t0
+        step.next_at = None
         self._next_iteration(at)
         self._inferred_step(at)
 

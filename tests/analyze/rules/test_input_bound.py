@@ -62,21 +62,26 @@ def test_enough_workers_but_a_slow_fetch():
     assert _ranks(out)["algo-1/0/TRAIN"]["cause"] == "slow_fetch" and "cheaper" in out["Recommendation"]
 
 
+STALLS = list(range(100, 1000, 75))
+
+
+def _stalled(hiccups: range = range(0)) -> dict:
+    """1,000 steps of 100 ms waiting 1 ms each, but 2 s at STALLS (and 20 ms at `hiccups`): InputBound's result."""
+    waits = np.full(1000, 1 * MS)
+    waits[hiccups] = 20 * MS
+    waits[STALLS] = 2000 * MS
+    gen = FwGen()
+    gen.steps(n=1000, data_wait_us=waits, slow={n: 2100 * MS for n in STALLS}, jitter_us=0)
+    gen.dataloader(num_workers=4)
+    return evaluate(InputBound, whole(gen.table()))
+
+
 def test_isolated_stalls_are_named():
     """Planted: 12 stalls of 2 s in 1,000 steps of 100 ms (otherwise 1 ms waits): 24 s of 124 s waiting."""
-    stalls = list(range(100, 1000, 75))
-    waits = np.full(1000, 1 * MS)
-    slow = {}
-    for n in stalls:
-        waits[n] = 2000 * MS
-        slow[n] = 2100 * MS
-    gen = FwGen()
-    gen.steps(n=1000, data_wait_us=waits, slow=slow, jitter_us=0)
-    gen.dataloader(num_workers=4)
-    out = evaluate(InputBound, whole(gen.table()))
+    out = _stalled()
     entry = _ranks(out)["algo-1/0/TRAIN"]
-    assert entry["triggered"] and entry["cause"] == "stalls" and entry["stalls"] == len(stalls)
-    assert entry["stall_steps"] == stalls and out["Details"]["steps"] == stalls
+    assert entry["triggered"] and entry["cause"] == "stalls" and entry["stalls"] == len(STALLS)
+    assert entry["stall_steps"] == STALLS and out["Details"]["steps"] == STALLS
     assert entry["time_at_stake_s"] == pytest.approx(24.0)
     assert "long stalls" in out["Recommendation"] and "100, 175" in out["Recommendation"]
 
@@ -84,18 +89,8 @@ def test_isolated_stalls_are_named():
 def test_a_hiccup_of_a_fraction_of_a_step_is_not_a_stall():
     """Waits of 20 ms in 100 ms steps (20× the 1 ms typical wait, a busy machine's scheduling) are not named beside
     the 12 planted 2 s reads: a stall costs at least half a typical step."""
-    stalls = list(range(100, 1000, 75))
-    waits = np.full(1000, 1 * MS)
-    waits[range(110, 1000, 45)] = 20 * MS
-    slow = {}
-    for n in stalls:
-        waits[n] = 2000 * MS
-        slow[n] = 2100 * MS
-    gen = FwGen()
-    gen.steps(n=1000, data_wait_us=waits, slow=slow, jitter_us=0)
-    gen.dataloader(num_workers=4)
-    entry = _ranks(evaluate(InputBound, whole(gen.table())))["algo-1/0/TRAIN"]
-    assert entry["cause"] == "stalls" and entry["stall_steps"] == stalls
+    entry = _ranks(_stalled(hiccups=range(110, 1000, 45)))["algo-1/0/TRAIN"]
+    assert entry["cause"] == "stalls" and entry["stall_steps"] == STALLS
 
 
 def test_patience_and_a_short_run():
