@@ -13,7 +13,7 @@ from stallwatch.analyze.rules.runner import evaluate
 from stallwatch.records import FrameworkEvent
 from stallwatch.store.framework_writer import FrameworkWriter
 from stallwatch.store.location import RunLocation
-from stallwatch.store.reader import open_run
+from stallwatch.store.reader import RunNotFoundError, open_run
 
 from ...collect._support import Background, wait_until
 from ...collect._support import stallwatch as run_cli
@@ -43,6 +43,14 @@ def test_events_are_handed_out_once_even_when_they_arrive_late(tmp_path):
     assert sorted(seen) == list(range(14))
 
 
+def _has_events(run) -> bool:
+    """The run has framework events; False while it is not yet a run (`nodes/` made, its first record not yet)."""
+    try:
+        return open_run(str(run)).framework().num_rows > 0
+    except RunNotFoundError:
+        return False
+
+
 def test_a_followed_run_ends_with_the_batch_result(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
@@ -58,8 +66,7 @@ def test_a_followed_run_ends_with_the_batch_result(tmp_path):
                      sys.executable, str(script))
     live = LiveEvaluation(builtin_rules())
     try:
-        wait_until(lambda: (run / "nodes").exists() and open_run(str(run)).framework().num_rows > 0, 60,
-                   what="the first events")
+        wait_until(lambda: _has_events(run), 60, what="the first events")
         feed = LiveFeed(open_run(str(run)))
         evaluations = 0
         while job.proc.poll() is None:
