@@ -148,3 +148,21 @@ for it in range(10):
     ran["train"] += 1
 done()
 '''
+
+# Mixed precision with a GradScaler and no DataLoader: the scaler skips optimizer.step() on the iterations whose
+# gradients overflow (the first ones, while it finds its scale, and now and then later).
+AMP_SKIPPED_STEPS = _HEAD + '''
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu")
+for it in range(12):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = ((model(x[it * 16:(it + 1) * 16]).float() - y[it * 16:(it + 1) * 16]) ** 2).mean()
+    if it in (0, 1, 2, 7):
+        loss = loss * float("inf")  # an overflow: the scaler skips this iteration's update
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    ran["train"] += 1
+done()
+'''

@@ -123,3 +123,14 @@ def test_a_gan_without_a_data_loader_is_one_step_per_iteration(tmp_path):
     assert set(per_step.values()) == {2}  # the discriminator's and the (outer) generator's, once each
     _phase_sums_fit_their_steps(events)
 
+
+
+def test_iterations_whose_update_a_grad_scaler_skips_are_steps_of_their_own(tmp_path):
+    """scaler.step() skips optimizer.step() when the gradients overflow: such an iteration still ends at its
+    scaler.step() (was: the first ones held as one gradient-accumulation step, a later one merged into the next)."""
+    p, out, ran, events = _profile(tmp_path, loop_shapes.AMP_SKIPPED_STEPS)
+    assert p.returncode == 0, p.stderr
+    assert _steps(events) == {TRAIN: ran["train"]} == {TRAIN: 12}
+    per_step = Counter(e["step"] for e in events if e["kind"] == OPTIMIZER)
+    assert sorted(per_step) == list(range(12)) and set(per_step.values()) == {1}
+    _phase_sums_fit_their_steps(events)

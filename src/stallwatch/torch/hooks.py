@@ -70,7 +70,7 @@ class TorchHooks:
         self._discover_left = 0
         self._discover_calls = DISCOVERY_CALLS_WITHOUT_STEPS
         self._new_loaders: set[int] = set()
-        self._optim_calls: list[tuple[int, int]] = []  # (optimizer id, start) of the optimizer steps in progress
+        self._optim_calls: list[tuple[Any, int]] = []  # (call's key, start) of the optimizer steps in progress
         self._ddp: list[Any] = []  # DistributedDataParallel models found: their own timing samples are read
         self._ddp_seen: dict[int, int] = {}  # id(model) -> the sampled iteration already recorded
         self._steps = 0
@@ -351,33 +351,58 @@ class TorchHooks:
     def _hook_optimizer(self) -> None:
         from torch.optim import optimizer as optim
 
-        pre = optim.register_optimizer_step_pre_hook(self._optim_pre)
-        post = optim.register_optimizer_step_post_hook(self._optim_post)
+        pre = optim.register_optimizer_step_pre_hook(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt)))
+        post = optim.register_optimizer_step_post_hook(lambda opt, _a, _k: self._optim_post(id(opt), opt))
         self._undo.extend([pre.remove, post.remove])
+        self._patch_grad_scaler()
 
-    def _optim_pre(self, opt: Any, _args: Any, _kwargs: Any) -> None:
+    def _patch_grad_scaler(self) -> None:
+        """`scaler.step(optimizer)` is the iteration's update even when the scaler skips `optimizer.step()` (the
+        gradients overflowed: the first iterations of fp16 training, and now and then later): it counts as that
+        optimizer's step, and the step inside it (when there is one) counts once, as a wrapped optimizer's does."""
+        try:
+            from torch.amp.grad_scaler import GradScaler
+        except ImportError:  # an older torch: skipped updates join the next step
+            return
+        hooks = self
+
+        def make(original):
+            def step(scaler, optimizer, *args, **kwargs):
+                if not hooks.enabled:
+                    return original(scaler, optimizer, *args, **kwargs)
+                key = ("scaler", id(optimizer))
+                _guard("optimizer", hooks._optim_pre, key, id(optimizer))
+                try:
+                    return original(scaler, optimizer, *args, **kwargs)
+                finally:
+                    _guard("optimizer", hooks._optim_post, key, optimizer)
+            return step
+
+        self._patch(GradScaler, "step", make)
+
+    def _optim_pre(self, key: Any, who: int) -> None:
         """Only the outermost optimizer step is the loop's: one that wraps another (ZeroRedundancyOptimizer,
-        Lookahead, accelerate's) steps it inside its own. An optimizer already in progress is a step that raised
-        (its post hook never ran): start afresh."""
-        calls, who = self._optim_calls, id(opt)
-        if any(w == who for w, _ in calls):
+        Lookahead, accelerate's, a GradScaler's step) steps it inside its own. One already in progress is a step
+        that raised (its post hook never ran): start afresh. `key` names the call, `who` the optimizer."""
+        calls = self._optim_calls
+        if any(k == key for k, _ in calls):
             calls.clear()
-        calls.append((who, now_us()))
+        calls.append((key, now_us()))
         if len(calls) == 1 and self.enabled:
             try:
                 self.tracker.optimizer_begin(calls[0][1], who)
             except Exception as exc:
                 _failed("optimizer", exc)
 
-    def _optim_post(self, opt: Any, _args: Any, _kwargs: Any) -> None:
-        calls, who = self._optim_calls, id(opt)
-        if not calls or calls[-1][0] != who:
+    def _optim_post(self, key: Any, opt: Any) -> None:
+        calls = self._optim_calls
+        if not calls or calls[-1][0] != key:
             calls.clear()  # not the one begun last: the record is lost, the next step starts clean
             return
         _, t0 = calls.pop()
         if not calls and self.enabled:
             try:
-                self.tracker.optimizer(t0, now_us(), _class_name(opt), who)
+                self.tracker.optimizer(t0, now_us(), _class_name(opt), id(opt))
             except Exception as exc:
                 _failed("optimizer", exc)
 
