@@ -136,7 +136,12 @@ def _job(tmp_path: Path) -> list[str]:
     (["--custom-rule", "no_such_file.py:Busy"], "custom_rules", "cannot be loaded"),
     (["--custom-rule", "no_such_module_here:Busy"], "custom_rules", "cannot be loaded"),
     (["--rule-action", "NoSuchRule=log"], "rule_actions", "there is no rule named 'NoSuchRule'"),
-], ids=["missing-file", "missing-module", "unknown-rule"])
+    (["--param", "NoSuchRule.x=1"], "rule_params", "no rule named 'NoSuchRule'"),
+    (["--param", "StepOutlier.nope=1"], "rule_params", "StepOutlier has no parameter 'nope'"),
+    (["--param", "StepOutlier.stddev=lots"], "rule_params", "must be a number"),
+    (["--param", "stddev=2"], "rule_params", "write RULE.parameter=value"),
+], ids=["missing-file", "missing-module", "unknown-rule", "param-unknown-rule", "param-unknown-name", "param-type",
+        "param-form"])
 def test_a_bad_rule_flag_is_refused_before_the_job_starts(run_stallwatch, tmp_path, flags, field, words):
     """A bad --custom-rule made the run's every evaluation fail, built-in rules included, and said so only
     after the job; an unknown rule in --rule-action was accepted and never acted on."""
@@ -159,6 +164,47 @@ def test_a_good_custom_rule_and_its_action_are_accepted(run_stallwatch, tmp_path
     assert p.returncode == 0, p.stderr
     assert json.loads((run / "rules" / "CountSnapshots.json").read_text())["RuleName"] == "CountSnapshots"
     assert (run / "rules" / "CPUBottleneck.json").exists()
+
+
+SLOW_START_JOB = """
+import time, torch
+time.sleep(1.5)  # a slow start-up: MaxInitializationTime fires at threshold=0.02 minutes, not at its default
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.utils.data.DataLoader(torch.randn(40, 4), batch_size=8):
+    model(x).sum().backward(); opt.step(); opt.zero_grad()
+"""
+
+
+def test_rule_parameters_given_to_run_apply_at_the_end_and_summary_evaluates_again_with_its_own(run_stallwatch,
+                                                                                                 tmp_path):
+    """`--param` on `run` (a short run's verdict asks for it) reaches the rules; `summary` and `report` evaluate
+    again with their own `--param`, and refuse a wrong one in one line."""
+    run, job = tmp_path / "run", tmp_path / "job.py"
+    job.write_text(SLOW_START_JOB)
+    p = run_stallwatch("run", "--interval", "100ms", "--report", "off",
+                       "--param", "maxinitializationtime.threshold=0.02", "--param", "StepOutlier.stddev=4.5", "--out", str(run), "--", sys.executable, str(job))
+    assert p.returncode == 0, p.stderr
+
+    def rule(name):
+        return json.loads((run / "rules" / f"{name}.json").read_text())
+
+    assert "threshold:0.02" in rule("MaxInitializationTime")["RuleParameters"]
+    assert rule("MaxInitializationTime")["RuleTriggered"] == 1
+    assert "stddev:4.5" in rule("StepOutlier")["RuleParameters"]
+    assert "patience:1000" in rule("CPUBottleneck")["RuleParameters"]  # the others keep their defaults
+    assert json.loads((run / "config.json").read_text())["rule_params"] == [
+        "maxinitializationtime.threshold=0.02", "StepOutlier.stddev=4.5"]
+
+    def found(*flags):
+        s = run_stallwatch("summary", str(run), "--json", *flags)
+        assert s.returncode == 0, s.stderr
+        return {f["rule"] for f in json.loads(s.stdout)["findings"]["findings"]}
+
+    assert "MaxInitializationTime" in found()  # the run's own results
+    assert "MaxInitializationTime" not in found("--param", "MaxInitializationTime.threshold=5")
+    bad = run_stallwatch("report", str(run), "--param", "StepOutlier.stddev=lots")
+    assert bad.returncode == 2 and "StepOutlier.stddev='lots': must be a number" in bad.stderr, bad.stderr
 
 
 def test_a_bad_custom_rule_in_a_config_file_leaves_the_built_in_rules_running(run_stallwatch, tmp_path):

@@ -63,6 +63,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="when RULE fires: log, stop_training, command:SHELL COMMAND or notify:URL (repeatable)")
     g.add_argument("--custom-rule", dest="custom_rules", action="append", metavar="MODULE:CLASS",
                    help="a rule of yours (module.path:Class or file.py:Class), evaluated like the built-ins")
+    g.add_argument("--param", dest="rule_params", action="append", metavar="RULE.KEY=VALUE",
+                   help="a rule parameter for this run, live and at the end, e.g. LowGPUUtilization.patience=0 "
+                        "(repeatable)")
     _add_live_flags(g)
 
 
@@ -81,7 +84,8 @@ def _add_live_flags(g: argparse._ArgumentGroup) -> None:
 _CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
                  "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
                  "python_profiler", "cprofile_timer", "rules_interval_s", "rule_actions", "custom_rules",
-                 "stop_training", "price_per_hour", "escalate", "escalate_every_s", "escalate_budget_pct")
+                 "rule_params", "stop_training", "price_per_hour", "escalate", "escalate_every_s",
+                 "escalate_budget_pct")
 
 
 def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:
@@ -116,11 +120,12 @@ def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> Profiler
 
 def check_rules(config: ProfilerConfig) -> ProfilerConfig:
     """The rules a config names must exist before a job starts: each custom rule loads (a bad one would
-    otherwise stop every rule, built-ins included, for the whole run) and each rule action names a rule."""
-    if not config.custom_rules and not config.rule_actions:
+    otherwise stop every rule, built-ins included, for the whole run), each rule action names a rule and each
+    rule parameter is one of its rule's, of the right type."""
+    if not config.custom_rules and not config.rule_actions and not config.rule_params:
         return config
     from stallwatch.analyze.rules.base import ParameterError
-    from stallwatch.analyze.rules.registry import all_rules, load_custom
+    from stallwatch.analyze.rules.registry import all_rules, load_custom, parse_params
 
     for spec in config.custom_rules:
         try:
@@ -134,6 +139,10 @@ def check_rules(config: ProfilerConfig) -> ProfilerConfig:
         if rule.lower() not in names:
             raise ConfigError("rule_actions", text, f"there is no rule named {rule!r}; rules: "
                               f"{', '.join(sorted(names.values()))}")
+    try:
+        parse_params(config.rule_params, all_rules())
+    except ParameterError as exc:
+        raise ConfigError("rule_params", list(config.rule_params), str(exc).removeprefix("--param ")) from None
     return config
 
 
@@ -427,7 +436,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     opened = _open_with_rules("report", args)
     if opened is None:
         return 2
-    run, custom = opened
+    run, custom, params = opened
     try:
         from stallwatch.analyze.analysis import RunAnalysis
         from stallwatch.present.progress import Progress
@@ -438,13 +447,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             base_run = _open("report", args.baseline)
             if base_run is None:
                 return 2
-            baseline = RunAnalysis(base_run, rules=custom)
+            baseline = RunAnalysis(base_run, rules=custom, params=params)
         engine = _open_engine("report", args.engine)
         if engine is None:
             return 2
         try:
             with Progress("report", unit="sections") as bar:
-                where = build_report(RunAnalysis(run, rules=custom, price_per_hour=args.price_per_hour,
+                where = build_report(RunAnalysis(run, rules=custom, params=params, price_per_hour=args.price_per_hour,
                                                  baseline=baseline, engine=engine), args.output, progress=bar.update)
         finally:
             engine.close()
@@ -585,20 +594,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
     opened = _open_with_rules("rules", args)
     if opened is None:
         return 2
-    run, custom = opened
+    run, custom, params = opened
     _say_recorded_custom_rules(run, custom)
     try:
         known = builtin_rules() + [c for c in custom if c not in builtin_rules()]
         classes = [_rule_named(n, known) for n in args.rule] if args.rule else known
-        params: dict[str, dict[str, str]] = {}
-        for text in args.param or []:
-            name, sep, value = text.partition("=")
-            rule, dot, key = name.partition(".")
-            if not sep or not dot or not rule or not key:
-                raise ParameterError(f"--param {text!r}: write RULE.parameter=value, e.g. CPUBottleneck.threshold=30")
-            params.setdefault(_rule_named(rule, known).name, {})[key] = value
-        for cls in classes:
-            cls(**params.get(cls.name, {}))  # a bad parameter is refused before anything is read
         if args.follow:
             if args.engine != "local":
                 raise ParameterError("--follow evaluates new data as it arrives, in this process: "
@@ -640,15 +640,26 @@ def _rule_named(name: str, known: list) -> Any:
     raise ParameterError(f"no rule named {name!r}; rules: {', '.join(c.name for c in known)}")
 
 
-def _open_with_rules(command: str, args: argparse.Namespace) -> tuple[Any, list] | None:
-    """The run and the custom rules named with --custom-rule; None after saying what is wrong."""
+def _open_with_rules(command: str, args: argparse.Namespace) -> tuple[Any, list, dict] | None:
+    """The run, the custom rules named with --custom-rule and the rule parameters given with --param; None after
+    saying what is wrong."""
+    from stallwatch.analyze.rules.base import ParameterError
+    from stallwatch.analyze.rules.registry import builtin_rules, parse_params
+
     run = _open(command, args.run)
     if run is None:
         return None
     try:
-        return run, _custom_rules(command, args)
+        custom = _custom_rules(command, args)
     except ValueError:
         return None
+    try:
+        params = parse_params(getattr(args, "param", None) or [],
+                              builtin_rules() + [c for c in custom if c not in builtin_rules()])
+    except ParameterError as exc:
+        print(f"stallwatch {command}: {exc}", file=sys.stderr)
+        return None
+    return run, custom, params
 
 
 def _custom_rules(command: str, args: argparse.Namespace) -> list:
@@ -762,6 +773,12 @@ def _add_json_flag(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--json", action="store_true", help=f"machine-readable: {what}, nothing else there")
 
 
+def _add_param_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--param", action="append", metavar="RULE.KEY=VALUE",
+                   help="a rule parameter, e.g. StepOutlier.stddev=2 (repeatable): the rules are evaluated again "
+                        "with it")
+
+
 def _add_custom_rule_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--custom-rule", dest="custom_rules", action="append", metavar="MODULE:CLASS",
                    help="also evaluate this rule of yours (module.path:Class or file.py:Class; repeatable). A run's "
@@ -808,8 +825,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="run directory or s3:// URI")
     _add_engine_flag(p)
     p.add_argument("--rule", action="append", metavar="NAME", help="only this rule (repeatable)")
-    p.add_argument("--param", action="append", metavar="RULE.KEY=VALUE",
-                   help="a rule parameter, e.g. StepOutlier.stddev=2 (repeatable)")
+    _add_param_flag(p)
     p.add_argument("--follow", action="store_true",
                    help="evaluate a running job's new data as it arrives, until the job ends")
     p.add_argument("--every", type=float, default=10.0, metavar="SECONDS", help="with --follow (default 10)")
@@ -827,6 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", choices=["any", "low", "medium", "high"], metavar="SEVERITY",
                    help="exit 1 when a finding of this severity or higher was found (any, low, medium, high)")
     _add_price_flag(p)
+    _add_param_flag(p)
     _add_custom_rule_flag(p)
     _add_json_flag(p, "one JSON document on stdout")
     p.set_defaults(func=cmd_summary)
@@ -844,6 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write it here instead of report.html in the run")
     p.add_argument("--baseline", metavar="RUN", help="add a comparison with this run (e.g. before a change)")
     _add_price_flag(p)
+    _add_param_flag(p)
     _add_custom_rule_flag(p)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="compare a run with a baseline run: step times, phases, utilization, "
@@ -957,12 +975,12 @@ def cmd_summary(args: argparse.Namespace) -> int:
     opened = _open_with_rules("summary", args)
     if opened is None:
         return 2
-    run, custom = opened
+    run, custom, params = opened
     from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.present import json_out
     from stallwatch.present.summary import summary_text
 
-    analysis = RunAnalysis(run, rules=custom, price_per_hour=args.price_per_hour)
+    analysis = RunAnalysis(run, rules=custom, params=params, price_per_hour=args.price_per_hour)
     if args.node and args.node not in analysis.nodes:
         print(f"stallwatch summary: no node {args.node!r} in {run.uri}; its nodes: {', '.join(analysis.nodes)}",
               file=sys.stderr)

@@ -170,6 +170,8 @@ class ProfilerConfig:
     rule_actions: tuple[str, ...] = ()
     # "module:Class" or "path/to/file.py:Class": user rules evaluated like the built-ins
     custom_rules: tuple[str, ...] = ()
+    # "RULE.parameter=value": the rules' parameters for this run (live and at the end), e.g. StepOutlier.stddev=4
+    rule_params: tuple[str, ...] = ()
     # Set (live) to stop training at the next step boundary; the text is the reason, recorded in the run
     stop_training: str | None = None
     # What one node costs per hour (any currency): the report and summary turn the run into a cost
@@ -222,7 +224,7 @@ class ProfilerConfig:
         if not _is_number(self.rules_interval_s) or not (self.rules_interval_s == 0 or 1 <= self.rules_interval_s <= 3600):
             raise ConfigError("rules_interval_s", self.rules_interval_s,
                               "must be 0 (evaluate the rules only when the job ends) or from 1 to 3600 seconds")
-        for name in ("rule_actions", "custom_rules"):
+        for name in ("rule_actions", "custom_rules", "rule_params"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(name, value, "must be a list of strings")
@@ -231,6 +233,11 @@ class ProfilerConfig:
             if not sep or not rule.strip() or not _valid_action(action.strip()):
                 raise ConfigError("rule_actions", text, "write RULE=ACTION with ACTION one of log, stop_training, "
                                   "command:SHELL COMMAND, notify:https://URL")
+        for text in self.rule_params:
+            name, sep, _ = text.partition("=")
+            rule, dot, key = name.strip().partition(".")
+            if not sep or not dot or not rule or not key.strip():
+                raise ConfigError("rule_params", text, "write RULE.parameter=value, e.g. StepOutlier.stddev=4")
         for text in self.custom_rules:
             module, sep, cls = text.rpartition(":")
             if not sep or not module or not cls.isidentifier():
@@ -281,7 +288,7 @@ class ProfilerConfig:
                 raise ConfigError(key, value, f"is not a config field; known fields: {', '.join(sorted(known))}")
             if key.endswith("_profiling") and value is not None:
                 value = _range_from_json(key, value)
-            if key in ("rule_actions", "custom_rules") and isinstance(value, list):
+            if key in ("rule_actions", "custom_rules", "rule_params") and isinstance(value, list):
                 value = tuple(value)
             changes[key] = value
         return dataclasses.replace(base or cls(), **changes)

@@ -87,7 +87,8 @@ def test_a_run_shorter_than_a_rules_start_up_skip_says_that_rule_did_not_judge_i
     assert found.verdict == (
         "Healthy: no rule found a problem (median GPU utilization 9 %). Too short for BatchSize and LowGPUUtilization "
         "to judge: each skips the run's start-up (its `patience` parameter); "
-        "`stallwatch rules RUN --param LowGPUUtilization.patience=0` judges it anyway.")
+        "`stallwatch rules RUN --param LowGPUUtilization.patience=0` judges it anyway (so does `--param` on `run`, "
+        "`report` and `summary`).")
     single = replace(skipped("LoadBalancing"), details={"nothing_to_compare": True})  # one GPU: never judged
     assert "LoadBalancing" not in build_findings([quiet, single], _summary()).verdict
     judged = replace(skipped("LowGPUUtilization"), datapoints=10)

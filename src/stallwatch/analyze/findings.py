@@ -401,7 +401,8 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudg
         names = unjudged[0] if len(unjudged) == 1 else f"{', '.join(unjudged[:-1])} and {unjudged[-1]}"
         example = "LowGPUUtilization" if "LowGPUUtilization" in unjudged else unjudged[0]
         short = (f" Too short for {names} to judge: each skips the run's start-up (its `patience` parameter); "
-                 f"`stallwatch rules RUN --param {example}.patience=0` judges it anyway.")
+                 f"`stallwatch rules RUN --param {example}.patience=0` judges it anyway (so does `--param` on "
+                 "`run`, `report` and `summary`).")
     return f"Healthy: no rule found a problem{because}.{short}"
 
 

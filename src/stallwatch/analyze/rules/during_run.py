@@ -30,6 +30,7 @@ class LiveRules:
         self._results: list[RuleResult] | None = None
         self._thread: threading.Thread | None = None
         self.rules = self._rules()  # loaded once, on the caller's thread, before the job starts
+        self.params = self._params()
         if self.interval_s > 0:  # local and S3 runs alike: each evaluation reads only the new files
             self._thread = threading.Thread(target=self._follow, name="stallwatch-rules", daemon=True)
             self._thread.start()
@@ -52,7 +53,7 @@ class LiveRules:
             from stallwatch.store.reader import open_run
 
             run = open_run(uri)
-            results = evaluate(self.rules, iter_run(run, self.rules))
+            results = evaluate(self.rules, iter_run(run, self.rules), self.params)
             _write(run, results)
             self._act(run, results)
         if self.actions is not None:
@@ -82,7 +83,7 @@ class LiveRules:
                 if not final:
                     self._escalate(run, results)
 
-            self._results = follow(run, self.rules, None, every_s=self.interval_s, finished=self._stop.is_set,
+            self._results = follow(run, self.rules, self.params, every_s=self.interval_s, finished=self._stop.is_set,
                                    on_results=on_results, sleep=self._stop.wait)
         except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
             warn_once("live-rules", "live rule evaluation stopped (%s: %s); the rules run when the job ends",
@@ -102,6 +103,18 @@ class LiveRules:
             except ParameterError as exc:
                 warn_once(f"custom-rule-{spec}", "%s; the other rules are evaluated without it", exc)
         return builtin_rules() + [c for c in custom if c.name not in {b.name for b in builtin_rules()}]
+
+    def _params(self) -> dict[str, dict[str, str]]:
+        """The configuration's rule parameters (`--param`); wrong ones are said once and left out (the launcher
+        refuses them from the command line before the job starts: these came from a config file)."""
+        from stallwatch.analyze.rules.base import ParameterError
+        from stallwatch.analyze.rules.registry import parse_params
+
+        try:
+            return parse_params(self.config.rule_params, self.rules)
+        except ParameterError as exc:
+            warn_once("rule-params", "%s; the rules are evaluated with their defaults", exc)
+            return {}
 
     def _act(self, run: Any, results: list[RuleResult]) -> None:
         from stallwatch.analyze.rules.actions import RuleActions

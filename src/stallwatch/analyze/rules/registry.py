@@ -56,3 +56,23 @@ def load_custom(specs: tuple[str, ...] | list[str]) -> list[type[Rule]]:
             raise ParameterError(f"custom rule {spec!r} cannot be loaded ({type(exc).__name__}: {exc})") from None
         out.append(register_rule(cls))
     return out
+
+
+def parse_params(texts: tuple[str, ...] | list[str], known: list[type[Rule]]) -> dict[str, dict[str, str]]:
+    """`RULE.parameter=value` texts (`--param`, config `rule_params`) as {rule name: {parameter: value}}, each
+    checked against the rule's declared parameters: a wrong one raises ParameterError naming it."""
+    params: dict[str, dict[str, str]] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        rule, dot, key = name.strip().partition(".")
+        if not sep or not dot or not rule or not key:
+            raise ParameterError(f"--param {text!r}: write RULE.parameter=value, e.g. CPUBottleneck.threshold=30")
+        cls = next((c for c in known if c.name.lower() == rule.lower()), None)
+        if cls is None:
+            raise ParameterError(f"--param {text!r}: no rule named {rule!r}; rules: "
+                                 f"{', '.join(c.name for c in known)}")
+        params.setdefault(cls.name, {})[key.strip()] = value.strip()
+    for cls in known:
+        if cls.name in params:
+            cls(**params[cls.name])  # a bad parameter is refused before anything is read
+    return params
