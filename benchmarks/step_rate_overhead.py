@@ -15,6 +15,9 @@ Method
 * Variants per step length, interleaved: the bare job; `stallwatch run --report off` (the real sampler, the
   real hooks). Slowdown = median loop time with stallwatch / median bare loop time - 1. The sampler's CPU
   is its own rusage (`sampler_cpu_s` in the node record) over the job's duration: % of one core.
+* "stallwatch's share" is the job's time that was stallwatch's, (stallwatch - bare) / stallwatch; "share it said"
+  is what the job measured itself (its hooks' own time in short windows plus its event thread's CPU: the
+  `overhead` record behind the summary's note), a lower bound of the former.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def main() -> None:
     rows = []
     for length in [float(x) for x in args.lengths_us.split(",")]:
         n = max(6, int(args.seconds * 1e6 / length))
-        bare, sw, sampler_pct, steps_seen = [], [], [], []
+        bare, sw, sampler_pct, steps_seen, said = [], [], [], [], []
         for r in range(args.rounds):
             order = ["bare", "sw"] if r % 2 == 0 else ["sw", "bare"]
             for v in order:
@@ -80,17 +83,19 @@ def main() -> None:
                 sw.append(loop)
                 node = json.loads((out / "nodes" / "n.json").read_text())
                 sampler_pct.append(100 * node.get("sampler_cpu_s", 0) / max(loop, 1e-9))
-                from stallwatch.store.reader import open_run
+                from stallwatch.analyze.analysis import RunAnalysis
 
-                steps_seen.append(open_run(str(out)).framework(kinds=["step"], fields=["step"]).num_rows)
+                analysis = RunAnalysis(str(out))
+                steps_seen.append(analysis.run.framework(kinds=["step"], fields=["step"]).num_rows)
+                said.append(100 * max((c.share for c in analysis.hook_costs), default=0.0))
         b, s = statistics.median(bare), statistics.median(sw)
         rows.append([f"{length:g} µs", f"{n:,}", f"{b:.2f}", f"{s:.2f}", f"{100 * (s / b - 1):+.1f} %",
-                     f"{(s - b) / n * 1e6:+.1f}", f"{statistics.median(sampler_pct):.1f} %",
-                     f"{min(steps_seen):,} / {n:,}"])
+                     f"{(s - b) / n * 1e6:+.1f}", f"{100 * (s - b) / s:.1f} %", f"{statistics.median(said):.1f} %",
+                     f"{statistics.median(sampler_pct):.1f} %", f"{min(steps_seen):,} / {n:,}"])
         print(rows[-1], flush=True)
     print(f"\n{machine()}; {args.rounds} rounds per length; medians\n")
-    print(table(["step", "steps", "bare s", "stallwatch s", "slowdown", "µs per step", "sampler CPU",
-                 "steps recorded"], rows))
+    print(table(["step", "steps", "bare s", "stallwatch s", "slowdown", "µs per step", "stallwatch's share",
+                 "share it said", "sampler CPU", "steps recorded"], rows))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from stallwatch.analyze import loss as _loss
 from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
+from stallwatch.analyze import overhead as _overhead
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import rollup_views as _rollup_views
@@ -45,7 +46,7 @@ from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MODES, STEP, TRAIN
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MODES, OVERHEAD, STEP, TRAIN
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
@@ -283,7 +284,13 @@ class RunAnalysis:
     @cached_property
     def notes(self) -> list[str]:
         """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
-        return self.losses.notes() + self.loop_shapes.notes()
+        return self.losses.notes() + self.loop_shapes.notes() + _overhead.notes(self.hook_costs)
+
+    @cached_property
+    def hook_costs(self) -> list[_overhead.HookCost]:
+        """Per rank, what stallwatch's hooks cost its training process, as the process measured it."""
+        markers = self._markers
+        return _overhead.hook_costs(markers.filter(pc.equal(markers["kind"], OVERHEAD)))
 
     @cached_property
     def losses(self) -> _loss.Losses:
@@ -308,11 +315,12 @@ class RunAnalysis:
 
     @cached_property
     def _markers(self) -> pa.Table:
-        """The rare marker events (how steps were found, what was lost), read in one pass over the run's files
-        (kept verbatim in the rollups)."""
+        """The rare marker events (how steps were found, what was lost, what stallwatch cost), read in one pass over
+        the run's files (kept verbatim in the rollups)."""
         if self.overview_from_rollups:
             return _rollup_views.markers(self.framework_rollup)
-        return self.run.framework(kinds=[LOOP, LOSS], fields=["kind", "name", "start_us", "end_us", "args"])
+        return self.run.framework(kinds=[LOOP, LOSS, OVERHEAD],
+                                  fields=["kind", "name", "start_us", "end_us", "args"])
 
     @cached_property
     def findings(self) -> _findings.Findings:

@@ -70,6 +70,7 @@ class EventSender:
         self.address = address
         self.identity = identity or process_identity()
         self.on_message = on_message
+        self.on_tick: Callable[[], None] | None = None  # called on the sender's thread after each send
         self._queue: deque[tuple | dict] = deque()  # event tuples in _FIELDS order, or message dicts
         self._inbox = b""
         self._messages: list[dict[str, Any]] = []  # from the sampler, for `on_message`
@@ -198,6 +199,12 @@ class EventSender:
                 break
             self._send_queued(deadline=None)
             self._receive()
+            tick = self.on_tick
+            if tick is not None:
+                try:
+                    tick()
+                except Exception as exc:  # never kill the thread that sends the events
+                    warn_once("events-tick", "stallwatch's timer failed (%s: %s)", type(exc).__name__, exc)
 
     def _send_queued(self, deadline: float | None) -> None:
         """Send lines until none is left, the socket is full (`deadline` None: try again at the next tick) or

@@ -13,13 +13,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stallwatch.records import COLUMN_SEP, LOOP, LOSS, TIMESTAMP
+from stallwatch.records import COLUMN_SEP, LOOP, LOSS, OVERHEAD, TIMESTAMP
 
 S = 1_000_000
 # 10 s for ranges of ~2-18 h at a chart's 650 points, 1 min up to ~4 days, 10 min beyond; below ~2 h raw is cheap.
 SYSTEM_LEVELS_US = (10 * S, 60 * S, 600 * S)
 FRAMEWORK_LEVEL_US = 60 * S  # steps and phases per minute: progress, totals and step time over a day
-MARKERS = (LOOP, LOSS)  # rare events kept verbatim (name, args): how steps were found, what was lost
+MARKERS = (LOOP, LOSS, OVERHEAD)  # rare events kept verbatim (name, args): how steps were found, what was lost,
+# what stallwatch cost
 STATS = ("min", "max", "mean", "n")
 SYSTEM_KEYS = ("level_us", "bucket_us", "count", "first_us", "last_us", "gap_us", "gap_end_us")
 FRAMEWORK_SCHEMA = pa.schema([

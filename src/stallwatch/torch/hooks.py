@@ -18,6 +18,7 @@ import torch
 from stallwatch.log import warn_once
 from stallwatch.records import COLLECTIVE
 from stallwatch.torch import dataloader as dl
+from stallwatch.torch.probe import Probe
 from stallwatch.torch.steps import StepTracker, now_us
 
 DDP_STATS_EVERY_STEPS = 10  # DDP samples its own timings (first iterations, then every 100): read them this often
@@ -77,6 +78,7 @@ class TorchHooks:
         self.enabled = True
         self.on_discovery: Callable[[], None] | None = None  # the session listens to steps again
         self.stop_reason: str | None = None  # set: every DataLoader reports its end from the next batch on
+        self.probe = Probe()  # the hooks' own time, measured in short windows
 
     # -- install / uninstall --------------------------------------------------------------------------
     def install(self) -> None:
@@ -112,8 +114,10 @@ class TorchHooks:
 
         hooks = self
 
-        def make_next(original):
+        def build_next(original, probed):
             def __next__(it):  # the hottest wrapper: plain try/except, no helper frames
+                if probed is not None and probe.on:
+                    return probed(it)
                 if not hooks.enabled:
                     return original(it)
                 key = getattr(it, "_stallwatch_loader", 0)
@@ -140,6 +144,11 @@ class TorchHooks:
                         _failed("dataloader", exc)
                 return batch
             return __next__
+
+        probe = self.probe
+
+        def make_next(original):
+            return probe.wrap(build_next, original)
 
         def make_init(original):
             def __init__(it, loader, *args, **kwargs):
@@ -219,8 +228,12 @@ class TorchHooks:
         compiled = type(module).__name__ == "OptimizedModule" or getattr(module, "_compiled_call_impl", None) is not None
         if compiled or "forward" in vars(module):
             # A compiled module's (or an instance's own) forward is not its class's: module hooks instead.
-            self._models[id(module)] = [module.register_forward_pre_hook(self._instance_pre),
-                                        module.register_forward_hook(self._instance_post, always_call=True)]
+            def measured(fn):
+                return self.probe.measured(fn, bypass=_compiling)
+
+            self._models[id(module)] = [module.register_forward_pre_hook(measured(self._instance_pre)),
+                                        module.register_forward_hook(measured(self._instance_post),
+                                                                     always_call=True)]
         else:
             self._models[id(module)] = []
             self._wrap_forward(type(module))
@@ -243,21 +256,27 @@ class TorchHooks:
         name = cls.__name__
         hooks = self
 
-        @functools.wraps(original)
-        def forward(module, *args, **kwargs):
-            if hooks._depth or not hooks.enabled or _compiling():
-                return original(module, *args, **kwargs)
-            hooks._depth = 1
-            t0 = now_us()
-            try:
-                return original(module, *args, **kwargs)
-            finally:
-                hooks._depth = 0
-                try:
-                    hooks.tracker.forward(t0, now_us(), name, torch.is_grad_enabled())
-                except Exception as exc:
-                    _failed("forward", exc)
+        probe = self.probe
 
+        def build(inner, probed):
+            def forward(module, *args, **kwargs):
+                if hooks._depth or not hooks.enabled or _compiling():
+                    return inner(module, *args, **kwargs)
+                if probed is not None and probe.on:  # after the compile check: torch.compile must not guard on it
+                    return probed(module, *args, **kwargs)
+                hooks._depth = 1
+                t0 = now_us()
+                try:
+                    return inner(module, *args, **kwargs)
+                finally:
+                    hooks._depth = 0
+                    try:
+                        hooks.tracker.forward(t0, now_us(), name, torch.is_grad_enabled())
+                    except Exception as exc:
+                        _failed("forward", exc)
+            return forward
+
+        forward = functools.wraps(original)(probe.wrap(build, original))
         forward.__stallwatch_original__ = original  # type: ignore[attr-defined]
         cls.forward = forward
         self._undo.append(lambda: setattr(cls, "forward", original) if own else delattr(cls, "forward"))
@@ -328,10 +347,12 @@ class TorchHooks:
         it, its failures said once and swallowed."""
         hooks = self
 
-        def make(original):
+        def build(original, probed):
             def timed(*args, **kwargs):
-                if not hooks.enabled:
+                if not hooks.enabled or _compiling():
                     return original(*args, **kwargs)
+                if probed is not None and hooks.probe.on:  # after the compile check: torch.compile must not guard on it
+                    return probed(*args, **kwargs)
                 t0 = now_us()
                 try:
                     return original(*args, **kwargs)
@@ -341,7 +362,7 @@ class TorchHooks:
                     except Exception as exc:
                         _failed(what, exc)
             return timed
-        return make
+        return lambda original: self.probe.wrap(build, original)
 
     def _patch_backward(self) -> None:
         tracker = self.tracker
@@ -351,8 +372,11 @@ class TorchHooks:
     def _hook_optimizer(self) -> None:
         from torch.optim import optimizer as optim
 
-        pre = optim.register_optimizer_step_pre_hook(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt)))
-        post = optim.register_optimizer_step_post_hook(lambda opt, _a, _k: self._optim_post(id(opt), opt))
+        def measured(fn):
+            return self.probe.measured(fn, bypass=_compiling)
+
+        pre = optim.register_optimizer_step_pre_hook(measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt))))
+        post = optim.register_optimizer_step_post_hook(measured(lambda opt, _a, _k: self._optim_post(id(opt), opt)))
         self._undo.extend([pre.remove, post.remove])
         self._patch_grad_scaler()
 
@@ -366,10 +390,12 @@ class TorchHooks:
             return
         hooks = self
 
-        def make(original):
+        def build(original, probed):
             def step(scaler, optimizer, *args, **kwargs):
-                if not hooks.enabled:
+                if not hooks.enabled or _compiling():
                     return original(scaler, optimizer, *args, **kwargs)
+                if probed is not None and hooks.probe.on:
+                    return probed(scaler, optimizer, *args, **kwargs)
                 key = ("scaler", id(optimizer))
                 _guard("optimizer", hooks._optim_pre, key, id(optimizer))
                 try:
@@ -378,7 +404,7 @@ class TorchHooks:
                     _guard("optimizer", hooks._optim_post, key, optimizer)
             return step
 
-        self._patch(GradScaler, "step", make)
+        self._patch(GradScaler, "step", lambda original: self.probe.wrap(build, original))
 
     def _optim_pre(self, key: Any, who: int) -> None:
         """Only the outermost optimizer step is the loop's: one that wraps another (ZeroRedundancyOptimizer,

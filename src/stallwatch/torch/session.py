@@ -8,14 +8,17 @@ import atexit
 import json
 import os
 import threading
+import time
 from typing import Any
 
 from stallwatch.collect.events import ENV_CONFIG, ENV_STAGING, EventSender, reset_sender, sender_from_env
 from stallwatch.config import ConfigError, ProfilerConfig
 from stallwatch.log import logger, warn_once
-from stallwatch.records import TRAIN
-from stallwatch.torch.steps import StepTracker
+from stallwatch.records import OVERHEAD, TRAIN
+from stallwatch.torch.steps import StepTracker, now_us
 from stallwatch.torch.windows import WindowController
+
+OVERHEAD_EVERY_S = 60.0  # the hooks' measured cost is recorded this often (and at exit): a killed job keeps most
 
 
 class Session:
@@ -30,6 +33,8 @@ class Session:
         self.tracker = StepTracker(emit, self.pid, listener=self)
         self.hooks: Any = None
         self._closed = False
+        self._started_us = now_us()
+        self._overhead_at = time.monotonic() + OVERHEAD_EVERY_S
 
     def install_hooks(self) -> None:
         from stallwatch.torch.hooks import TorchHooks
@@ -37,6 +42,8 @@ class Session:
         emit = self.sender.emit_tuple if self.sender is not None else _drop
         self.hooks = TorchHooks(self.tracker, emit, self.pid)
         self.hooks.on_discovery = self.refresh_listener
+        if self.sender is not None:
+            self.sender.on_tick = self._tick
         try:
             self.hooks.install()
         except Exception as exc:
@@ -90,6 +97,26 @@ class Session:
                   or (hooks is not None and hooks.needs_steps))
         self.tracker.listener = self if needed else None
 
+    # -- the hooks' own cost (sender thread, and at exit) ---------------------------------------------
+    def _tick(self) -> None:
+        hooks = self.hooks
+        if hooks is None:
+            return
+        hooks.probe.tick()
+        now = time.monotonic()
+        if now >= self._overhead_at:
+            self._overhead_at = now + OVERHEAD_EVERY_S
+            self._record_overhead()
+
+    def _record_overhead(self) -> None:
+        """The hooks' measured time so far, cumulative (the newest record of a process is its total)."""
+        probe = self.hooks.probe if self.hooks is not None else None
+        if probe is None or self.sender is None or not probe.window_ns:
+            return
+        self.sender.emit_tuple((OVERHEAD, "hooks", self._started_us, now_us(), "GLOBAL", None, self.pid,
+                                json.dumps({"own_ns": probe.own_ns, "window_ns": probe.window_ns,
+                                            "calls": probe.calls, "sender_ns": probe.sender_ns})))
+
     # -- from the sampler (sender thread) -------------------------------------------------------------
     def on_message(self, message: dict[str, Any]) -> None:
         data = message.get("config")
@@ -113,6 +140,8 @@ class Session:
             self.windows.close()
             if self.hooks is not None:
                 self.hooks.record_ddp_stats()
+                self.hooks.probe.finish(by_ticker=False)
+                self._record_overhead()
         except Exception as exc:
             warn_once("session-close", "stallwatch could not finish its last step (%s: %s)", type(exc).__name__, exc)
         if self.hooks is not None:
