@@ -220,3 +220,22 @@ def test_compiled_code_is_not_recompiled_when_a_window_opens_or_closes(tmp_path)
     assert int(before) >= 1 and after == before, line
     [cost] = RunAnalysis(str(out)).hook_costs
     assert cost.window_ns > 0  # a window did open while the compiled code ran
+
+
+def test_a_window_open_at_a_fork_is_closed_in_the_child(monkeypatch):
+    """Nothing ticks in a forked child (no event thread): a window left open would time its hooks forever."""
+    import os
+    from types import SimpleNamespace
+
+    from stallwatch.torch import session
+
+    probe = Probe()
+    probe.open()
+    fake = SimpleNamespace(hooks=SimpleNamespace(enabled=True, probe=probe))
+    monkeypatch.setattr(session, "_session", fake)
+    pid = os.fork()
+    if pid == 0:  # the child: report what it inherited, and leave without running the parent's exit hooks
+        os._exit(0 if not probe.on and not fake.hooks.enabled else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert probe.on  # the parent's window stays open

@@ -165,6 +165,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     if _session is not None and _session.hooks is not None:
         _session.hooks.enabled = False
+        _session.hooks.probe.on = False  # a window open at the fork would stay open: nothing here closes it
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
