@@ -176,6 +176,7 @@ def test_a_real_job_of_short_steps_records_what_stallwatch_cost_it_and_every_ste
     analysis = RunAnalysis(str(out))
     events = analysis.run.framework(kinds=[STEP, OVERHEAD]).to_pylist()
     assert sum(e["kind"] == STEP for e in events) == int((tmp_path / "steps.txt").read_text())
+    assert all(e["start_us"] == e["end_us"] for e in events if e["kind"] == OVERHEAD)  # moments, not spans
     [cost] = analysis.hook_costs
     assert (cost.node, cost.rank) == (analysis.nodes[0], 0)
     assert cost.calls > 0 and cost.own_ns > 0 and cost.window_ns >= cost.own_ns and cost.sender_ns >= 0

@@ -68,7 +68,7 @@ _BUFFER = 4096  # events joined per write
 # Phases are named by their kind (one colour and one aggregate per kind in Perfetto); the stored name
 # (the module or optimizer class) goes into args.
 _PHASES = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
-_INSTANT_KINDS = ("dataloader", "stop", "loop")  # moments: start == end by definition
+_INSTANT_KINDS = ("dataloader", "stop", "loop", "overhead")  # moments: start == end by definition
 _PARENT_FIRST = {"profiling": 0, STEP: 1}  # at equal spans the window encloses the step, the step its phases
 _TORCH_PHASES = frozenset("XiICstf")
 

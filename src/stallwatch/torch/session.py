@@ -33,7 +33,6 @@ class Session:
         self.tracker = StepTracker(emit, self.pid, listener=self)
         self.hooks: Any = None
         self._closed = False
-        self._started_us = now_us()
         self._overhead_at = time.monotonic() + OVERHEAD_EVERY_S
 
     def install_hooks(self) -> None:
@@ -113,7 +112,8 @@ class Session:
         probe = self.hooks.probe if self.hooks is not None else None
         if probe is None or self.sender is None or not probe.window_ns:
             return
-        self.sender.emit_tuple((OVERHEAD, "hooks", self._started_us, now_us(), "GLOBAL", None, self.pid,
+        t = now_us()  # a moment (the totals so far), not a span: the timeline draws it as an instant
+        self.sender.emit_tuple((OVERHEAD, "hooks", t, t, "GLOBAL", None, self.pid,
                                 json.dumps({"own_ns": probe.own_ns, "window_ns": probe.window_ns,
                                             "calls": probe.calls, "sender_ns": probe.sender_ns})))
 
