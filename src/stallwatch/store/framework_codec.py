@@ -78,7 +78,7 @@ def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
     if fields is not None:
         wanted = {"node", "rank", *fields}
         schema = pa.schema([f for f in schema if f.name in wanted])
-    if starting and kinds is None and table.num_rows and table["start_us"].null_count == 0:
+    if starting and table.num_rows and table["start_us"].null_count == 0:
         starts = table["start_us"].to_numpy()
         if bool((starts[1:] >= starts[:-1]).all()):  # as written: the slice is a contiguous run, cut without a copy
             lo = 0 if start_us is None else int(np.searchsorted(starts, start_us, side="left"))
@@ -90,8 +90,7 @@ def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
     if end_us is not None:
         keep &= table["start_us"].to_numpy() < end_us
     if kinds is not None:
-        keep &= pc.is_in(table["kind"].cast(pa.string()), pa.array(sorted(kinds), pa.string())).to_numpy(
-            zero_copy_only=False)
+        keep &= _is_in(table["kind"], kinds)
     if not keep.all():  # a filter copies every column: only when it removes something
         table = table.filter(pa.array(keep))
     n = table.num_rows
@@ -107,6 +106,20 @@ def to_events(table: pa.Table, node: str, rank: str, kinds: set[str] | None,
         else:
             out.append(_array(table[field.name], field.type) if n else pa.array([], field.type))
     return pa.Table.from_arrays(out, schema=schema)
+
+
+def _is_in(column: pa.ChunkedArray, values: set[str]) -> np.ndarray:
+    """Whether each row of a text column is one of `values`: through the dictionary when the column has one (a
+    few entries looked up instead of every row cast to text)."""
+    parts = []
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type) and chunk.null_count == 0:
+            hit = np.array([v in values for v in chunk.dictionary.to_pylist()], bool)
+            parts.append(hit[chunk.indices.to_numpy(zero_copy_only=False)])
+        else:
+            parts.append(pc.is_in(chunk.cast(pa.string()), pa.array(sorted(values), pa.string())).to_numpy(
+                zero_copy_only=False))
+    return np.concatenate(parts) if parts else np.zeros(0, bool)
 
 
 def _array(column: pa.ChunkedArray, type_: pa.DataType) -> pa.Array:

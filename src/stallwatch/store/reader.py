@@ -437,14 +437,33 @@ class Run:
             return schema.empty_table()
         return pa.concat_tables(tables)
 
-    def pinned(self) -> "Run":
+    def pinned(self, *, keep_recent: bool = True) -> "Run":
         """This run with its file listing taken once and kept: for reading a run in many slices (batch rules)
-        without listing the store again for each. Files written after this call are not seen."""
+        without listing the store again for each. Files written after this call are not seen. `keep_recent`:
+        keep each stream's last file read (consecutive slices of one node); a reader of every node at once
+        leaves it out, since that would hold a file of every stream of the run."""
         run = Run.__new__(Run)
         run.__dict__.update(self.__dict__)
         run.__dict__["_listing"] = {top: self._list_chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
-        run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
+        run.__dict__.pop("_recent", None)
+        if keep_recent:
+            run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
         return run
+
+    def pinned_by_node(self, *, keep_recent: bool = False) -> dict[str, "Run"]:
+        """`pinned()` once, as one view per node that lists only that node's files: for many small reads of any
+        node (a replay by step numbers), each of which would otherwise sort and filter every file of the run."""
+        run = self.pinned(keep_recent=keep_recent)
+        listing = run.__dict__["_listing"]
+        views = {}
+        for node in sorted({c.node for chunks in listing.values() for c in chunks}):
+            view = Run.__new__(Run)
+            view.__dict__.update(run.__dict__)
+            view.__dict__["_listing"] = {top: [c for c in chunks if c.node == node] for top, chunks in listing.items()}
+            if keep_recent:
+                view.__dict__["_recent"] = {}
+            views[node] = view
+        return views
 
     def forget_recent(self) -> None:
         """Drop the files a pinned run keeps for consecutive slices (moving on to another node's streams)."""

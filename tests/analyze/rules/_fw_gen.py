@@ -169,3 +169,20 @@ def assert_chunk_invariant(cls: type[Rule], chunk: Chunk, *, seeds: Iterable[int
         live = evaluate(cls, random_chunks(chunk, pieces, seed), **params)
         assert json.dumps(live, sort_keys=True) == json.dumps(batch, sort_keys=True), f"seed {seed}"
     return batch
+
+
+def write_events(root, table: pa.Table) -> None:
+    """Framework events into the run with the store's own writer, one stream per (node, rank)."""
+    from stallwatch.records import FrameworkEvent
+    from stallwatch.store.framework_writer import FrameworkWriter
+    from stallwatch.store.location import RunLocation
+
+    location = RunLocation(str(root))
+    rows = table.to_pylist()
+    for node, rank in sorted({(r["node"], r["rank"]) for r in rows}):
+        writer = FrameworkWriter(location, node, rank, flush_interval_us=20 * 1_000_000, max_bytes=1 << 30)
+        for r in sorted((r for r in rows if (r["node"], r["rank"]) == (node, rank)), key=lambda r: r["start_us"]):
+            writer.append(FrameworkEvent(r["kind"], r["name"], r["start_us"], r["end_us"], r["mode"], r["step"],
+                                         r["pid"] or 1, r["args"] or ""))
+            writer.tick(r["end_us"])
+        writer.close()

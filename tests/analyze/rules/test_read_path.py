@@ -17,7 +17,7 @@ from stallwatch.records import CPU_UTIL, GPU_UTIL, TIMESTAMP, WORKERS_ALIVE, fra
 from stallwatch.store.reader import open_run
 
 from ...run_builder import make_run
-from ._fw_gen import FwGen, whole
+from ._fw_gen import FwGen, whole, write_events
 
 
 def _events(seed: int = 0) -> pa.Table:
@@ -102,23 +102,6 @@ def test_a_chunk_stays_a_plain_dataclass():
     assert chunk == Chunk(chunk.system, chunk.framework, chunk.run, final=True)
 
 
-def _write_events(root, table: pa.Table) -> None:
-    """Framework events into the run with the store's own writer, one stream per (node, rank)."""
-    from stallwatch.records import FrameworkEvent
-    from stallwatch.store.framework_writer import FrameworkWriter
-    from stallwatch.store.location import RunLocation
-
-    location = RunLocation(str(root))
-    rows = table.to_pylist()
-    for node, rank in sorted({(r["node"], r["rank"]) for r in rows}):
-        writer = FrameworkWriter(location, node, rank, flush_interval_us=20 * 1_000_000, max_bytes=1 << 30)
-        for r in sorted((r for r in rows if (r["node"], r["rank"]) == (node, rank)), key=lambda r: r["start_us"]):
-            writer.append(FrameworkEvent(r["kind"], r["name"], r["start_us"], r["end_us"], r["mode"], r["step"],
-                                         r["pid"] or 1, r["args"] or ""))
-            writer.tick(r["end_us"])
-        writer.close()
-
-
 def test_batch_reads_the_run_slice_by_slice_with_the_same_results(tmp_path):
     """Pattern: two nodes, 120 s of snapshots, steps on two ranks per node with slow steps planted; read in
     7-second slices (events straddling a slice edge, files spanning several slices) vs as one chunk."""
@@ -133,7 +116,7 @@ def test_batch_reads_the_run_slice_by_slice_with_the_same_results(tmp_path):
             gen.dataloader(node=node, rank=rank, at_us=T0 + 1_000_000)
             gen.steps(node=node, rank=rank, n=900, start_us=T0 + 2_000_000, seed=rank,
                       slow={37 * k + 5: 900_000 for k in range(12)})
-    _write_events(tmp_path / "run", gen.table())
+    write_events(tmp_path / "run", gen.table())
     run = open_run(str(tmp_path / "run"))
     chunks = list(iter_run(run, builtin_rules(), slice_us=7_000_000))
     assert len(chunks) > 15 and [c.final for c in chunks].count(True) == 1 and chunks[-1].final

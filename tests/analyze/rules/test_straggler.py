@@ -127,3 +127,108 @@ def test_kept_step_numbers_as_runs_read_back_as_the_numbers():
     probes = np.r_[-5, numbers[::7], numbers[::11] + 1, 600, 10**9 + 3]
     assert np.array_equal(steps.locate(probes), np.searchsorted(numbers, probes))
     assert len(_runs(np.arange(100, 10_100)).tolist()) == 1
+
+
+def _drop(table, keep):
+    """`table` without the rows `keep` says no to."""
+    import pyarrow as pa
+
+    return pa.Table.from_pylist([r for r in table.to_pylist() if keep(r)], schema=table.schema)
+
+
+@pytest.mark.parametrize("wait_in, slow, per_node", [
+    (BACKWARD, [("algo-2", 1)], 2), (COLLECTIVE, [("algo-2", 1)], 2),
+    (BACKWARD, [("algo-2", 0), ("algo-2", 1)], 2),  # 6 ranks: each compared with the median of the others
+    (COLLECTIVE, [("algo-2", r) for r in range(4)], 4)])  # 20 ranks: with the median of all
+def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_of_memory(tmp_path, monkeypatch,
+                                                                                         wait_in, slow, per_node):
+    """Batch evaluation (node by node) keeps of a finished rank only a summary (its step numbers as runs, its
+    coverage, where its events of each span of step numbers lie in time) and reads the run again, a block of step
+    numbers at a time, for the verdict: the same result byte for byte as with every step held, whatever the
+    blocks. Planted: a slow rank (or a slow node) from step 200 on a 3-node job; a rank without steps 100–149;
+    a node whose steps come 40 s after the others' (a rank that reaches a number late, not in lockstep); a
+    collective of step 300 that starts 4 s after its step; spans of 32 numbers. One straggler's time at stake
+    comes with the verdict; several stragglers' needs a second pass (the slowest of them at each step), over
+    the straggling ranks' nodes only where there are enough ranks for the median of all to be the measure.""" 
+    import json
+    import pickle
+
+    import pyarrow as pa
+
+    from stallwatch.analyze.rules import feed, straggler
+    from stallwatch.analyze.rules.feed import iter_run, read_run
+    from stallwatch.analyze.rules.runner import evaluate as run_rules
+    from stallwatch.store.reader import open_run
+
+    from ...run_builder import make_run
+    from ._fw_gen import write_events
+
+    monkeypatch.setattr(straggler, "SPAN", 32)
+    monkeypatch.setattr(straggler, "KEEP_BYTES", 0)  # the steps of the first finished rank are let go
+    monkeypatch.setattr(straggler, "REPLAY_CELLS", 64 * 6)
+    nodes = ("algo-1", "algo-2", "algo-3", "algo-4", "algo-5")[:3 if per_node == 2 else 5]
+    ranks = [(n, r) for n in nodes for r in range(per_node)]
+    table = synchronous(ranks, n=600, extra_ms={key: 12 + 3 * i for i, key in enumerate(slow)}, from_step=200,
+                        wait_in=wait_in, seed=3).table()
+    late_node = pa.compute.equal(table["node"], "algo-3")
+    shift = pa.compute.if_else(late_node, 40_000_000, 0).cast(pa.int64())
+    for name in ("start_us", "end_us"):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), pa.compute.add(table[name], shift))
+    table = _drop(table, lambda r: not (r["node"] == "algo-3" and r["rank"] == 0 and 100 <= r["step"] < 150))
+    late = FwGen()
+    step300 = next(r for r in table.to_pylist() if r["kind"] == STEP and r["step"] == 300 and r["node"] == "algo-1")
+    late.events("algo-1", 0, COLLECTIVE, "barrier", TRAIN, 300, step300["start_us"] + 4_000_000,
+                step300["start_us"] + 4_000_100)
+    table = pa.concat_tables([table, late.table()])
+    make_run(tmp_path / "run", nodes=nodes, seconds=80)
+    write_events(tmp_path / "run", table)
+    run = open_run(str(tmp_path / "run"))
+
+    memory = evaluate(Straggler, read_run(run, [Straggler]))
+    assert memory["Details"]["ranks_fired"] == [f"{n}/{r}" for n, r in slow]
+    assert memory["Details"]["straggling_nodes"] == (["algo-2"] if len(slow) == per_node else [])
+
+    passes = []
+    real = feed.RunReplay.__call__
+
+    def counted(self, pieces, **kw):
+        pieces = list(pieces)
+        passes.append(pieces)
+        return real(self, pieces, **kw)
+
+    monkeypatch.setattr(feed.RunReplay, "__call__", counted)
+    chunks = list(iter_run(run, [Straggler], slice_us=5_000_000))
+    rule = Straggler()
+    for chunk in chunks[:-1]:
+        rule.update(chunk)
+    assert not rule._ranks and not rule._done and len(rule._summaries) == len(ranks)  # summaries only
+    assert rule._replaying and not len(rule._starts.numbers)
+    assert len(pickle.dumps(rule._summaries)) < 1000 * len(ranks)
+    assert rule._summaries[("algo-3", 0)].runs.tolist() == [[0, 100], [150, 450]]
+    spans = rule._summaries[("algo-1", 0)].spans
+    assert spans[:, 0].tolist() == list(range(19)) and spans[9, 2] - spans[9, 1] > 4_000_000  # step 300's span
+    rule.update(chunks[-1])
+    replayed = rule.result().to_json()
+    assert json.dumps(replayed, sort_keys=True) == json.dumps(memory, sort_keys=True)
+    assert len(passes) == (1 if len(slow) == 1 else 2)  # the verdict, then the time at stake of several stragglers
+    per = max(1, 64 * 6 // len(ranks) // 32)  # spans per block
+    assert len(passes[0]) == -(-19 // per) * len(nodes) and {n for n, _, _ in passes[0]} == set(nodes)
+    if len(slow) > 1:
+        assert {n for n, _, _ in passes[1]} == (set(nodes) if len(ranks) <= 16 else {"algo-2"})
+    (through_runner,) = [r.to_json() for r in run_rules([Straggler], iter_run(run, [Straggler]))]
+    assert json.dumps(through_runner, sort_keys=True) == json.dumps(memory, sort_keys=True)
+    monkeypatch.setattr(straggler, "KEEP_BYTES", 1 << 30)  # the default's case here: the steps are kept, no replay
+    passes.clear()
+    (kept,) = [r.to_json() for r in run_rules([Straggler], iter_run(run, [Straggler]))]
+    assert not passes and json.dumps(kept, sort_keys=True) == json.dumps(memory, sort_keys=True)
+
+
+def test_shared_numbers_from_runs_are_those_of_two_ranks_or_more():
+    from stallwatch.analyze.rules.straggler import _runs, _shared
+
+    a, b, c = np.arange(0, 50), np.r_[np.arange(10, 20), np.arange(40, 70)], np.arange(65, 90)
+    numbers = _shared([_runs(a), _runs(b), _runs(c), _runs(np.empty(0, np.int64))])
+    expected, seen = np.unique(np.concatenate([a, b, c]), return_counts=True)
+    assert numbers.tolist() == expected[seen >= 2].tolist()
+    assert not len(_shared([_runs(a)])) and not len(_shared([]))

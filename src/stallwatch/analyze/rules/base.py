@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 
@@ -30,6 +30,18 @@ class Chunk:
     # nodes whose data is complete with this chunk: no later chunk holds a row of theirs, so a rule may reduce
     # their per-step state to a summary now (batch feeds node by node; live leaves it empty until `final`)
     done: frozenset[str] = frozenset()
+    # batch feeds only: the run read again in pieces (`Replay`), for a rule whose verdict compares ranks across
+    # nodes step by step and so cannot reduce a finished node to a summary: it keeps where to look instead; None
+    # when live
+    replay: Replay | None = field(default=None, compare=False, repr=False)
+
+
+class Replay(Protocol):
+    """The run read again, piece by piece: for each (node, start µs, end µs) of `pieces`, in order, a chunk of
+    that node's framework events of `kinds` that start in [start, end) (node, rank and `fields`)."""
+
+    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...],
+                 fields: tuple[str, ...]) -> Iterator[Chunk]: ...
 
 
 class ParameterError(ValueError):

@@ -103,15 +103,16 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
     info["operators"] = run.operators()
     current = None
     planned = plan(run, slice_us)
+    replay = RunReplay(run, info)
     for i, (node, a, b) in enumerate(planned):
         if node != current:  # the files kept for consecutive slices of the last node will not be read again
             run.forget_recent()
             current = node
         run, system, events = read_slice(run, node, a, b, metrics, info.get("nodes", {}))
-        chunk = Chunk(system, events, info, done=node_done(planned, i))
+        chunk = Chunk(system, events, info, done=node_done(planned, i), replay=replay)
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk
-    yield _empty_chunk(run, info)
+    yield _empty_chunk(run, info, replay)
 
 
 def node_done(planned: list[tuple[str, int, int]], i: int) -> frozenset[str]:
@@ -120,15 +121,47 @@ def node_done(planned: list[tuple[str, int, int]], i: int) -> frozenset[str]:
     return frozenset((node,)) if i + 1 == len(planned) or planned[i + 1][0] != node else frozenset()
 
 
+class RunReplay:
+    """`Chunk.replay` of a batch feed: the run's framework events read again, the pieces a rule names (one node's
+    events that start in a time range each), a chunk per piece, in order, read a piece ahead on a thread. The
+    run is listed when a replay starts (again, and the piece read again, when files were compacted meanwhile);
+    no file is kept between pieces, which may be of any node."""
+
+    def __init__(self, run: Any, info: dict[str, Any]) -> None:
+        self.run, self.info = run, info
+
+    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...],
+                 fields: tuple[str, ...]) -> Iterator[Chunk]:
+        return _read_ahead(self._chunks(pieces, kinds, fields), 1)
+
+    def _chunks(self, pieces: Iterable[tuple[str, int, int]], kinds: tuple[str, ...],
+                fields: tuple[str, ...]) -> Iterator[Chunk]:
+        views = self.run.pinned_by_node()
+        for node, a, b in pieces:
+            for _ in range(_ATTEMPTS):
+                run = views.get(node)
+                if run is None:
+                    events = framework_schema().empty_table()
+                    break
+                vanished = run.vanished_files()
+                events = run.framework(start_us=a, end_us=b, starting=True, kinds=kinds, fields=fields)
+                if run.vanished_files() == vanished:
+                    break
+                views = self.run.pinned_by_node()
+            chunk = Chunk({}, events, self.info)
+            framework_columns(chunk)  # decoded on the read-ahead thread
+            yield chunk
+
+
 def _event_nodes(run: Any) -> list[str]:
     """Nodes with snapshots, a record or framework events."""
     return sorted(set(run.nodes) | set(run.ranks()))
 
 
-def _empty_chunk(run: Any, info: dict[str, Any]) -> Chunk:
+def _empty_chunk(run: Any, info: dict[str, Any], replay: RunReplay) -> Chunk:
     nodes = info.get("nodes", {})
     return Chunk({node: node_frame(node, pa.table({TIMESTAMP: pa.array([], pa.int64())}), nodes.get(node))
-                  for node in run.nodes}, framework_schema().empty_table(), info, final=True)
+                  for node in run.nodes}, framework_schema().empty_table(), info, final=True, replay=replay)
 
 
 _NO_ROWS = pa.table({TIMESTAMP: pa.array([], pa.int64())})
@@ -163,11 +196,12 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
     work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
                    info.get("nodes", {}))
     planned = plan(run, slice_us)
+    replay = RunReplay(run, info)  # read here: it holds a slice of every node, which no worker would save
     for i, (system, cols) in enumerate(engine.map(work, planned)):
-        chunk = Chunk(system, cols.table, info, done=node_done(planned, i))
+        chunk = Chunk(system, cols.table, info, done=node_done(planned, i), replay=replay)
         attach_columns(chunk, cols)  # decoded on the worker: the rules' shared view as it is
         yield chunk
-    yield _empty_chunk(run, info)
+    yield _empty_chunk(run, info, replay)
 
 
 _WORKER_RUNS: dict[str, Any] = {}  # on a worker: the pinned run of the evaluation in progress, by token

@@ -5,14 +5,15 @@ over the other ranks; a rank whose excess stays above the threshold over a windo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
-from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
+from stallwatch.analyze.rules.base import Chunk, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts, check_non_negative
-from stallwatch.analyze.rules.steps import Appendable, new_events
+from stallwatch.analyze.rules.steps import Appendable, FrameworkColumns, new_events
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
 
 US = 1_000_000
@@ -21,12 +22,43 @@ COVERED = 0.5  # collectives recorded in at least this share of a rank's steps: 
 
 
 class _Rank:
-    """One rank's TRAIN steps (number, start, duration) and, per step number, its collective and backward time."""
+    """One rank's TRAIN steps (number, start, duration) and, per step number, its collective and backward time;
+    where the run can be read again (`Chunk.replay`), also where each span of its step numbers lies in time."""
 
-    def __init__(self) -> None:
+    def __init__(self, replayable: bool = False) -> None:
         self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
         self.coll_step, self.coll = Appendable(narrow=True), Appendable(narrow=True)
         self.bwd_step, self.bwd = Appendable(narrow=True), Appendable(narrow=True)
+        self.spans: dict[int, list[int]] | None = {} if replayable else None  # span -> [first, last start]
+
+    def widen(self, steps: np.ndarray, starts: np.ndarray) -> None:
+        """Spans of step numbers reach out to these events (a few spans per chunk)."""
+        if self.spans is None or not len(steps):
+            return
+        span, where = np.unique(steps // SPAN, return_inverse=True)
+        lo, hi = np.full(len(span), np.iinfo(np.int64).max), np.full(len(span), np.iinfo(np.int64).min)
+        np.minimum.at(lo, where, starts)
+        np.maximum.at(hi, where, starts)
+        for k, a, b in zip(span.tolist(), lo.tolist(), hi.tolist()):
+            known = self.spans.setdefault(k, [a, b])
+            known[0], known[1] = min(known[0], a), max(known[1], b)
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What is kept of a finished rank when the run will be read again: its step numbers as runs, whether its
+    collectives and backward passes cover most of its steps (`_basis`), and per span of SPAN consecutive step
+    numbers the first and last start of its events of those numbers (rows of span, first µs, last µs): where the
+    replay finds them (≈ 24 bytes per SPAN steps, whatever the events' order or a numbering that restarts)."""
+
+    runs: np.ndarray
+    coll: bool
+    bwd: bool
+    spans: np.ndarray
+
+
+SPAN = 1024  # step numbers per span of a rank's `_Summary`
+KEEP_BYTES = 128 << 20  # kept steps of finished ranks (≈ 8 bytes a rank-step) beyond which they are let go
 
 
 @dataclass(frozen=True)
@@ -98,6 +130,10 @@ class _Starts:
     def of(self, numbers: np.ndarray) -> np.ndarray:
         return self.starts[np.searchsorted(self.numbers, numbers)]
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.numbers.nbytes + self.starts.nbytes)
+
 
 def _compact(r: _Rank) -> tuple[_Steps, np.ndarray, np.ndarray]:
     """`r` reduced to `_Steps` (what `_basis` and `_outside` read of it, exactly), with its step numbers and
@@ -114,6 +150,17 @@ def _compact(r: _Rank) -> tuple[_Steps, np.ndarray, np.ndarray]:
 
     steps = _Steps(_runs(number), _narrow(dur), per_step(r.coll_step, r.coll), per_step(r.bwd_step, r.bwd))
     return steps, number.astype(np.int64), start.astype(np.int64)
+
+
+def _summary(r: _Rank, steps: _Steps) -> _Summary:
+    """What the replay needs of a rank (kept as `steps`, tracked with spans)."""
+    spans = sorted((r.spans or {}).items())
+    rows = np.array([[k, a, b] for k, (a, b) in spans], np.int64).reshape(-1, 3)
+    return _Summary(steps.runs, steps.coll is not None, steps.bwd is not None, rows)
+
+
+def _kept_bytes(steps: _Steps) -> int:
+    return sum(a.nbytes for a in (steps.runs, steps.dur, steps.coll, steps.bwd) if a is not None)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -152,16 +199,31 @@ class Straggler(Rule):
         self._ranks: dict[tuple[str, int], _Rank] = {}
         self._done: dict[tuple[str, int], _Steps] = {}  # ranks of nodes whose data is complete, compacted
         self._starts = _Starts()  # their step numbers' earliest starts
+        # … and, when the feed can read the run again (batch), their summaries: past KEEP_BYTES of kept steps,
+        # only those are kept, and the result reads the run again
+        self._summaries: dict[tuple[str, int], _Summary] = {}
+        self._replay: Replay | None = None
+        self._kept, self._replaying = 0, False
         self._events = 0
 
     def update(self, chunk: Chunk) -> None:
+        self._replay = chunk.replay
         self._add(chunk)
         for node in chunk.done:
             for key in [key for key in self._ranks if key[0] == node]:
                 r = self._ranks.pop(key)
-                if r.step.n:
-                    self._done[key], numbers, starts = _compact(r)
-                    self._starts = self._starts.merged(numbers, starts)
+                if not r.step.n:
+                    continue
+                steps, numbers, starts = _compact(r)
+                if r.spans is not None:
+                    self._summaries[key] = _summary(r, steps)
+                if self._replaying:
+                    continue
+                self._done[key], self._starts = steps, self._starts.merged(numbers, starts)
+                self._kept += _kept_bytes(steps)
+                if r.spans is not None and self._kept + self._starts.nbytes > KEEP_BYTES:
+                    # past what is worth holding: let the steps go, the result reads the run again
+                    self._replaying, self._done, self._starts = True, {}, _Starts()
 
     def _add(self, chunk: Chunk) -> None:
         cols = new_events(chunk)
@@ -170,31 +232,44 @@ class Straggler(Rule):
         self._events += cols.n
         train = cols.mode_is([TRAIN]) & (cols.step >= 0)
         duration = np.maximum(cols.end - cols.start, 0)
+        replayable = chunk.replay is not None
         for (node, rank), rows in cols.groups(cols.kind_is(STEP) & train, by_mode=False):
-            r = self._ranks.setdefault((node, rank), _Rank())
+            r = self._ranks.setdefault((node, rank), _Rank(replayable))
             r.step.extend(cols.step[rows])
             r.start.extend(cols.start[rows])
             r.dur.extend(duration[rows])
+            r.widen(cols.step[rows], cols.start[rows])
         for kind, attr in ((COLLECTIVE, "coll"), (BACKWARD, "bwd")):
             for (node, rank), rows in cols.groups(cols.kind_is(kind) & train, by_mode=False):
-                r = self._ranks.setdefault((node, rank), _Rank())
+                r = self._ranks.setdefault((node, rank), _Rank(replayable))
                 getattr(r, f"{attr}_step").extend(cols.step[rows])
                 getattr(r, attr).extend(duration[rows])
+                r.widen(cols.step[rows], cols.start[rows])
 
     def result(self) -> RuleResult:
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        compact, starts = dict(self._done), self._starts
+        compact, starts, summaries = dict(self._done), self._starts, dict(self._summaries)
         for key, r in self._ranks.items():  # ranks of nodes still being read (live evaluation)
-            if r.step.n:
-                compact[key], numbers, first = _compact(r)
-                starts = starts.merged(numbers, first)
-        ranks = sorted(compact)
+            if not r.step.n:
+                continue
+            compact[key], kept, kept_starts = _compact(r)
+            starts = starts.merged(kept, kept_starts)
+            if r.spans is not None:
+                summaries[key] = _summary(r, compact[key])
+        replaying = self._replaying and self._replay is not None
+        ranks = sorted(summaries if replaying else compact)
         if len(ranks) < 2:
             return self.not_applicable("a single rank: there is no other rank to be slower than")
-        basis = _basis([compact[k] for k in ranks])
-        grid = _Grid([compact[k] for k in ranks], basis, starts)
+        grid: _Grid | _Replayed
+        if replaying:
+            assert self._replay is not None
+            basis = _basis([(summaries[k].coll, summaries[k].bwd) for k in ranks])
+            grid = _Replayed([(k, summaries[k]) for k in ranks], basis, self._replay)
+        else:
+            basis = _basis([(compact[k].coll is not None, compact[k].bwd is not None) for k in ranks])
+            grid = _Grid([compact[k] for k in ranks], basis, starts)
         if len(grid.numbers) < MIN_SHARED_STEPS:
             return self.not_applicable(f"fewer than {MIN_SHARED_STEPS} TRAIN steps shared by two ranks or more")
         threshold, floor_us = float(self.params["threshold"]), float(self.params["min_excess_ms"]) * 1000.0
@@ -206,9 +281,9 @@ class Straggler(Rule):
             medians.append(median_step)
         median_all = float(np.nanmedian(np.concatenate(medians)))
         del medians
-        numbers, starts = grid.numbers, grid.starts
+        numbers, firsts = grid.numbers, grid.starts
         table: dict[str, Any] = {}
-        stragglers = []
+        stragglers: list[dict[str, Any]] = []
         triggered = violations = 0
         for i, (node, rank) in enumerate(ranks):
             have = int(scan.count[i])
@@ -220,7 +295,7 @@ class Straggler(Rule):
                      "windows_above": above, "triggered": above > 0}
             if above:
                 first, worst = int(scan.first[i]), int(scan.worst[i])
-                entry.update(first_window={"first_step": int(numbers[first]), "start_us": int(starts[first])},
+                entry.update(first_window={"first_step": int(numbers[first]), "start_us": int(firsts[first])},
                              worst_window={"first_step": int(numbers[worst]),
                                            "last_step": int(numbers[min(worst + window - 1, len(numbers) - 1)]),
                                            "excess_s_per_step": float(scan.worst_excess[i]) / US,
@@ -229,18 +304,20 @@ class Straggler(Rule):
                 violations += above
                 stragglers.append({"node": node, "rank": rank, "excess_s_per_step": mean_excess / US,
                                    "share": entry["mean_share"], "steps": entry["steps"],
-                                   "since_step": int(numbers[first]), "since_us": int(starts[first])})
+                                   "since_step": int(numbers[first]), "since_us": int(firsts[first])})
             table[f"{node}/{rank}"] = entry
         fired = np.array([table[f"{n}/{r}"]["triggered"] for n, r in ranks])
         # the job waits for the slowest straggler at every step: its excess, step by step (half-µs values: the
         # sum is exact in any order, so block by block)
         stake = 0.0
-        if fired.any():
+        if fired.sum() == 1:  # the one straggler's positive excess, summed by the scan: no second pass
+            stake = float(scan.positive[int(np.argmax(fired))]) / US
+        elif fired.any() and isinstance(grid, _Replayed):
+            stake = grid.stake([(k, summaries[k]) for k, f in zip(ranks, fired) if f], basis,
+                               block_columns(len(ranks))) / US
+        elif fired.any():
             for _, _, excess in grid.blocks(block_columns(len(ranks))):
-                chosen = np.where(fired[:, None], np.maximum(excess, 0), np.nan)
-                with np.errstate(all="ignore"):  # steps where no straggler has a value: NaN, left out of the sum
-                    per_step = np.nanmax(chosen, axis=0, initial=-np.inf, where=~np.isnan(chosen))
-                stake += float(np.sum(per_step[np.isfinite(per_step)]))
+                stake += _stake(excess, fired)
             stake /= US
         nodes = _straggling_nodes(ranks, fired)
         details: dict[str, Any] = {"stragglers": stragglers, "ranks": table, "straggling_nodes": nodes,
@@ -268,7 +345,7 @@ class Straggler(Rule):
         return f"{who}. The other ranks wait for it, about {stake:.1f} s in all.{where} {self.recommendation}"
 
 
-BLOCK_CELLS = 1 << 19  # ranks × step numbers compared at once (4 MB per float64 matrix, a dozen of them at
+BLOCK_CELLS = 1 << 17  # ranks × step numbers compared at once (1 MB per float64 matrix, a dozen of them at
 # once): what the result holds beyond the ranks' steps
 
 
@@ -309,6 +386,204 @@ class _Grid:
             yield a, median, _excess(matrix)
 
 
+REPLAY_CELLS = 1 << 18  # ranks × step numbers read again at once (≈ 200 bytes a cell while they are settled)
+
+
+class _Replayed:
+    """`_Grid` for ranks kept as `_Summary`s: the shared step numbers come from their runs, and `blocks()` reads
+    the run again (`Chunk.replay`) a block of step numbers at a time: for each node, the time its ranks' events of
+    those numbers span, so the result holds a block of ranks × numbers instead of every rank-step of the run,
+    however far apart in time the ranks reach a number. `starts` is complete once a `blocks()` pass has ended.
+    The same columns as `_Grid`'s, so the same result."""
+
+    def __init__(self, ranks: list[tuple[tuple[str, int], _Summary]], basis: str, replay: Replay,
+                 of: _Replayed | None = None) -> None:
+        """`of`: a grid of more ranks whose columns (and, for many ranks, medians) these ranks are compared with."""
+        self.index = {key: i for i, (key, _) in enumerate(ranks)}
+        self.ranks, self.replay, self.of = len(ranks), replay, of
+        if of is None:
+            self.numbers = _shared([s.runs for _, s in ranks])
+            self.starts = np.full(len(self.numbers), np.iinfo(np.int64).max, np.int64)
+            # with many ranks, each column's median time outside waits (what excess is measured from)
+            self.centers = np.full(len(self.numbers), np.nan) if len(ranks) > LEAVE_ONE_OUT_UP_TO else None
+        else:
+            self.numbers, self.starts, self.centers = of.numbers, of.starts, of.centers
+        self.wait = {"collectives": COLLECTIVE, "backward": BACKWARD}.get(basis)
+        by_node: dict[str, list[tuple[int, int]]] = {}
+        for (node, rank), i in self.index.items():
+            by_node.setdefault(node, []).append((rank, i))
+        self._ranks = {node: tuple(np.array(column, np.int64) for column in zip(*sorted(pairs)))
+                       for node, pairs in by_node.items()}  # per node: its ranks (sorted) and their rows
+        nodes = sorted({node for (node, _), _ in ranks})
+        code = {node: k for k, node in enumerate(nodes)}
+        rows = [np.c_[np.full(len(s.spans), code[node]), s.spans] for (node, _), s in ranks if len(s.spans)]
+        self._nodes, self._spans = nodes, (np.concatenate(rows) if rows else np.zeros((0, 4), np.int64))
+
+    def plan(self) -> list[tuple[int, int, list[tuple[str, int, int]]]]:
+        """What a pass reads, in order: (first number, end number, [(node, start µs, end µs)]) per block of
+        spans that hold shared numbers, about REPLAY_CELLS ranks × numbers each."""
+        if not len(self.numbers):
+            return []
+        ranks = (self.of or self).ranks  # a pass over a few ranks reads as the first did: its pieces as big
+        per = max(1, REPLAY_CELLS // max(ranks, 1) // SPAN)  # spans per block
+        wanted = np.unique(self.numbers // SPAN)
+        rows = self._spans[np.isin(self._spans[:, 1], wanted)]
+        block = rows[:, 1] // per
+        order = np.lexsort((rows[:, 0], block))
+        rows, block = rows[order], block[order]
+        key = np.r_[True, (block[1:] != block[:-1]) | (rows[1:, 0] != rows[:-1, 0])]
+        at = np.flatnonzero(key)
+        lo, hi = np.minimum.reduceat(rows[:, 2], at), np.maximum.reduceat(rows[:, 3], at)
+        out: list[tuple[int, int, list[tuple[str, int, int]]]] = []
+        for k, b in enumerate(block[at].tolist()):
+            if not out or out[-1][0] != b * per * SPAN:
+                out.append((b * per * SPAN, (b + 1) * per * SPAN, []))
+            out[-1][2].append((self._nodes[int(rows[at[k], 0])], int(lo[k]), int(hi[k]) + 1))
+        return out
+
+    def rank_rows(self, cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
+        """The grid's row of each of `rows`' (node, rank), -1 for a rank it does not compare."""
+        out = np.full(len(rows), -1, np.int64)
+        node, rank = cols.node[rows], cols.rank[rows]
+        for code in np.unique(node).tolist():
+            mine = node == code
+            ranks = self._ranks.get(cols.nodes[code])
+            if ranks is None:
+                continue
+            numbers, where = ranks
+            pos = np.minimum(np.searchsorted(numbers, rank[mine]), len(numbers) - 1)
+            out[mine] = np.where(numbers[pos] == rank[mine], where[pos], -1)
+        return out
+
+    def excess(self, matrix: np.ndarray, a: int) -> np.ndarray:
+        """`_excess` of columns [a, a + width): from the medians of all ranks kept by the first pass when there are
+        many (so a pass over a few ranks measures them as the first did), else from the others' median."""
+        if self.centers is None:
+            return _excess(matrix)
+        b = a + matrix.shape[1]
+        if self.of is None:
+            self.centers[a:b] = np.nanmedian(matrix, axis=0)
+        return matrix - self.centers[a:b]
+
+    def stake(self, fired: list[tuple[tuple[str, int], _Summary]], basis: str, width: int) -> float:
+        """The time at stake of the straggling ranks `fired` (µs): their largest positive excess, summed over the
+        columns. With many ranks, a pass over the straggling ranks' nodes only, measured from the kept medians."""
+        keys = {key for key, _ in fired}
+        grid = self if self.centers is None else _Replayed(fired, basis, self.replay, of=self)
+        rows = np.array([key in keys for key in grid.index])  # index keys are in row order
+        return sum((_stake(excess, rows) for _, _, excess in grid.blocks(width)), 0.0)
+
+    def blocks(self, width: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(first column, median step, excess) per block of at most `width` columns, in order."""
+        plan = self.plan()
+        kinds = (STEP,) if self.wait is None else (STEP, self.wait)
+        chunks = self.replay([piece for _, _, pieces in plan for piece in pieces], kinds=kinds,
+                             fields=("kind", "mode", "step", "end_us"))
+        columns = _Columns(self, width)
+        for lo, hi, pieces in plan:
+            for _ in pieces:
+                columns.take(new_events(next(chunks)), lo, hi)
+            columns.settle()
+            yield from columns.emit(int(np.searchsorted(self.numbers, hi)))
+        yield from columns.emit(len(self.numbers))
+
+
+def _shared(runs: list[np.ndarray]) -> np.ndarray:
+    """The step numbers in at least two ranks' runs, sorted."""
+    rows = [r for r in runs if len(r)]
+    if not rows:
+        return np.empty(0, np.int64)
+    both = np.concatenate(rows)
+    edges, where = np.unique(np.r_[both[:, 0], both[:, 0] + both[:, 1]], return_inverse=True)
+    change = np.zeros(len(edges), np.int64)
+    np.add.at(change, where, np.r_[np.ones(len(both), np.int64), -np.ones(len(both), np.int64)])
+    count = np.cumsum(change)[:-1]  # ranks holding each number of [edges[i], edges[i + 1])
+    pick = np.flatnonzero(count >= 2)
+    lengths = edges[pick + 1] - edges[pick]
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(edges[pick], lengths) + np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
+
+
+class _Columns:
+    """One replay pass turned into the columns of `_Grid.blocks`: the rows of a block of step numbers are
+    taken node by node; once every node's are in, each rank's step of each number is settled (its first row's
+    duration, less the waits of that number) and the block's columns are handed out."""
+
+    def __init__(self, grid: _Replayed, width: int) -> None:
+        self.grid, self.width = grid, width
+        # as taken (lists of arrays, joined when used): steps (rank, column, start, duration), waits (rank,
+        # column, duration); settled cells (rank, column, time outside waits, step)
+        self.steps: list[tuple[np.ndarray, ...]] = []
+        self.waits: list[tuple[np.ndarray, ...]] = []
+        self.cells: tuple[np.ndarray, ...] | None = None
+        self.emitted = 0  # columns [0, emitted) handed out
+
+    def take(self, cols: FrameworkColumns | None, lo: int, hi: int) -> None:
+        """A replay chunk's TRAIN steps and waits of step numbers [lo, hi), of the grid's ranks and columns."""
+        if cols is None:
+            return
+        g = self.grid
+        rows = np.flatnonzero(cols.mode_is([TRAIN]) & (cols.step >= lo) & (cols.step < hi))
+        step = cols.step[rows]
+        rank = g.rank_rows(cols, rows)
+        column = np.searchsorted(g.numbers, step)
+        keep = (rank >= 0) & (g.numbers[np.minimum(column, len(g.numbers) - 1)] == step)
+        rows, rank, column = rows[keep], rank[keep].astype(np.int32), column[keep]
+        duration = np.maximum(cols.end[rows] - cols.start[rows], 0)
+        kind = cols.kind_is(STEP)[rows]
+        if kind.any():
+            self.steps.append((rank[kind], column[kind], cols.start[rows][kind], duration[kind]))
+        if g.wait is not None:
+            kind = cols.kind_is(g.wait)[rows]
+            if kind.any():
+                self.waits.append((rank[kind], column[kind], duration[kind]))
+
+    def settle(self) -> None:
+        """Every rank's step of every number taken so far, to cells; the rows are let go."""
+        g = self.grid
+        if not self.steps:
+            self.waits = []
+            return
+        rank, column, start, dur = (np.concatenate(c) for c in zip(*self.steps))
+        self.steps = []
+        key = rank.astype(np.int64) * len(g.numbers) + column
+        order = np.lexsort((start, key))
+        first = order[np.r_[True, np.diff(key[order]) != 0]]
+        fr, fc, fs, fd = rank[first], column[first], start[first], dur[first]  # sorted by rank, then column
+        wait = np.zeros(len(fr), np.int64)
+        if g.wait is not None and self.waits:
+            wr, wc, wd = (np.concatenate(c) for c in zip(*self.waits))
+            mine, keys = fr.astype(np.int64) * len(g.numbers) + fc, wr.astype(np.int64) * len(g.numbers) + wc
+            pos = np.minimum(np.searchsorted(mine, keys), len(mine) - 1)
+            hit = mine[pos] == keys
+            np.add.at(wait, pos[hit], wd[hit])
+        self.waits = []
+        outside = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
+        np.minimum.at(g.starts, fc, fs)
+        cells = (fr, fc, outside, fd)
+        self.cells = cells if self.cells is None else tuple(np.r_[a, b] for a, b in zip(self.cells, cells))
+
+    def emit(self, upto: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Hand out columns [emitted, upto), `width` at a time."""
+        g = self.grid
+        while self.emitted < upto:
+            a, b = self.emitted, min(upto, self.emitted + self.width)
+            matrix = np.full((g.ranks, b - a), np.nan)  # time outside waits, µs
+            steps = np.full((g.ranks, b - a), np.nan)  # step duration, µs
+            if self.cells is not None:
+                rank, column, outside, step = self.cells
+                block = column < b
+                matrix[rank[block], column[block] - a] = outside[block]
+                steps[rank[block], column[block] - a] = step[block]
+                self.cells = tuple(c[~block] for c in self.cells) if not block.all() else None
+            self.emitted = b
+            with warnings.catch_warnings():  # a pass over a few ranks has columns where none of them has a value
+                warnings.simplefilter("ignore", RuntimeWarning)
+                median = np.nanmedian(steps, axis=0)
+                excess = g.excess(matrix, a)
+            yield a, median, excess
+
+
 class _Scan:
     """Per rank, over windows of `window` consecutive shared numbers fed a block at a time: the sum and count of
     its excess, the windows above the thresholds, the first one and the worst one (first of equals). Excess and
@@ -317,6 +592,7 @@ class _Scan:
     def __init__(self, ranks: int, window: int, threshold: float, floor_us: float) -> None:
         self.window, self.threshold, self.floor_us = window, threshold, floor_us
         self.total, self.count = np.zeros(ranks), np.zeros(ranks, np.int64)
+        self.positive = np.zeros(ranks)  # the sum of each rank's excess above 0 (the time at stake of one straggler)
         self.above, self.first, self.worst = (np.zeros(ranks, np.int64), np.full(ranks, -1, np.int64),
                                               np.full(ranks, -1, np.int64))
         self.worst_share, self.worst_excess = np.full(ranks, -np.inf), np.zeros(ranks)
@@ -327,6 +603,7 @@ class _Scan:
         have = ~np.isnan(excess)
         values = np.where(have, excess, 0.0)
         self.total += values.sum(axis=1)
+        self.positive += np.maximum(values, 0).sum(axis=1)
         self.count += have.sum(axis=1)
         tv, th, tm = self._tail
         v, h = np.concatenate([tv, values], axis=1), np.concatenate([th, have], axis=1)
@@ -358,6 +635,14 @@ class _Scan:
         self._tail = (v[:, v.shape[1] - keep:], h[:, h.shape[1] - keep:], m[len(m) - keep:])
 
 
+def _stake(excess: np.ndarray, fired: np.ndarray) -> float:
+    """The sum over a block's columns of the largest positive excess among the `fired` rows (µs)."""
+    chosen = np.where(fired[:, None], np.maximum(excess, 0), np.nan)
+    with np.errstate(all="ignore"):  # steps where no straggler has a value: NaN, left out of the sum
+        per_step = np.nanmax(chosen, axis=0, initial=-np.inf, where=~np.isnan(chosen))
+    return float(np.sum(per_step[np.isfinite(per_step)]))
+
+
 LEAVE_ONE_OUT_UP_TO = 16  # ranks: each is compared with the median of the *others* (with two ranks, the other one)
 
 
@@ -370,13 +655,13 @@ def _excess(matrix: np.ndarray) -> np.ndarray:
         return np.stack([matrix[i] - np.nanmedian(np.delete(matrix, i, axis=0), axis=0) for i in range(len(matrix))])
 
 
-def _basis(ranks: list[_Steps]) -> str:
-    """What every rank's waiting is taken to be: its collectives where every rank records them in most of its
-    steps (explicit calls), else its backward pass where every rank records one (DDP reduces inside it), else
-    nothing (the whole step is compared)."""
-    if all(r.coll is not None for r in ranks):
+def _basis(covered: list[tuple[bool, bool]]) -> str:
+    """What every rank's waiting is taken to be, from whether each rank's (collectives, backward) cover most of
+    its steps: its collectives where every rank's do (explicit calls), else its backward pass where every rank
+    records one (DDP reduces inside it), else nothing (the whole step is compared)."""
+    if all(coll for coll, _ in covered):
         return "collectives"
-    if all(r.bwd is not None for r in ranks):
+    if all(bwd for _, bwd in covered):
         return "backward"
     return "nothing"
 
