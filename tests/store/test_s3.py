@@ -331,3 +331,43 @@ def test_upload_to_a_dead_endpoint_keeps_the_local_copy(run_stallwatch, tmp_path
     proc = run_stallwatch("upload", str(src), "s3://bkt/dead", "--delete", env=env, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 1 and "Nothing in" in proc.stderr, proc.stderr
     assert (src / "nodes" / "n1.json").exists()
+
+
+def test_straggler_reads_a_run_on_s3_again_with_the_result_of_memory(s3_env, bucket, tmp_path, monkeypatch):
+    """Past its budget of kept steps Straggler lets them go and reads the run again, a block of step numbers at a
+    time, node by node: on S3 that is one listing and ranged reads of the same objects, with the same result as
+    every step held. Two nodes × two ranks, one rank 30 % slower; everything replayed (KEEP_BYTES = 0)."""
+    from stallwatch.analyze.rules import feed, straggler
+    from stallwatch.analyze.rules.feed import iter_run, read_run
+    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.store.transfer import copy_run
+    from tests.analyze.rules._fw_gen import FwGen, write_events
+    from tests.run_builder import T0, make_run
+
+    gen = FwGen()
+    for node in ("algo-1", "algo-2"):
+        for rank in (0, 1):
+            slow = node == "algo-2" and rank == 1
+            gen.steps(node=node, rank=rank, n=300, start_us=T0 + 1_000_000, step_us=130_000 if slow else 100_000,
+                      seed=rank)
+    make_run(tmp_path / "run", seconds=50)
+    write_events(tmp_path / "run", gen.table())
+    uri = f"s3://{bucket}/runs/straggler"
+    copy_run(RunLocation(str(tmp_path / "run")), RunLocation(uri))
+    run = stallwatch.open_run(uri)
+
+    (memory,) = [r.to_json() for r in evaluate([straggler.Straggler], [read_run(run, [straggler.Straggler])])]
+    monkeypatch.setattr(straggler, "KEEP_BYTES", 0)
+    monkeypatch.setattr(straggler, "SPAN", 64)
+    monkeypatch.setattr(straggler, "REPLAY_CELLS", 4 * 64)  # a block of 64 step numbers: 5 blocks, 10 pieces
+    pieces = []
+    real = feed.RunReplay.__call__
+
+    def counted(self, asked, **kw):
+        pieces.extend(asked)
+        return real(self, asked, **kw)
+
+    monkeypatch.setattr(feed.RunReplay, "__call__", counted)
+    (replayed,) = [r.to_json() for r in evaluate([straggler.Straggler], iter_run(run, [straggler.Straggler]))]
+    assert {node for node, _, _ in pieces} == {"algo-1", "algo-2"} and len(pieces) == 10
+    assert replayed["Details"]["ranks"] and json.dumps(replayed, sort_keys=True) == json.dumps(memory, sort_keys=True)
