@@ -450,18 +450,17 @@ class Run:
             run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
         return run
 
-    def pinned_by_node(self, *, keep_recent: bool = False) -> dict[str, "Run"]:
-        """`pinned()` once, as one view per node that lists only that node's files: for many small reads of any
-        node (a replay by step numbers), each of which would otherwise sort and filter every file of the run."""
-        run = self.pinned(keep_recent=keep_recent)
+    def pinned_by_node(self) -> dict[str, "Run"]:
+        """`pinned()` once, as one view per node that lists only that node's files, keeping no file between reads:
+        for many small reads of any node (a replay by step numbers), each of which would otherwise sort and filter
+        every file of the run, and a kept file per stream would be one of every stream of the run."""
+        run = self.pinned(keep_recent=False)
         listing = run.__dict__["_listing"]
         views = {}
         for node in sorted({c.node for chunks in listing.values() for c in chunks}):
             view = Run.__new__(Run)
             view.__dict__.update(run.__dict__)
             view.__dict__["_listing"] = {top: [c for c in chunks if c.node == node] for top, chunks in listing.items()}
-            if keep_recent:
-                view.__dict__["_recent"] = {}
             views[node] = view
         return views
 
