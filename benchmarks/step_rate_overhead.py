@@ -13,8 +13,11 @@ Method
   busy-wait on `perf_counter_ns` makes each step L µs long (the loop's own cost, ~15 µs, is inside L). N is
   chosen so each run lasts about S seconds. The job times its own loop and prints it.
 * Variants per step length, interleaved: the bare job; `stallwatch run --report off` (the real sampler, the
-  real hooks). Slowdown = median loop time with stallwatch / median bare loop time - 1. The sampler's CPU
-  is its own rusage (`sampler_cpu_s` in the node record) over the job's duration: % of one core.
+  real hooks: steps sampled above 500 steps/s, the default); the same with `--sample-steps-above 0` (every
+  step timed: the baseline before sampled steps). Slowdown = median loop time with stallwatch / median bare
+  loop time - 1. The sampler's CPU is its own rusage (`sampler_cpu_s` in the node record) over the job's
+  duration: % of one core. "timed" is the share of the job's steps recorded individually; every step is
+  counted either way (checked: the run's step total equals N).
 * "stallwatch's share" is the job's time that was stallwatch's, (stallwatch - bare) / stallwatch; "share it said"
   is what the job measured itself (its hooks' own time in short windows plus its event thread's CPU: the
   `overhead` record behind the summary's note), a lower bound of the former.
@@ -52,6 +55,9 @@ print("loop_s", (clock() - t0) / 1e9, flush=True)
 '''
 
 
+FLAGS = {"sampled": [], "every": ["--sample-steps-above", "0"]}  # stallwatch's flags per variant
+
+
 def run_job(argv: list[str]) -> float:
     p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -63,6 +69,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--lengths-us", default="20,50,100,1000,10000,100000,1000000")
+    ap.add_argument("--variants", default="sampled,every",
+                    help="sampled (the default config), every (--sample-steps-above 0), or both")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sw-rate-"))
     job = tmp / "job.py"
@@ -70,32 +78,40 @@ def main() -> None:
     rows = []
     for length in [float(x) for x in args.lengths_us.split(",")]:
         n = max(6, int(args.seconds * 1e6 / length))
-        bare, sw, sampler_pct, steps_seen, said = [], [], [], [], []
+        variants = [v for v in args.variants.split(",") if v in FLAGS]
+        loops: dict[str, list[float]] = {v: [] for v in ["bare", *variants]}
+        extra: dict[str, dict[str, list[float]]] = {v: {"sampler": [], "timed": [], "said": []} for v in variants}
         for r in range(args.rounds):
-            order = ["bare", "sw"] if r % 2 == 0 else ["sw", "bare"]
+            order = ["bare", *variants] if r % 2 == 0 else [*variants, "bare"]
             for v in order:
                 if v == "bare":
-                    bare.append(run_job([sys.executable, str(job), str(length), str(n)]))
+                    loops[v].append(run_job([sys.executable, str(job), str(length), str(n)]))
                     continue
-                out = tmp / f"run-{length}-{r}"
+                out = tmp / f"run-{length}-{v}-{r}"
                 loop = run_job([sys.executable, "-m", "stallwatch", "--quiet", "run", "--report", "off", "--out",
-                                str(out), "--node", "n", "--", sys.executable, str(job), str(length), str(n)])
-                sw.append(loop)
+                                str(out), "--node", "n", *FLAGS[v], "--", sys.executable, str(job), str(length),
+                                str(n)])
+                loops[v].append(loop)
                 node = json.loads((out / "nodes" / "n.json").read_text())
-                sampler_pct.append(100 * node.get("sampler_cpu_s", 0) / max(loop, 1e-9))
+                extra[v]["sampler"].append(100 * node.get("sampler_cpu_s", 0) / max(loop, 1e-9))
                 from stallwatch.analyze.analysis import RunAnalysis
 
                 analysis = RunAnalysis(str(out))
-                steps_seen.append(analysis.run.framework(kinds=["step"], fields=["step"]).num_rows)
-                said.append(100 * max((c.share for c in analysis.hook_costs), default=0.0))
-        b, s = statistics.median(bare), statistics.median(sw)
-        rows.append([f"{length:g} µs", f"{n:,}", f"{b:.2f}", f"{s:.2f}", f"{100 * (s / b - 1):+.1f} %",
-                     f"{(s - b) / n * 1e6:+.1f}", f"{100 * (s - b) / s:.1f} %", f"{statistics.median(said):.1f} %",
-                     f"{statistics.median(sampler_pct):.1f} %", f"{min(steps_seen):,} / {n:,}"])
-        print(rows[-1], flush=True)
+                timed = analysis.run.framework(kinds=["step"], fields=["step"]).num_rows
+                assert analysis.summary.total_steps == n, (v, length, analysis.summary.steps, n)  # all counted
+                extra[v]["timed"].append(100 * timed / n)
+                extra[v]["said"].append(100 * max((c.share for c in analysis.hook_costs), default=0.0))
+        b = statistics.median(loops["bare"])
+        for v in variants:
+            s = statistics.median(loops[v])
+            rows.append([f"{length:g} µs", v, f"{n:,}", f"{b:.2f}", f"{s:.2f}", f"{100 * (s / b - 1):+.1f} %",
+                         f"{(s - b) / n * 1e6:+.1f}", f"{statistics.median(extra[v]['said']):.1f} %",
+                         f"{statistics.median(extra[v]['sampler']):.1f} %",
+                         f"{statistics.median(extra[v]['timed']):.1f} %"])
+            print(rows[-1], flush=True)
     print(f"\n{machine()}; {args.rounds} rounds per length; medians\n")
-    print(table(["step", "steps", "bare s", "stallwatch s", "slowdown", "µs per step", "stallwatch's share",
-                 "share it said", "sampler CPU", "steps recorded"], rows))
+    print(table(["step", "variant", "steps", "bare s", "stallwatch s", "slowdown", "µs per step", "share it said",
+                 "sampler CPU", "timed"], rows))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,9 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
                    help="at most one automatic capture per rule this often (default 600)")
     g.add_argument("--escalate-budget", dest="escalate_budget_pct", type=float, metavar="PCT",
                    help="automatic captures take at most this %% of the job's time so far (default 2)")
+    g.add_argument("--sample-steps-above", dest="sample_steps_above_per_s", type=float, metavar="STEPS_PER_S",
+                   help="above this many steps a second per rank, time steps 10 ms of every second and count the "
+                        "others, so that µs-long steps cost the job little (default 500; 0: time every step)")
     g.add_argument("--upload-timeout", dest="upload_timeout_s", type=float, metavar="SECONDS",
                    help="how long to keep uploading to S3 after the job ended (default 30)")
     g.add_argument("--rules-interval", dest="rules_interval_s", type=float, metavar="SECONDS",
@@ -85,7 +88,7 @@ _CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interva
                  "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
                  "python_profiler", "cprofile_timer", "rules_interval_s", "rule_actions", "custom_rules",
                  "rule_params", "stop_training", "price_per_hour", "escalate", "escalate_every_s",
-                 "escalate_budget_pct")
+                 "escalate_budget_pct", "sample_steps_above_per_s")
 
 
 def config_from_args(args: argparse.Namespace, *, strict_file: bool) -> ProfilerConfig:

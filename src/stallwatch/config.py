@@ -181,6 +181,9 @@ class ProfilerConfig:
     escalate: bool = True
     escalate_every_s: float = 600.0
     escalate_budget_pct: float = 2.0
+    # Above this many steps a second on a rank, steps are timed TIMED_S of every second and the others counted
+    # (docs/accuracy.md, Sampled steps); 0: every step is timed, whatever it costs the job
+    sample_steps_above_per_s: float = 500.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -208,6 +211,9 @@ class ProfilerConfig:
             raise ConfigError("escalate_every_s", self.escalate_every_s, "must be from 1 to 86400 seconds")
         if not _is_number(self.escalate_budget_pct) or not 0 <= self.escalate_budget_pct <= 100:
             raise ConfigError("escalate_budget_pct", self.escalate_budget_pct, "must be from 0 to 100 (%)")
+        if not _is_number(self.sample_steps_above_per_s) or not 0 <= self.sample_steps_above_per_s <= 10_000_000:
+            raise ConfigError("sample_steps_above_per_s", self.sample_steps_above_per_s,
+                              "must be a number of steps per second from 0 (time every step) to 10000000")
         if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
             raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
         if self.node is not None and not (isinstance(self.node, str) and _NODE_NAME.match(self.node)):

@@ -243,3 +243,34 @@ def test_rollups_count_in_the_storage_cap_and_give_their_room_to_data(tmp_path, 
     location.write_atomic(layout.RUN_JSON, json.dumps(run_record("tight", "algo-1", T0)).encode())
     got = RunRollups(open_run(str(tmp_path / "tight"))).system("algo-1", SYSTEM_LEVELS_US[0])
     assert got.rebuilt > 0 and got.rows["count"].to_pylist() and sum(got.rows["count"].to_pylist()) == 300
+
+
+def test_untimed_steps_are_summed_per_minute_in_the_rollups_and_read_back_as_in_the_run(tmp_path):
+    """Sampled steps write an `untimed` marker a second; the rollups keep one row per minute and mode whose args add
+    theirs up (a marker a second kept verbatim would be 86,400 rows a rank-day). Args that are not plain counts (the
+    job wrote them: untrusted) read as 0."""
+    from stallwatch.analyze import rollup_views, sampled
+
+    location = RunLocation(str(tmp_path / "run"))
+    t0 = 1_763_790_000_000_000
+    w = FrameworkWriter(location, "algo-1", 0, flush_interval_us=2 * S, max_bytes=1 << 30, segment_us=50 * S)
+    for i in range(150):  # 150 s of stretches: 3 minutes, segments of 50 s
+        start = t0 + i * S
+        w.append(FrameworkEvent(pid=1, kind="untimed", name="steps", mode="TRAIN", step=None, start_us=start + 20_000,
+                                end_us=start + S, args=f'{{"steps": 900, "first": {i * 1000}, "stretches": 1, '
+                                                     f'"us": 980000}}'))
+        w.append(FrameworkEvent(pid=1, kind="step", name="train_step", mode="TRAIN", step=i * 1000 + 900,
+                                start_us=start + S - 10, end_us=start + S, args=None))
+        w.tick(start)
+    w.append(FrameworkEvent(pid=1, kind="untimed", name="steps", mode="EVAL", step=None, start_us=t0 + 150 * S,
+                            end_us=t0 + 151 * S, args='{"steps": "lots", "us": -1}'))
+    w.close()
+    location.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "algo-1", t0)).encode())
+    fw = RunRollups(open_run(str(tmp_path / "run"))).framework()
+    rows = fw.filter(pa.compute.equal(fw["kind"], "untimed"))
+    assert rows.num_rows <= 10  # per minute and file (a minute split between files: a row in each), not per marker
+    raw = sampled.untimed(open_run(str(tmp_path / "run")).framework(kinds=["untimed"]))
+    rolled = sampled.untimed(rollup_views.markers(fw).filter(pa.compute.equal(rollup_views.markers(fw)["kind"],
+                                                                                "untimed")))
+    assert [(u.mode, u.steps, u.untimed_us) for u in raw] == [("TRAIN", 135_000, 150 * 980_000)]
+    assert [(u.mode, u.steps, u.stretches, u.untimed_us) for u in rolled] == [("TRAIN", 135_000, 150, 150 * 980_000)]

@@ -146,6 +146,17 @@ def test_a_window_without_a_hook_call_counts_for_nothing(clock):
     assert (probe.window_ns, probe.own_ns) == (249_001_000, 500)
 
 
+def test_while_steps_are_sampled_a_window_without_a_hook_call_counts(clock):
+    """Sampled steps: the hooks are off most of each second, and a window that fell between two timed stretches
+    is part of the average (counting only windows with calls would read a stretch's cost as the loop's)."""
+    probe = Probe()
+    probe.sampled = True
+    probe.open()
+    clock.spend(250_000_000)
+    probe.finish()
+    assert (probe.window_ns, probe.own_ns) == (250_000_000, 0)
+
+
 SHORT_STEPS_JOB = '''
 import sys, time, torch
 from torch.utils.data import DataLoader
@@ -171,7 +182,8 @@ def test_a_real_job_of_short_steps_records_what_stallwatch_cost_it_and_every_ste
 
     (tmp_path / "job.py").write_text(SHORT_STEPS_JOB)
     out = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--", sys.executable, "job.py", "steps.txt")
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--sample-steps-above", "0", "--",
+                sys.executable, "job.py", "steps.txt")  # every step timed (sampled steps: test_sampling.py)
     assert p.returncode == 0, p.stderr
     analysis = RunAnalysis(str(out))
     events = analysis.run.framework(kinds=[STEP, OVERHEAD]).to_pylist()

@@ -3,7 +3,9 @@ taking over, the optimizer fallback. Times come from the real clock; the order o
 
 from __future__ import annotations
 
-from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN
+import json
+
+from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN, UNTIMED
 from stallwatch.torch.steps import MAX_UNDECIDED_ITERATIONS, StepTracker, expand, now_us
 
 
@@ -362,3 +364,85 @@ def test_a_forward_after_the_last_update_is_a_step_of_its_own_at_exit():
     assert steps(events) == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2)]
     assert [e[2:4] for e in events if e[0] == STEP] == [(0, 100), (100, 200), (200, 210)]
 
+
+
+# -- sampled steps: paused at a boundary, counted, resumed ---------------------------------------------------------
+def _sampled_tracker(counted: dict[str, int]):
+    t, events, _ = _tracker()
+    t.listener = None  # nothing needs each step (a window, a new configuration): steps may be sampled
+    paused: list[int] = []
+    t.on_pause = paused.append
+    t.count_paused = lambda: dict(counted)
+    return t, events, paused
+
+
+def test_a_paused_loader_loop_counts_its_steps_and_numbers_them_in_order():
+    counted: dict[str, int] = {}
+    t, events, paused = _sampled_tracker(counted)
+    for _ in range(3):
+        _train_batch(t)
+    t.pause_after_us = now_us()
+    t0 = t.batch_begin(1, grad_enabled=True)  # step 2 ends here, and timing pauses
+    assert t.paused_at == t0 and paused == [t0] and not t.in_step
+    t.batch_end(1, t0, exhausted=False)
+    t.forward(now_us(), now_us(), "Net", grad_enabled=True)  # the hooks' last calls before they come off: ignored
+    t.backward(now_us(), now_us())
+    t.optimizer(now_us(), now_us(), "SGD")
+    counted[TRAIN] = 5  # the loader handed out 5 batches while paused
+    t.resume(now_us())
+    for _ in range(2):
+        _train_batch(t)
+    t.finish()
+    steps = [e for e in events if e[0] == STEP]
+    assert [e[5] for e in steps] == [0, 1, 2, 8, 9]  # 3..7 were the counted ones
+    assert all(e[5] is not None for e in events if e[0] in (FORWARD, BACKWARD, OPTIMIZER))
+    untimed = [e for e in events if e[0] == UNTIMED]
+    assert [(e[4], e[5], json.loads(e[7])) for e in untimed] == \
+        [(TRAIN, None, {"steps": 5, "first": 3, "stretches": 1, "us": untimed[0][3] - t0})]
+    assert untimed[0][2] == t0 and untimed[0][3] <= steps[3][2]
+    assert t.counts[TRAIN] == 10
+
+
+def test_explicit_marks_while_paused_are_counted_and_the_first_mark_after_the_hooks_return_resumes():
+    t, events, _ = _sampled_tracker({})
+    for _ in range(2):
+        t.begin_step(TRAIN)
+    t.pause_after_us = now_us()
+    t.begin_step(TRAIN)  # step 1 ends; this one is counted
+    assert t.paused_at is not None
+    for _ in range(3):
+        t.end_step()
+        t.begin_step(TRAIN)
+    t.begin_step(EVAL)
+    t.rearmed = True  # the timer put the hooks back
+    t.begin_step(TRAIN)
+    t.end_step()
+    t.finish()
+    assert [(e[4], e[5]) for e in events if e[0] == STEP] == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 6)]
+    counted = {e[4]: json.loads(e[7])["steps"] for e in events if e[0] == UNTIMED}
+    assert counted == {TRAIN: 4, EVAL: 1}
+
+
+def test_a_run_ending_while_paused_records_what_it_counted():
+    counted = {TRAIN: 0}
+    t, events, _ = _sampled_tracker(counted)
+    _train_batch(t)
+    t.pause_after_us = now_us()
+    t.batch_begin(1, grad_enabled=True)
+    counted[TRAIN] = 7
+    t.finish()
+    assert [json.loads(e[7])["steps"] for e in events if e[0] == UNTIMED] == [7]
+    assert t.counts[TRAIN] == 8 and t.paused_at is None
+
+
+def test_a_loop_that_leaves_its_boundaries_while_paused_resumes_at_its_next_phase():
+    t, events, _ = _sampled_tracker({TRAIN: 3})
+    _train_batch(t)
+    t.pause_after_us = now_us()
+    t.batch_begin(1, grad_enabled=True)
+    t.forward(now_us(), now_us(), "Net", grad_enabled=False)  # no batch since: ignored while paused
+    assert t.paused_at is not None
+    t.resume_any = True  # the timer saw no boundary for a whole period with the hooks back
+    t.forward(now_us(), now_us(), "Net", grad_enabled=False)
+    assert t.paused_at is None and t.counts[TRAIN] == 4
+    assert [e[0] for e in events].count(FORWARD) == 2  # step 0's, and this one (outside any step)

@@ -25,6 +25,7 @@ from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import loss as _loss
+from stallwatch.analyze import sampled as _sampled
 from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
@@ -46,7 +47,7 @@ from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MODES, OVERHEAD, STEP, TRAIN
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MODES, OVERHEAD, STEP, TRAIN, UNTIMED
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
@@ -267,6 +268,10 @@ class RunAnalysis:
                 _rollup_views.loop_span(self.framework_rollup)
         else:  # node by node, an hour at a time: never every step of the run at once
             steps, loop = _steps.merge_step_summaries(self._node_step_totals)
+        loop = _sampled.extend_loop(loop, self.untimed)
+        timed_share = _sampled.timed_share(self.untimed, sum(len(r) for r in self.ranks.values()),
+                                           loop.last_us - loop.first_us if loop is not None else 0)
+        steps = _sampled.add_counts(steps, self.untimed)
         return _summary.JobSummary(
             run_id=str(info.get("run_id") or self.run.uri), uri=self.run.uri,
             command=[str(c) for c in command] if isinstance(command, list) else [],
@@ -275,7 +280,7 @@ class RunAnalysis:
             ranks=self.ranks, steps=steps, loop=loop,
             sample_interval_ms=self.sample_interval_ms,
             fate=_summary.job_fate(records, self.config.stop_training), notes=self.notes,
-            loop_undetermined=self.loop_shapes.undetermined)
+            loop_undetermined=self.loop_shapes.undetermined, timed_share=timed_share)
 
     def _all_ended(self) -> bool:
         recs = (self.info.get("nodes") or {}).values()
@@ -284,7 +289,16 @@ class RunAnalysis:
     @cached_property
     def notes(self) -> list[str]:
         """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
-        return self.losses.notes() + self.loop_shapes.notes() + _overhead.notes(self.hook_costs)
+        timed = {} if not self.untimed else _rollup_views.steps_per_mode(self.framework_rollup) \
+            if self.overview_from_rollups else _steps.merge_step_summaries(self._node_step_totals)[0]
+        return self.losses.notes() + self.loop_shapes.notes() + _overhead.notes(self.hook_costs) + \
+            _sampled.notes(self.untimed, timed)
+
+    @cached_property
+    def untimed(self) -> list[_sampled.Untimed]:
+        """Per rank and mode, steps counted but not timed (sampled steps at high step rates)."""
+        markers = self._markers
+        return _sampled.untimed(markers.filter(pc.equal(markers["kind"], UNTIMED)))
 
     @cached_property
     def hook_costs(self) -> list[_overhead.HookCost]:
@@ -319,8 +333,8 @@ class RunAnalysis:
         the run's files (kept verbatim in the rollups)."""
         if self.overview_from_rollups:
             return _rollup_views.markers(self.framework_rollup)
-        return self.run.framework(kinds=[LOOP, LOSS, OVERHEAD],
-                                  fields=["kind", "name", "start_us", "end_us", "args"])
+        return self.run.framework(kinds=[LOOP, LOSS, OVERHEAD, UNTIMED],
+                                  fields=["kind", "name", "mode", "start_us", "end_us", "args"])
 
     @cached_property
     def findings(self) -> _findings.Findings:
@@ -598,6 +612,18 @@ class RunAnalysis:
 
     def progress(self, points: int = 200) -> dict[str, list[Any]]:
         """Training steps done over time (all ranks), at most `points` points."""
+        if self.untimed:  # sampled steps: the counted ones too, when their stretch ended
+            markers = self._markers
+            ends, counts = _sampled.steps_at(markers.filter(pc.equal(markers["kind"], UNTIMED)))
+            if self.overview_from_rollups:
+                fw = self.framework_rollup
+                timed = fw.filter(pc.equal(fw["kind"], STEP))
+                t, n = timed["last_us"].to_numpy(zero_copy_only=False), timed["count"].to_numpy(zero_copy_only=False)
+            else:
+                t = self.steps.end
+                n = np.ones(len(t), np.int64)
+            return _sampled.progress(np.concatenate([t, ends]).astype(np.int64),
+                                     np.concatenate([n, counts]).astype(np.int64), points)
         if self.overview_from_rollups:
             return _rollup_views.progress(self.framework_rollup, points)
         cols = self.steps

@@ -262,7 +262,7 @@ def _input_bound(r: RuleResult, s: JobSummary) -> list[Finding]:
     evidence = {f"{e['node']}/{e['rank']}": {"wait_share": e.get("wait_share"), "wait_s": e.get("wait_s"),
                                              "cause": e.get("cause"), "num_workers": e.get("num_workers")}
                 for e in fired[:16]}
-    return [finding(r, s, "data", title, float(stake) if isinstance(stake, (int, float)) else None,
+    return [finding(r, s, "data", title, _over_all_steps(stake, s),
                     Where(_strings(r.details.get("nodes")), _strings(r.details.get("ranks_fired")),
                           steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]), evidence)]
 
@@ -277,9 +277,17 @@ def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
     nodes = _strings(r.details.get("straggling_nodes")) or sorted({str(x.get("node")) for x in stragglers})
     since = [(int(x["since_us"]), int(s.loop.last_us)) for x in stragglers
              if isinstance(x.get("since_us"), int) and s.loop is not None]
-    return [finding(r, s, "ranks", title, float(stake) if isinstance(stake, (int, float)) else None,
+    return [finding(r, s, "ranks", title, _over_all_steps(stake, s),
                     Where(nodes, [f"{x.get('node')}/{x.get('rank')}" for x in stragglers], [], since[:LISTED_WINDOWS]),
                     {"stragglers": stragglers[:16], "median_step_s": r.details.get("median_step_s")})]
+
+
+def _over_all_steps(stake: Any, s: JobSummary) -> float | None:
+    """A time at stake summed over steps, for all of them: where steps were sampled (analyze/sampled.py) the
+    rule saw the timed ones only, a share `timed_share` of the run's steps."""
+    if not isinstance(stake, (int, float)) or isinstance(stake, bool):
+        return None
+    return float(stake) / s.timed_share if 0 < s.timed_share < 1 else float(stake)
 
 
 def _generic(r: RuleResult, s: JobSummary) -> list[Finding]:

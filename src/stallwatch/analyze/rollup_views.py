@@ -19,7 +19,7 @@ from stallwatch.analyze.node_series import Band, NodeSeries
 from stallwatch.analyze.step_window import EventBucket, buckets_of
 from stallwatch.analyze.steps import LoopSpan, mode_order
 from stallwatch.analyze.usage import USAGE_ROWS, UsageStat, _matches
-from stallwatch.records import COLUMN_SEP, LOOP, LOSS, OVERHEAD, STEP
+from stallwatch.records import COLUMN_SEP, LOOP, LOSS, OVERHEAD, STEP, UNTIMED
 from stallwatch.store.rollup_codec import FRAMEWORK_LEVEL_US, SYSTEM_LEVELS_US, series_names, stat_column
 
 
@@ -214,9 +214,9 @@ def progress(fw: pa.Table, points: int = 200) -> dict[str, list[int]]:
 
 
 def markers(fw: pa.Table) -> pa.Table:
-    """The marker events (loop, loss, overhead) as `Run.framework(kinds=[LOOP, LOSS, OVERHEAD])` returns them."""
-    m = fw.filter(pc.is_in(fw["kind"], pa.array([LOOP, LOSS, OVERHEAD], pa.string())))
-    return pa.table({"node": m["node"], "rank": m["rank"], "kind": m["kind"], "name": m["name"],
+    """The marker events (loop, loss, overhead, untimed) as `Run.framework(kinds=[...])` returns them."""
+    m = fw.filter(pc.is_in(fw["kind"], pa.array([LOOP, LOSS, OVERHEAD, UNTIMED], pa.string())))
+    return pa.table({"node": m["node"], "rank": m["rank"], "kind": m["kind"], "name": m["name"], "mode": m["mode"],
                      "start_us": m["first_us"], "end_us": m["last_us"], "args": m["args"]})
 
 

@@ -118,6 +118,7 @@ class JobSummary:
     fate: JobFate
     notes: list[str] = field(default_factory=list)  # what the run itself says about its measurements
     loop_undetermined: list[str] = field(default_factory=list)  # node/rank places whose steps could not be found
+    timed_share: float = 1.0  # of the steps, those timed (< 1 where steps were sampled: analyze/sampled.py)
 
     @property
     def last_us(self) -> int | None:

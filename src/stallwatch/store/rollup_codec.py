@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from stallwatch.records import COLUMN_SEP, LOOP, LOSS, OVERHEAD, TIMESTAMP
+from stallwatch.records import COLUMN_SEP, LOOP, LOSS, OVERHEAD, TIMESTAMP, UNTIMED
 
 S = 1_000_000
 # 10 s for ranges of ~2-18 h at a chart's 650 points, 1 min up to ~4 days, 10 min beyond; below ~2 h raw is cheap.
 SYSTEM_LEVELS_US = (10 * S, 60 * S, 600 * S)
 FRAMEWORK_LEVEL_US = 60 * S  # steps and phases per minute: progress, totals and step time over a day
-MARKERS = (LOOP, LOSS, OVERHEAD)  # rare events kept verbatim (name, args): how steps were found, what was lost,
-# what stallwatch cost
+MARKERS = (LOOP, LOSS, OVERHEAD, UNTIMED)  # rare events kept with their name and args: how steps were found, what
+# was lost, what stallwatch cost; `untimed` (one a second while steps are sampled) summed per minute and mode
 STATS = ("min", "max", "mean", "n")
 SYSTEM_KEYS = ("level_us", "bucket_us", "count", "first_us", "last_us", "gap_us", "gap_end_us")
 FRAMEWORK_SCHEMA = pa.schema([
@@ -157,7 +157,8 @@ def _ints(col: pa.ChunkedArray) -> np.ndarray:
 def framework_rows(events: pa.Table, level: int = FRAMEWORK_LEVEL_US) -> pa.Table:
     """Rollup rows of one rank's events (kind, name, mode, step, start_us, end_us, args), bucketed by start: per
     (bucket, kind, mode, whether inside a step) the count, total / shortest / longest duration, earliest start,
-    latest end and step range; markers (`MARKERS`) kept one row each, with their name and args."""
+    latest end and step range; markers (`MARKERS`) kept one row each, with their name and args, except `untimed`
+    ones: one row per minute and mode whose args add up theirs (`_untimed_rows`)."""
     if events.num_rows == 0:
         return FRAMEWORK_SCHEMA.empty_table()
     kind = events["kind"].cast(pa.string())
@@ -173,14 +174,43 @@ def framework_rows(events: pa.Table, level: int = FRAMEWORK_LEVEL_US) -> pa.Tabl
         ("step", "min"), ("step", "max")])
     rows = _framework_table(grouped, "dur_count", "dur_sum", "dur_min", "dur_max", "start_us_min", "end_us_max",
                             "step_min", "step_max")
-    marks = table.filter(marker)
+    marks = table.filter(pc.and_(marker, pc.not_equal(kind, UNTIMED)))
     marks = pa.table({"bucket_us": marks["bucket_us"], "kind": marks["kind"], "mode": marks["mode"],
                       "in_step": marks["in_step"], "count": pa.array(np.ones(marks.num_rows, np.int64)),
                       "sum_us": marks["dur"], "min_us": marks["dur"], "max_us": marks["dur"],
                       "first_us": marks["start_us"], "last_us": marks["end_us"], "min_step": marks["step"],
                       "max_step": marks["step"], "name": marks["name"], "args": marks["args"]},
                      schema=FRAMEWORK_SCHEMA)
-    return pa.concat_tables([rows, marks]).sort_by([("bucket_us", "ascending")])
+    return pa.concat_tables([rows, marks, _untimed_rows(table.filter(pc.equal(kind, UNTIMED)))]) \
+        .sort_by([("bucket_us", "ascending")])
+
+
+UNTIMED_FIELDS = ("steps", "stretches", "us")
+
+
+def _untimed_rows(table: pa.Table) -> pa.Table:
+    """`untimed` markers summed per minute and mode: their args' counts added (read with a pattern, a value that
+    is not a plain count reads as 0: the args come from the job), `count` the markers."""
+    if not table.num_rows:
+        return FRAMEWORK_SCHEMA.empty_table()
+    values = {f: pc.fill_null(pc.cast(pc.struct_field(pc.extract_regex(
+        pc.fill_null(table["args"], ""), rf'"{f}": ?(?P<v>[0-9]{{1,15}})[,}}]'), [0]), pa.int64()), 0)
+        for f in UNTIMED_FIELDS}
+    parts = pa.table({"bucket_us": table["bucket_us"], "mode": table["mode"], "start_us": table["start_us"],
+                      "end_us": table["end_us"], **values})
+    g = parts.group_by(["bucket_us", "mode"]).aggregate(
+        [("start_us", "count"), ("start_us", "min"), ("end_us", "max"), *((f, "sum") for f in UNTIMED_FIELDS)])
+    pieces = [piece for i, f in enumerate(UNTIMED_FIELDS)
+              for piece in (f'{", " if i else "{"}"{f}": ', pc.cast(g[f"{f}_sum"], pa.string()))]
+    args = pc.binary_join_element_wise(*pieces, "}", "")
+    n = g.num_rows
+    return pa.table({
+        "bucket_us": g["bucket_us"], "kind": pa.array([UNTIMED] * n, pa.string()), "mode": g["mode"],
+        "in_step": pa.array([False] * n), "count": g["start_us_count"],
+        "sum_us": g["us_sum"], "min_us": pa.nulls(n, pa.int64()), "max_us": pa.nulls(n, pa.int64()),
+        "first_us": g["start_us_min"], "last_us": g["end_us_max"], "min_step": pa.nulls(n, pa.int64()),
+        "max_step": pa.nulls(n, pa.int64()), "name": pa.array(["steps"] * n, pa.string()),
+        "args": args}, schema=FRAMEWORK_SCHEMA)
 
 
 def combine_framework(tables: list[pa.Table]) -> pa.Table:

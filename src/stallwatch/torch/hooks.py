@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -45,6 +46,17 @@ def _guard(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+def _compiled_any() -> bool:
+    """Whether torch.compile has compiled a graph in this process (it is imported only when first used)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return False
+    try:
+        return bool(utils.counters["stats"].get("unique_graphs"))
+    except Exception:
+        return True
+
+
 _names: dict[type, str] = {}
 
 
@@ -71,6 +83,7 @@ class TorchHooks:
         self._discover_left = 0
         self._discover_calls = DISCOVERY_CALLS_WITHOUT_STEPS
         self._new_loaders: set[int] = set()
+        self._loader_keys = 0
         self._optim_calls: list[tuple[Any, int]] = []  # (call's key, start) of the optimizer steps in progress
         self._ddp: list[Any] = []  # DistributedDataParallel models found: their own timing samples are read
         self._ddp_seen: dict[int, int] = {}  # id(model) -> the sampled iteration already recorded
@@ -79,6 +92,13 @@ class TorchHooks:
         self.on_discovery: Callable[[], None] | None = None  # the session listens to steps again
         self.stop_reason: str | None = None  # set: every DataLoader reports its end from the next batch on
         self.probe = Probe()  # the hooks' own time, measured in short windows
+        # Sampled steps (torch/sampling.py): the hooks run at every step come off the classes between stretches
+        # (`disarm`): (owner, attribute, original, wrapper), and the optimizer's global hooks, registered again.
+        self._hot: list[tuple[Any, str, Any, Any]] = []
+        self._optim_handles: list[Any] = []
+        self._optim_hooks: tuple[Any, Any] | None = None
+        self.armed = True
+        self._iters_paused: list[tuple[dict[str, Any], int, str]] = []  # (iterator's __dict__, batches before, mode)
 
     # -- install / uninstall --------------------------------------------------------------------------
     def install(self) -> None:
@@ -101,12 +121,65 @@ class TorchHooks:
         while self._undo:
             _guard("uninstall", self._undo.pop())
 
-    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _patch(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+               hot: bool = False) -> None:
+        """`hot`: called at every step, so taken off between sampled stretches."""
         original = getattr(owner, name)
         wrapper = functools.wraps(original)(make(original))
         wrapper.__stallwatch_original__ = original  # type: ignore[attr-defined]
         setattr(owner, name, wrapper)
         self._undo.append(lambda: setattr(owner, name, original))
+        if hot:
+            self._hot.append((owner, name, original, wrapper))
+
+    # -- sampled steps: the per-step hooks off and on ---------------------------------------------------
+    @property
+    def can_disarm(self) -> bool:
+        """Not while the model is being looked for, nor once torch.compile has compiled anything: compiled code
+        guards on the functions it traced (a model's wrapped forward), and swapping them would recompile it."""
+        return self.enabled and not self._global_handles and not any(self._models.values()) and not _compiled_any() \
+            and all(getattr(owner, name, None) is wrapper for owner, name, _, wrapper in self._hot)
+
+    # Someone else's patch over one of ours (a library wrapping DataLoader.__next__ after us) is never undone: that
+    # attribute is left as it is, and `can_disarm` is False from then on.
+
+    def disarm(self) -> None:
+        """The training thread, at a step boundary: the job runs without per-step hooks from now on."""
+        if not self.armed:
+            return
+        self.armed = False
+        for owner, name, original, wrapper in self._hot:
+            if getattr(owner, name, None) is wrapper:
+                setattr(owner, name, original)
+        for h in self._optim_handles:
+            h.remove()
+        self._optim_handles = []
+
+    def arm(self) -> None:
+        """Any thread: the per-step wrappers back on (an attribute write each: a call in progress is unaffected).
+        The optimizer's hooks come back with `arm_optimizer`, on the training thread: torch iterates them there."""
+        if self.armed or not self.enabled:
+            return
+        for owner, name, original, wrapper in self._hot:
+            if getattr(owner, name, None) is original:
+                setattr(owner, name, wrapper)
+        self.armed = True
+
+    def arm_optimizer(self) -> None:
+        """The training thread, at a step boundary: the optimizer's global hooks registered again."""
+        if self.enabled and not self._optim_handles:
+            self._register_optimizer_hooks()
+
+    def count_paused(self) -> dict[str, int]:
+        """Per mode, the batches the data loaders handed out since steps were paused: each one is a step (the
+        iterators count them themselves, in `_num_yielded`)."""
+        counts: dict[str, int] = {}
+        for state, before, mode in self._iters_paused:
+            n = state.get("_num_yielded", before)
+            if isinstance(n, int) and n > before:
+                counts[mode] = counts.get(mode, 0) + n - before
+        self._iters_paused = []
+        return counts
 
     # -- data loader ----------------------------------------------------------------------------------
     def _patch_dataloader(self) -> None:
@@ -124,7 +197,7 @@ class TorchHooks:
                 if hooks.stop_reason is not None:
                     raise StopIteration  # training was asked to stop: the loop ends as at the end of its data
                 try:
-                    t0 = hooks._batch_begin(key)
+                    t0 = hooks._batch_begin(key, it)
                 except Exception as exc:
                     t0 = _failed("dataloader", exc)
                 if hooks.stop_reason is not None:  # asked at this very boundary (the new config applies here)
@@ -157,27 +230,40 @@ class TorchHooks:
                     _guard("dataloader", hooks._loader_started, it, loader)
             return __init__
 
-        self._patch(tdl._BaseDataLoaderIter, "__next__", make_next)
+        self._patch(tdl._BaseDataLoaderIter, "__next__", make_next, hot=True)
         for cls in (tdl._SingleProcessDataLoaderIter, tdl._MultiProcessingDataLoaderIter):
             self._patch(cls, "__init__", make_init)
         self._undo.extend(dl.patch_fetchers(self._emit))
 
-    def _batch_begin(self, key: int) -> int:
+    def _batch_begin(self, key: int, it: Any) -> int:
         self._depth = 0  # a forward that raised (its post hook never ran) must not hide the next ones
+        tracker = self.tracker
+        if tracker.paused_at is not None:  # the hooks are back after a stretch of counted steps
+            tracker.resume(now_us())
         if key in self._new_loaders:  # a loop that has not run before: look for its model again
             self._new_loaders.discard(key)
             self._start_discovery()
-        return self.tracker.batch_begin(key, torch.is_grad_enabled())
+        grad = torch.is_grad_enabled()
+        t0 = tracker.batch_begin(key, grad)
+        if tracker.paused_at is not None:  # paused at this boundary: count this iterator's batches from here
+            self._iters_paused.append((it.__dict__, it.__dict__.get("_num_yielded", 0), tracker.loader_mode(key, grad)))
+        return t0
 
     def _loader_started(self, it: Any, loader: Any) -> None:
-        key = id(loader)
-        it._stallwatch_loader = key
-        if not getattr(loader, "_stallwatch_seen", False):
+        # A loader's key is its own for the process's life: `id()` is reused once a loader is freed, and a new
+        # evaluation loader would inherit a freed training loader's mode (and not count as a new loop).
+        key = getattr(loader, "_stallwatch_key", None)
+        if not isinstance(key, int):
+            self._loader_keys += 1
+            key = self._loader_keys
             try:
-                loader._stallwatch_seen = True
+                loader._stallwatch_key = key
             except Exception:
-                pass
+                key = id(loader)
             self._new_loaders.add(key)
+        it._stallwatch_loader = key
+        if self.tracker.paused_at is not None:  # a new epoch (or another loop) while steps are counted
+            self._iters_paused.append((it.__dict__, 0, self.tracker.loader_mode(key, torch.is_grad_enabled())))
         t = now_us()
         self._emit(("dataloader", type(loader.dataset).__name__, t, t, "GLOBAL", None, self.pid,
                     json.dumps(dl.describe(it, loader), default=str)))
@@ -280,6 +366,7 @@ class TorchHooks:
         forward.__stallwatch_original__ = original  # type: ignore[attr-defined]
         cls.forward = forward
         self._undo.append(lambda: setattr(cls, "forward", original) if own else delattr(cls, "forward"))
+        self._hot.append((cls, "forward", original, forward))
 
     def _discovery_tick(self) -> None:
         self._discover_calls -= 1
@@ -367,18 +454,31 @@ class TorchHooks:
     def _patch_backward(self) -> None:
         tracker = self.tracker
         self._patch(torch.autograd, "backward",
-                    self._timed("backward", lambda t0, _a, _k: tracker.backward(t0, now_us())))
+                    self._timed("backward", lambda t0, _a, _k: tracker.backward(t0, now_us())), hot=True)
 
     def _hook_optimizer(self) -> None:
-        from torch.optim import optimizer as optim
-
         def measured(fn):
             return self.probe.measured(fn, bypass=_compiling)
 
-        pre = optim.register_optimizer_step_pre_hook(measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt))))
-        post = optim.register_optimizer_step_post_hook(measured(lambda opt, _a, _k: self._optim_post(id(opt), opt)))
-        self._undo.extend([pre.remove, post.remove])
+        self._optim_hooks = (measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt))),
+                             measured(lambda opt, _a, _k: self._optim_post(id(opt), opt)))
+        self._register_optimizer_hooks()
+        self._undo.append(self._remove_optimizer_hooks)
         self._patch_grad_scaler()
+
+    def _register_optimizer_hooks(self) -> None:
+        from torch.optim import optimizer as optim
+
+        if self._optim_hooks is None:
+            return
+        pre, post = self._optim_hooks
+        self._optim_handles = [optim.register_optimizer_step_pre_hook(pre),
+                               optim.register_optimizer_step_post_hook(post)]
+
+    def _remove_optimizer_hooks(self) -> None:
+        for h in self._optim_handles:
+            h.remove()
+        self._optim_handles = []
 
     def _patch_grad_scaler(self) -> None:
         """`scaler.step(optimizer)` is the iteration's update even when the scaler skips `optimizer.step()` (the
@@ -404,7 +504,7 @@ class TorchHooks:
                     _guard("optimizer", hooks._optim_post, key, optimizer)
             return step
 
-        self._patch(GradScaler, "step", lambda original: self.probe.wrap(build, original))
+        self._patch(GradScaler, "step", lambda original: self.probe.wrap(build, original), hot=True)
 
     def _optim_pre(self, key: Any, who: int) -> None:
         """Only the outermost optimizer step is the loop's: one that wraps another (ZeroRedundancyOptimizer,

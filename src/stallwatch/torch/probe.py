@@ -30,6 +30,7 @@ class Probe:
         self._opened_ns = 0
         self._sender_at_open = 0
         self._used = False
+        self.sampled = False  # steps are sampled (torch/sampling.py): a window without hook calls counts too
         self._opened = 0.0
         self._next = time.monotonic() + FIRST_AFTER_S
 
@@ -54,7 +55,7 @@ class Probe:
         if not self.on:
             return
         self.on = False
-        if self._used:
+        if self._used or self.sampled:
             self.window_ns += _perf() - self._opened_ns
             if by_ticker:
                 self.sender_ns += max(0, _thread_cpu() - self._sender_at_open)

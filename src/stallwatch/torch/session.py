@@ -15,6 +15,7 @@ from stallwatch.collect.events import ENV_CONFIG, ENV_STAGING, EventSender, rese
 from stallwatch.config import ConfigError, ProfilerConfig
 from stallwatch.log import logger, warn_once
 from stallwatch.records import OVERHEAD, TRAIN
+from stallwatch.torch.sampling import StepSampling
 from stallwatch.torch.steps import StepTracker, now_us
 from stallwatch.torch.windows import WindowController
 
@@ -32,6 +33,7 @@ class Session:
         self.windows = WindowController(config, pid=self.pid, staging=staging, emit=emit, send=send)
         self.tracker = StepTracker(emit, self.pid, listener=self)
         self.hooks: Any = None
+        self.sampling: StepSampling | None = None
         self._closed = False
         self._overhead_at = time.monotonic() + OVERHEAD_EVERY_S
 
@@ -50,6 +52,9 @@ class Session:
                            type(exc).__name__, exc)
             self.hooks.uninstall()
             self.hooks = None
+            return
+        if self.config.sample_steps_above_per_s:
+            self.sampling = StepSampling(self.config.sample_steps_above_per_s, self.tracker, self.hooks)
 
     # -- the tracker's listener (training thread) -----------------------------------------------------
     def on_step_begin(self, mode: str, step: int, now_us: int) -> None:
@@ -136,7 +141,11 @@ class Session:
             return
         self._closed = True
         try:
+            if self.sampling is not None:
+                self.sampling.stop()
             self.tracker.finish()
+            if self.sampling is not None:
+                self.sampling.close()
             self.windows.close()
             if self.hooks is not None:
                 self.hooks.record_ddp_stats()

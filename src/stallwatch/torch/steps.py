@@ -16,10 +16,10 @@ marker, and a loop whose boundary cannot be found says so."""
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 from stallwatch.log import warn_once
-from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN
+from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN, UNTIMED
 
 LOADER, EXPLICIT, OPTIMIZER_SOURCE, PAIRS = "loader", "explicit", "optimizer", "pairs"
 UNDETERMINED = "undetermined"
@@ -28,6 +28,7 @@ MAX_UNDECIDED_ITERATIONS = 32  # forward/backward pairs held before deciding the
 MAX_EVENTS_PER_STEP = 10_000  # a step that records more (a loop inside one step) keeps its first ones
 MAX_PENDING_WAITS = 64
 STEP_NAMES = {TRAIN: "train_step", EVAL: "eval_step", GLOBAL: "step"}
+RATE_EVERY = 256  # `on_rate` hears the time of every this many timed steps (sampling decides by the rate)
 
 
 _time_ns = time.time_ns
@@ -100,6 +101,18 @@ class StepTracker:
         self._optimizing = False  # inside optimizer.step(): a closure's forward/backward belong to this step
         self._optimizer_mark: tuple[_Step | None, int] = (None, 0)  # the step, and its events, when it began
         self._carried: list[tuple] = []  # recorded inside the next iteration's first call before it was reported
+        # Sampled steps (torch/sampling.py): from the first step boundary at or after `pause_after_us` (0: never)
+        # steps are counted, not timed, until `resume()`; what was counted is recorded as `untimed` markers.
+        self.pause_after_us = 0
+        self.paused_at: int | None = None
+        self.rearmed = False  # set while paused when the hooks are back: the next mark resumes
+        self.resume_any = False  # set while paused: the next phase seen resumes (the loop left its boundary)
+        self.on_pause: Callable[[int], None] | None = None
+        self.on_resume: Callable[[int, int], None] | None = None  # (steps counted, µs paused)
+        self.count_paused: Callable[[], dict[str, int]] | None = None  # loader-delimited steps counted elsewhere
+        self._marks_paused: dict[str, int] = {}  # explicit marks while paused, per mode
+        self.on_rate: Callable[[int], None] | None = None
+        self._timed = 0  # steps recorded (timed), all modes
 
     @property
     def in_step(self) -> bool:
@@ -121,10 +134,17 @@ class StepTracker:
             self._close(t0)
             step = None
         if step is None:
-            mode = self._loader_modes.get(loader) or (TRAIN if grad_enabled else EVAL)
+            if self.pause_after_us and t0 >= self.pause_after_us and self.source == LOADER and self.listener is None:
+                self._pause(t0)
+                return t0
+            mode = self.loader_mode(loader, grad_enabled)
             self._begin(_Step(t0, None, mode, self.counts[mode], loader))
             return now_us()
         return t0
+
+    def loader_mode(self, loader: int, grad_enabled: bool) -> str:
+        """The mode of a loader's steps: what its steps were so far, else by whether gradients are on."""
+        return self._loader_modes.get(loader) or (TRAIN if grad_enabled else EVAL)
 
     def batch_end(self, loader: int, t0: int, exhausted: bool) -> None:
         t1 = now_us()
@@ -159,6 +179,8 @@ class StepTracker:
                 self._next_iteration(t0)
                 step = None
         if step is None:
+            if self.paused_at is not None and not self._resumed_by_phase(t0):
+                return
             if self.source not in INFERRED:
                 self._standalone(FORWARD, name, t0, t1, TRAIN if grad_enabled else EVAL)
                 return
@@ -197,6 +219,8 @@ class StepTracker:
         """optimizer.step() starts (`who`: which optimizer): a loop with an optimizer is delimited by it (the
         iterations held undecided become this one step); an LBFGS-style closure's forward and backward happen
         inside it."""
+        if self.paused_at is not None and not self._resumed_by_phase(t0):
+            return
         self._optimizing = True
         if self.source is None:
             self._decide(OPTIMIZER_SOURCE, t0)
@@ -209,6 +233,8 @@ class StepTracker:
 
     def optimizer(self, t0: int, t1: int, name: str, who: int = 0) -> None:
         self._optimizing = False
+        if self.paused_at is not None and not self._resumed_by_phase(t0):
+            return
         if self.source is None:
             self._decide(OPTIMIZER_SOURCE, t0)
         if self._open is not None and self._open.updated:  # no optimizer_begin for this one (a caller without it)
@@ -247,6 +273,8 @@ class StepTracker:
         if step is not None and step.updated and step.next_at is None:
             step.next_at = t0  # a backward first (the model's call was not seen): as a forward
         if step is None:
+            if self.paused_at is not None and not self._resumed_by_phase(t0):
+                return
             if self.source in INFERRED:
                 step = self._inferred_step(t0)
             else:
@@ -262,6 +290,8 @@ class StepTracker:
         """Anything else timed inside the loop (a collective, a fetch in the main process…)."""
         step = self._open
         if step is None:
+            if self.paused_at is not None and not self._resumed_by_phase(t0):
+                return
             self._standalone(kind, name, t0, t1, GLOBAL)
         else:
             self._add(step, kind, name, t0, t1, args)
@@ -271,6 +301,12 @@ class StepTracker:
         """An explicit step begins now (ending the one before); a batch fetched since then belongs to it.
         `name` names the step event (default: train_step / eval_step)."""
         t = now_us()
+        if self.paused_at is not None:
+            if not (self.rearmed or self.resume_any):  # steps are counted, not timed: a mark costs a count
+                key = mode or TRAIN
+                self._marks_paused[key] = self._marks_paused.get(key, 0) + 1
+                return
+            self.resume(t)
         if self.source != EXPLICIT and self._open is not None:
             # Hand-over from automatic steps: the open one ends here, with what it did.
             if not self._open.work:
@@ -283,6 +319,11 @@ class StepTracker:
             # Marker style: the step before ended when the batch for this one was asked for.
             fetched = self._pending[0][0] if self._pending else t
             self._close(fetched if self._open.last_us <= fetched <= t else t)
+        if self.pause_after_us and t >= self.pause_after_us and self.listener is None:
+            self._pending.clear()
+            self._pause(t)
+            self._marks_paused[mode or TRAIN] = 1
+            return
         start = max(self._pending[0][0], self._last_end) if self._pending else t
         predicted = mode or TRAIN
         step = _Step(start, mode, predicted, self.counts[predicted])
@@ -293,7 +334,7 @@ class StepTracker:
         self._begin(step)
 
     def end_step(self) -> None:
-        if self._open is not None:
+        if self._open is not None and self.paused_at is None:
             self._close(now_us())
 
     def take_over(self, args: str) -> None:
@@ -301,6 +342,7 @@ class StepTracker:
         a `loop` marker whose args say who marks them; an automatic step still open is dropped unfinished
         (what it held was the framework's set-up, not a step)."""
         t = now_us()
+        self.resume(t)
         if self._open is not None and self._open.updated:
             self._close(self._open.last_us)  # a finished optimizer step, not set-up
         self._open = None
@@ -313,6 +355,7 @@ class StepTracker:
 
     def hand_back(self) -> None:
         """The integration's loop ended: a loop that follows is delimited afresh (a new `loop` marker)."""
+        self.resume(now_us())
         if self._open is not None:
             self._close(now_us())
         self._pending.clear()
@@ -322,6 +365,9 @@ class StepTracker:
     def finish(self) -> None:
         """At exit: a step with work in it ends where its last phase ended; an empty one is dropped. A step cut
         short (a signal, an exception) keeps the mode its loop had, not the mode of the phases it reached."""
+        self.pause_after_us = 0
+        if self.paused_at is not None:
+            self.resume(now_us())
         step = self._open
         if step is not None and step.updated and step.next_at is not None:
             step = self._unfinished_iteration(step.next_at)
@@ -337,6 +383,49 @@ class StepTracker:
                         or step.predicted_mode
                 self._close(step.last_us)
         self._open = None
+
+    # -- sampled steps (torch/sampling.py) ------------------------------------------------------------
+    def resume(self, t: int) -> None:
+        """Timing resumes at `t`: the steps counted since the pause get their numbers (they took them in order)
+        and are recorded, one `untimed` marker per mode (a second's worth: a job killed outright loses at most
+        the stretch it was in); the next step boundary begins a timed step."""
+        at = self.paused_at
+        if at is None:
+            return
+        self.paused_at = None
+        self.rearmed = self.resume_any = False
+        if self.source == EXPLICIT or self.count_paused is None:
+            counts = self._marks_paused
+        else:
+            counts = self.count_paused()
+        self._marks_paused = {}
+        total = 0
+        for mode, n in counts.items():
+            if n <= 0:
+                continue
+            total += n
+            first = self.counts.get(mode, 0)
+            self.counts[mode] = first + n
+            self._emit((UNTIMED, "steps", at, t, mode, None, self.pid,
+                        f'{{"steps": {n}, "first": {first}, "stretches": 1, "us": {t - at}}}'))
+        self._last_end = max(self._last_end, t)
+        if self.on_resume is not None:
+            self.on_resume(total, t - at)
+
+    def _pause(self, t: int) -> None:
+        self.paused_at = t
+        self.pause_after_us = 0
+        self._open = None
+        if self.on_pause is not None:
+            self.on_pause(t)
+
+    def _resumed_by_phase(self, t: int) -> bool:
+        """While paused, a phase is ignored (its step is being counted), unless no boundary came for a whole
+        period since the hooks came back: the loop moved on without one, and timing resumes here."""
+        if not self.resume_any:
+            return False
+        self.resume(t)
+        return True
 
     # -- internals ------------------------------------------------------------------------------------
     def _decide(self, source: str, at_us: int) -> None:
@@ -464,6 +553,9 @@ class StepTracker:
         number = self.counts[mode]
         self.counts[mode] = number + 1
         self._last_end = end_us
+        self._timed += 1
+        if not self._timed % RATE_EVERY and self.on_rate is not None:
+            self.on_rate(end_us)
         if step.loader is not None and step.work:
             self._loader_modes[step.loader] = mode
         # One record per step, its phases inside: the fewest objects built in the training thread. All

@@ -1,0 +1,186 @@
+"""Sampled steps in real jobs under `stallwatch run`: at step rates above `sample_steps_above_per_s` the job
+times steps in stretches and counts the others. Whatever the loop (epochs of a DataLoader with an evaluation
+loop between them, explicit marks), every step is counted exactly once, with its number, and the timed steps
+are whole steps with their phases."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+import pytest
+
+from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.records import EVAL, STEP, TRAIN, UNTIMED
+from stallwatch.store.reader import open_run
+
+from ..collect._support import stallwatch as run_cli
+from .test_loop_shapes import _phase_sums_fit_their_steps
+
+# Steps of ~0.3 ms for 1.5-3 s: a few one-second periods of sampling at 500 steps/s, epochs ending while paused.
+LOADER_EPOCHS = '''
+import json, sys, time
+import torch
+from torch.utils.data import DataLoader
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.ones(4)
+train, evals = 0, 0
+def busy(us):
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+for epoch in range(4):
+    for i in DataLoader(range(1200), batch_size=None):
+        loss = model(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        busy(150)
+        train += 1
+    with torch.no_grad():
+        for i in DataLoader(range(300), batch_size=None):
+            model(x)
+            busy(150)
+            evals += 1
+json.dump({"train": train, "eval": evals}, open(sys.argv[1], "w"))
+'''
+
+MARKS = '''
+import json, sys, time
+import torch
+import stallwatch.torch as swt
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.ones(4)
+n = 0
+with swt.profile() as prof:
+    for i in range(int(sys.argv[2])):
+        with prof.step():
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            end = time.perf_counter() + 150e-6
+            while time.perf_counter() < end:
+                pass
+        n += 1
+json.dump({"train": n, "eval": 0}, open(sys.argv[1], "w"))
+'''
+
+
+def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    out = tmp_path / "run"
+    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--flush-interval", "1", *flags, "--",
+                sys.executable, str(script), str(tmp_path / "ran.json"), str(steps), timeout=180)
+    assert p.returncode == 0, p.stderr
+    return out, json.loads((tmp_path / "ran.json").read_text())
+
+
+@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS], ids=["loader-epochs-and-eval", "explicit-marks"])
+def test_sampled_steps_are_all_counted_with_their_numbers_and_the_timed_ones_are_whole(tmp_path, source):
+    out, ran = _run(tmp_path, source, "--sample-steps-above", "500")
+    events = open_run(str(out)).framework().to_pylist()
+    steps = [e for e in events if e["kind"] == STEP]
+    untimed = [e for e in events if e["kind"] == UNTIMED]
+    counted = Counter()
+    for u in untimed:
+        counted[u["mode"]] += json.loads(u["args"])["steps"]
+    timed = Counter(e["mode"] for e in steps)
+    expected = {TRAIN: ran["train"], **({EVAL: ran["eval"]} if ran["eval"] else {})}
+    assert untimed and sum(counted.values()) > sum(timed.values())  # sampled, mostly counted
+    assert {m: timed[m] + counted[m] for m in expected} == expected
+    for mode, n in expected.items():  # timed and counted steps together take each number once
+        numbers = [e["step"] for e in steps if e["mode"] == mode]
+        for u in untimed:
+            if u["mode"] == mode:
+                first = json.loads(u["args"])["first"]
+                numbers.extend(range(first, first + json.loads(u["args"])["steps"]))
+        assert sorted(numbers) == list(range(n)), mode
+    _phase_sums_fit_their_steps(events)
+    assert all(e["step"] is not None for e in events if e["kind"] in ("forward", "backward", "optimizer")), \
+        "a phase outside its step: one seen while steps were counted"
+    analysis = RunAnalysis(str(out))
+    assert analysis.summary.steps == expected
+    assert analysis.summary.loop.steps == sum(expected.values())
+    assert 0 < analysis.summary.timed_share < 0.5
+    assert any("were counted, not timed" in n for n in analysis.notes), analysis.notes
+
+
+def test_with_sampling_off_every_step_is_timed(tmp_path):
+    out, ran = _run(tmp_path, MARKS, "--sample-steps-above", "0", steps=3000)
+    events = open_run(str(out)).framework(kinds=[STEP, UNTIMED]).to_pylist()
+    assert not [e for e in events if e["kind"] == UNTIMED]
+    assert Counter(e["mode"] for e in events) == {TRAIN: ran["train"]} == {TRAIN: 3000}
+    assert RunAnalysis(str(out)).summary.timed_share == 1.0
+
+
+@pytest.fixture
+def hooks():
+    from stallwatch.config import ProfilerConfig
+    from stallwatch.torch.session import Session
+
+    session = Session(ProfilerConfig(), None, None)
+    session.install_hooks()
+    yield session.hooks
+    session.close()
+    session.hooks.uninstall()
+
+
+def _train_loop(steps: int) -> None:
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in torch.utils.data.DataLoader(torch.ones(steps, 2), batch_size=1):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+
+def test_between_stretches_the_per_step_hooks_are_off_the_classes_and_come_back(hooks):
+    """Off: the job runs torch's own functions; back on from the timer's thread, except the optimizer's global hooks,
+    which torch iterates in the training thread: those come back there, when timing resumes."""
+    import torch
+    from torch.optim import optimizer as optim
+    from torch.utils.data import dataloader as tdl
+
+    _train_loop(8)  # the model is found; the class wrappers go on
+    assert hooks.can_disarm and hooks._hot
+    wrapped = {(owner, name): getattr(owner, name) for owner, name, _, _ in hooks._hot}
+    registered = len(optim._global_optimizer_pre_hooks)
+    hooks.disarm()
+    assert all(getattr(owner, name) is original for owner, name, original, _ in hooks._hot)
+    assert tdl._BaseDataLoaderIter.__next__ is wrapped[(tdl._BaseDataLoaderIter, "__next__")].__stallwatch_original__
+    assert len(optim._global_optimizer_pre_hooks) == registered - 1
+    hooks.arm()
+    assert {(o, n): getattr(o, n) for o, n, _, _ in hooks._hot} == wrapped
+    assert len(optim._global_optimizer_pre_hooks) == registered - 1  # not from the timer's thread
+    hooks.arm_optimizer()
+    assert len(optim._global_optimizer_pre_hooks) == registered
+    assert torch.autograd.backward is wrapped[(torch.autograd, "backward")]
+
+
+def test_someone_elses_patch_over_a_hook_is_never_undone(hooks):
+    from torch.utils.data import dataloader as tdl
+
+    _train_loop(4)
+    ours = tdl._BaseDataLoaderIter.__next__
+
+    def theirs(it):
+        return ours(it)
+
+    tdl._BaseDataLoaderIter.__next__ = theirs
+    try:
+        assert not hooks.can_disarm  # so steps are never sampled: each pause would end at the next batch
+        hooks.disarm()
+        assert tdl._BaseDataLoaderIter.__next__ is theirs
+        hooks.arm()
+        assert tdl._BaseDataLoaderIter.__next__ is theirs
+    finally:
+        tdl._BaseDataLoaderIter.__next__ = ours
