@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from stallwatch.analyze import sampled
-from stallwatch.analyze.steps import LoopSpan
+from stallwatch.analyze.steps import LoopSpan, StepStat
 from stallwatch.records import EVAL, TRAIN
 
 
@@ -51,3 +51,10 @@ def test_a_sampled_run_says_how_many_steps_were_counted_not_timed():
     (note,) = sampled.notes(parts, {TRAIN: 2_000})
     assert "2 ranks (a/0, b/3)" in note and "18,000 of 20,000 steps (90 %)" in note
     assert sampled.notes([], {TRAIN: 5}) == []
+
+
+def test_step_statistics_carry_their_ranks_untimed_count():
+    stats = [StepStat("a", 0, TRAIN, 100, 1.0, 2.0, 3.0, 7), StepStat("a", 1, TRAIN, 90, 1.0, 2.0, 3.0, 8)]
+    parts = [sampled.Untimed("a", 0, TRAIN, 9_000, 9, 1, 0, 1), sampled.Untimed("a", 0, EVAL, 50, 1, 1, 0, 1)]
+    assert [s.untimed for s in sampled.with_untimed(stats, parts)] == [9_000, 0]
+    assert sampled.with_untimed(stats, []) is stats

@@ -107,3 +107,10 @@ def test_on_a_gpu_the_steps_table_says_its_phases_are_host_time():
     assert text.startswith(steps_table(rows)) and "host time" in text and "--detailed-profiling" in text
     assert "host time" not in steps_table([], gpu=True)
 
+
+
+def test_sampled_steps_read_as_all_steps_and_the_timed_ones():
+    text = steps_table([StepStat("vm", 0, "TRAIN", 2000, 0.05, 0.07, 1.2, 77, {"forward": 40.0}, untimed=198_000),
+                        StepStat("vm", 1, "TRAIN", 150, 45.0, 60.9, 64.5, 129, {"forward": 40.0})])
+    rows = text.splitlines()[2:]
+    assert "200000 (2000 timed)" in rows[0] and "timed" not in rows[1]

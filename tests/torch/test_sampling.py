@@ -109,6 +109,9 @@ def test_sampled_steps_are_all_counted_with_their_numbers_and_the_timed_ones_are
     assert analysis.summary.steps == expected
     assert analysis.summary.loop.steps == sum(expected.values())
     assert 0 < analysis.summary.timed_share < 0.5
+    stats = analysis.step_stats()  # per rank and mode: the timed steps' figures, and the counted ones beside
+    assert sum(s.steps + s.untimed for s in stats if s.mode in expected) + \
+        sum(counted[m] for m in expected if m not in {s.mode for s in stats}) == sum(expected.values())
     assert any("were counted, not timed" in n for n in analysis.notes), analysis.notes
 
 
@@ -184,3 +187,22 @@ def test_someone_elses_patch_over_a_hook_is_never_undone(hooks):
         assert tdl._BaseDataLoaderIter.__next__ is theirs
     finally:
         tdl._BaseDataLoaderIter.__next__ = ours
+
+
+def test_steps_are_sampled_only_where_they_can_be_counted(hooks):
+    from stallwatch.torch.sampling import StepSampling
+    from stallwatch.torch.steps import EXPLICIT, LOADER, OPTIMIZER_SOURCE, PAIRS
+
+    _train_loop(4)
+    tracker = hooks.tracker
+    sampling = StepSampling(500, tracker, hooks)
+    tracker.listener = None
+    for source, allowed in [(LOADER, True), (EXPLICIT, True), (OPTIMIZER_SOURCE, False), (PAIRS, False), (None, False)]:
+        tracker.source = source
+        assert sampling._allowed() is allowed, source
+    tracker.source = LOADER
+    tracker.listener = object()  # a profiling window due, a new configuration: every step is needed
+    assert not sampling._allowed()
+    tracker.listener = None
+    tracker.several_loaders = True
+    assert not sampling._allowed()

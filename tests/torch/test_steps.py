@@ -446,3 +446,15 @@ def test_a_loop_that_leaves_its_boundaries_while_paused_resumes_at_its_next_phas
     t.forward(now_us(), now_us(), "Net", grad_enabled=False)
     assert t.paused_at is None and t.counts[TRAIN] == 4
     assert [e[0] for e in events].count(FORWARD) == 2  # step 0's, and this one (outside any step)
+
+
+def test_a_step_that_takes_batches_from_two_loaders_is_never_sampled():
+    """`for a, b in zip(labeled, unlabeled)`: counting both iterators' batches would count each step twice."""
+    t, _, _ = _sampled_tracker({TRAIN: 0})
+    _train_batch(t)
+    assert not t.several_loaders
+    t0 = t.batch_begin(1, grad_enabled=True)
+    t.batch_end(1, t0, exhausted=False)
+    t0 = t.batch_begin(2, grad_enabled=True)  # the second loader, same step
+    t.batch_end(2, t0, exhausted=False)
+    assert t.several_loaders

@@ -442,8 +442,10 @@ class RunAnalysis:
     def step_stats(self, node: str | None = None) -> list[_steps.StepStat]:
         """Per node, rank and mode: steps, p50/p95/max and the phases' shares of step time."""
         if node is not None and "node_steps" not in self.__dict__:
-            return _node_tasks.node_steps(self.run, node).stats if node in self.ranks else []
-        return [s for part in self.node_steps if node is None or part.node == node for s in part.stats]
+            stats = _node_tasks.node_steps(self.run, node).stats if node in self.ranks else []
+        else:
+            stats = [s for part in self.node_steps if node is None or part.node == node for s in part.stats]
+        return _sampled.with_untimed(stats, self.untimed)
 
     @cached_property
     def loop_spans(self) -> dict[str, _steps.LoopSpan]:

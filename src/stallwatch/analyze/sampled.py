@@ -6,12 +6,12 @@ TIMED_S of every second, and the times at stake that rules add up over steps are
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 
-from stallwatch.analyze.steps import LoopSpan, mode_order
+from stallwatch.analyze.steps import LoopSpan, StepStat, mode_order
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,14 @@ def progress(ends: np.ndarray, counts: np.ndarray, points: int) -> dict[str, lis
     t, done = ends[order], np.cumsum(counts[order])
     idx = np.unique(np.linspace(0, len(t) - 1, min(points, len(t))).astype(np.int64))
     return {"t": t[idx].tolist(), "steps": done[idx].tolist()}
+
+
+def with_untimed(stats: list[StepStat], parts: list[Untimed]) -> list[StepStat]:
+    """Step statistics with each rank and mode's untimed count beside its timed steps."""
+    if not parts:
+        return stats
+    counted = {(u.node, u.rank, u.mode): u.steps for u in parts}
+    return [replace(s, untimed=counted.get((s.node, s.rank, s.mode), 0)) for s in stats]
 
 
 def per_mode(parts: list[Untimed]) -> dict[str, int]:

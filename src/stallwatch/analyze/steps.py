@@ -30,6 +30,7 @@ class StepStat:
     slowest_step: int
     # share of the mode's total step time spent in each phase, in %
     phase_pct: dict[str, float] = field(default_factory=dict)
+    untimed: int = 0  # steps counted but not timed (sampled steps): `steps` and the figures are the timed ones
 
 
 def columns(events: pa.Table | FrameworkColumns) -> FrameworkColumns:

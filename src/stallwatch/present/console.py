@@ -62,7 +62,10 @@ def steps_table(stats: Sequence[StepStat], *, gpu: bool = False) -> str:
             return "-"  # the model's calls are not timed (Keras on JAX: data wait only): the rest is unknown
         return f"{max(0.0, 100.0 - sum(s.phase_pct.get(p, 0.0) for p in PHASES)):.0f}%"
 
-    rows = [[s.node, str(s.rank), s.mode, str(s.steps), ms(s.p50_ms), ms(s.p95_ms),
+    def steps(s: StepStat) -> str:  # sampled steps: all of them, and how many the figures come from
+        return f"{s.steps + s.untimed} ({s.steps} timed)" if s.untimed else str(s.steps)
+
+    rows = [[s.node, str(s.rank), s.mode, steps(s), ms(s.p50_ms), ms(s.p95_ms),
              f"{ms(s.max_ms)} (#{s.slowest_step})",
              *(f"{s.phase_pct[p]:.0f}%" if p in s.phase_pct else "-" for p in PHASES), other(s)] for s in stats]
     text = table(["node", "rank", "mode", "steps", "p50", "p95", "slowest", "data wait", "forward", "backward",

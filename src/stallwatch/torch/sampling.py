@@ -7,7 +7,8 @@ every PERIOD_S and only counted in between, with the per-step hooks off the clas
 - Counting is exact: a DataLoader's iterator counts its batches itself; explicit marks (`prof.step()`, Keras)
   add one each. The counted steps take their step numbers in order and are recorded as `untimed` markers.
 - Only loops delimited by a DataLoader or by marks are sampled (an optimizer- or pair-delimited loop's
-  boundary is a hook: it cannot be counted without it), and not while anything needs each step (a profiling
+  boundary is a hook: it cannot be counted without it), nor one whose steps each take batches from several
+  loaders (`zip(a, b)`: batches would count twice), and not while anything needs each step (a profiling
   window, a new configuration, the model being looked for, DDP's timings) or with a compiled model's hooks.
 - Sampling starts as soon as RATE_EVERY timed steps ran faster than the threshold (a few ms into a fast loop),
   and stops when a stretch's rate falls under half of it; it starts again the same way."""
@@ -53,7 +54,8 @@ class StepSampling:
 
     def _allowed(self) -> bool:
         t = self.tracker
-        return t.source in (LOADER, EXPLICIT) and t.listener is None and self.hooks.can_disarm  # type: ignore[attr-defined]
+        return t.source in (LOADER, EXPLICIT) and t.listener is None and not t.several_loaders \
+            and self.hooks.can_disarm  # type: ignore[attr-defined]
 
     def _start(self) -> None:
         self.active = True

@@ -113,6 +113,7 @@ class StepTracker:
         self._marks_paused: dict[str, int] = {}  # explicit marks while paused, per mode
         self.on_rate: Callable[[int], None] | None = None
         self._timed = 0  # steps recorded (timed), all modes
+        self.several_loaders = False  # a step asked two loaders for batches: steps are not sampled
 
     @property
     def in_step(self) -> bool:
@@ -133,6 +134,10 @@ class StepTracker:
         if step is not None and step.work:
             self._close(t0)
             step = None
+        elif step is not None and step.loader is not None and step.loader != loader:
+            # Two loaders' batches in one step (`zip(labeled, unlabeled)`): counting batches would count each
+            # step twice, so such a loop is never sampled.
+            self.several_loaders = True
         if step is None:
             if self.pause_after_us and t0 >= self.pause_after_us and self.source == LOADER and self.listener is None:
                 self._pause(t0)
