@@ -47,8 +47,8 @@ OPTIMIZER = "optimizer"
 COLLECTIVE = "collective"
 LOSS = "loss"  # events a process had to drop (args: events, steps; start/end: their first and last start)
 OVERHEAD = "overhead"  # a marker: stallwatch's own time in the training process (args: own_ns, window_ns, calls)
-# a marker: steps counted but not timed while steps were sampled (args: steps, stretches; start/end: the first
-# stretch's start and the last one's end, at most a minute apart)
+# a marker: steps counted but not timed while steps were sampled, one per stretch between timed ones and mode
+# (args: steps, first, stretches, us; start/end: when timing paused and resumed)
 UNTIMED = "untimed"
 LOOP = "loop"  # a marker: how a rank's steps are delimited (name: loader, explicit, optimizer, pairs, undetermined)
 TRAIN, EVAL, GLOBAL = "TRAIN", "EVAL", "GLOBAL"
