@@ -25,7 +25,6 @@ from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import loss as _loss
-from stallwatch.analyze import sampled as _sampled
 from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
@@ -33,6 +32,7 @@ from stallwatch.analyze import overhead as _overhead
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import rollup_views as _rollup_views
+from stallwatch.analyze import sampled as _sampled
 from stallwatch.analyze import step_digest as _step_digest
 from stallwatch.analyze import step_window as _step_window
 from stallwatch.analyze import steps as _steps

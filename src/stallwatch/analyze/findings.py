@@ -284,7 +284,7 @@ def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
 
 def _over_all_steps(stake: Any, s: JobSummary) -> float | None:
     """A time at stake summed over steps, for all of them: where steps were sampled (analyze/sampled.py) the
-    rule saw the timed ones only, a share `timed_share` of the run's steps."""
+    rule saw the timed ones only, which ran in a share `timed_share` of the ranks' loop time."""
     if not isinstance(stake, (int, float)) or isinstance(stake, bool):
         return None
     return float(stake) / s.timed_share if 0 < s.timed_share < 1 else float(stake)
