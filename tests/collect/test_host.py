@@ -191,7 +191,7 @@ def test_a_core_going_offline_blanks_cpu_for_that_interval(monkeypatch, use_proc
     time.sleep(0.05)
     if use_procfs:
         real_rows = procfs.cpu_rows
-        monkeypatch.setattr(procfs, "cpu_rows", lambda: real_rows()[:-1])
+        monkeypatch.setattr(procfs, "cpu_rows", lambda source=None: real_rows(source)[:-1])
     else:
         real = psutil.cpu_times
 

@@ -86,3 +86,42 @@ def test_a_config_json_that_is_a_fifo_or_a_link_is_refused_not_waited_on(watched
     watcher.check()
     assert "symbolic link" in _refusals(caplog)[-1]
     assert watcher.take() is None
+
+
+def test_a_local_file_is_read_only_when_its_version_changed(tmp_path, monkeypatch):
+    """The sampler's loop polls a local config.json itself (no thread of its own, which would wake the sampler
+    twice as often): a look costs one lstat, and the file is read only after it was rewritten or replaced, or
+    when REREAD_S passed."""
+    from stallwatch.collect import live_config
+
+    running = ProfilerConfig(node="n1", out=str(tmp_path / "run"))
+    location = RunLocation(str(tmp_path / "run"))
+    location.write_atomic("config.json", running.to_json().encode())
+    reads = []
+    real_read = location.read
+    monkeypatch.setattr(location, "read", lambda *a, **k: (reads.append(1), real_read(*a, **k))[1])
+    watcher = ConfigWatcher(location, running)
+    try:
+        assert not watcher.background and watcher._thread is None
+        watcher.poll()
+        watcher.poll()
+        watcher.poll()
+        assert len(reads) == 1
+        data = json.loads((tmp_path / "run" / "config.json").read_text())
+        data["detailed_profiling"] = "40:3"
+        (tmp_path / "run" / "config.json").write_text(json.dumps(data))  # an edit in place
+        watcher.poll()
+        assert len(reads) == 2 and watcher.take().detailed_profiling == ProfilingRange(40, 3)
+        location.write_atomic("config.json", watcher.running.replace(detailed_profiling=None).to_json().encode())
+        watcher.poll()
+        assert len(reads) == 3 and watcher.take().detailed_profiling is None
+        monkeypatch.setattr(live_config, "REREAD_S", 0.0)
+        watcher.poll()
+        assert len(reads) == 4  # read again although its version did not change
+    finally:
+        watcher.close()
+    remote = ConfigWatcher(type("Remote", (), {"remote": True, "read": lambda *a: b"{}"})(), running, poll_s=3600)
+    try:
+        assert remote.background and remote._thread is not None  # S3: its own thread, never the sampler's loop
+    finally:
+        remote.close()

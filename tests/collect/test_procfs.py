@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -97,3 +99,39 @@ def test_host_reader_agrees_with_its_psutil_fallback() -> None:
     a, b = fast.read(), slow.read()
     mem = [k.column for k in fast.keys()].index("memory/mem_used_bytes")
     assert a[mem] == pytest.approx(b[mem], rel=0.05)
+
+
+def test_a_kept_open_file_reads_fresh_and_whole_content_each_time(monkeypatch) -> None:
+    """The kernel writes a /proc file anew for each read from its start; seq files give a page or so per
+    read, so a file longer than one read comes back whole, and a counter read twice has moved."""
+    monkeypatch.setattr(procfs, "CHUNK", 64)  # every file is many reads long
+    meminfo = procfs.ProcFile(procfs.MEMINFO)
+    stat = procfs.ProcFile("/proc/self/stat")
+    try:
+        text = meminfo.read()
+        assert text.split(b"\n")[0].startswith(b"MemTotal:") and len(text) > 10 * 64
+        assert [ln.split(b":")[0] for ln in text.split(b"\n")] == [
+            ln.split(b":")[0] for ln in procfs._read(procfs.MEMINFO).split(b"\n")]
+        before = procfs.process(os.getpid(), stat)
+        t = time.thread_time()
+        while time.thread_time() - t < 0.05:
+            pass
+        after = procfs.process(os.getpid(), stat)
+        assert before is not None and after is not None and after[0] > before[0]
+        assert procfs.memory(meminfo) == pytest.approx(procfs.memory(), rel=0.05)
+    finally:
+        meminfo.close()
+        stat.close()
+
+
+def test_a_kept_open_process_file_reads_as_gone_once_the_process_exits() -> None:
+    """Even when its pid is reused, the open file names the process that ended: it never reads another."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    source = procfs.ProcFile(f"/proc/{child.pid}/stat")
+    try:
+        assert procfs.process(child.pid, source) is not None
+        child.kill()
+        child.wait()
+        assert procfs.process(child.pid, source) is None
+    finally:
+        source.close()

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from stallwatch import records as r
+from stallwatch.collect import procfs
 from stallwatch.collect.proctree import PROC_METRICS, ProcessTreeReader, looks_like_worker
 
 PY = "/usr/bin/python3"
@@ -211,3 +212,39 @@ def test_tree_is_rescanned_often_while_it_changes_and_rarely_while_it_is_stable(
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.skipif(not procfs.AVAILABLE, reason="Linux /proc only")
+def test_children_and_grandchildren_born_later_are_found_without_walking_the_machine(monkeypatch) -> None:
+    """Between whole walks a look reads only the processes born since the last one: a child and its own
+    child started later are members within a look or two; a process born elsewhere is not."""
+    walks = []
+    real_walk = ProcessTreeReader._scan_all
+    monkeypatch.setattr(ProcessTreeReader, "_scan_all", lambda self: (walks.append(1), real_walk(self)))
+    nested = ("import subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "time.sleep(60)\n")
+    root_code = ("import subprocess, sys\nsys.stdin.readline()\n"
+                 f"subprocess.Popen([sys.executable, '-c', {nested!r}])\nsys.stdin.readline()\n")
+    root = subprocess.Popen([sys.executable, "-c", root_code], stdin=subprocess.PIPE, text=True)
+    stranger = None
+    try:
+        reader = ProcessTreeReader(cores=2, refresh_s=0.2)
+        reader.set_root(root.pid)
+        assert values(reader)[r.PROC_COUNT] == 1.0
+        stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        root.stdin.write("go\n")
+        root.stdin.flush()
+        time.sleep(1.0)  # both born before the next look
+        v = wait_for(reader, lambda v: v[r.PROC_COUNT] >= 3.0, period=0.25)
+        assert v[r.PROC_COUNT] == 3.0
+        assert len(walks) == 1  # the first look only
+        assert stranger.pid not in reader._members
+    finally:
+        for child in psutil.Process(root.pid).children(recursive=True):
+            child.kill()
+        root.kill()
+        root.wait()
+        if stranger is not None:
+            stranger.kill()
+            stranger.wait()

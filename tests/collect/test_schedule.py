@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from stallwatch.collect.schedule import TickSchedule
+import pytest
+
+from stallwatch.collect.schedule import Periodic, TickSchedule
 
 
 class FakeClock:
@@ -59,3 +61,29 @@ def test_since_last_counts_from_start_before_the_first_tick() -> None:
     s.done()
     clock.t += 0.25
     assert abs(s.since_last() - 0.25) < 1e-9
+
+
+@pytest.mark.parametrize("interval, wakes_per_s, period_range", [
+    (0.5, 2, (0.5, 0.5)),  # rides on every snapshot: one wake-up, not two
+    (0.1, 10, (0.4, 0.5)),  # on the last snapshot before its deadline
+    (2.0, 2, (0.5, 0.5)),  # snapshots too rare: its own deadline wakes the loop (a snapshot rides on it)
+])
+def test_periodic_work_rides_on_the_snapshots_wake_ups(interval, wakes_per_s, period_range) -> None:
+    """The sampler's loop as it runs: it sleeps until the earliest deadline, snapshots when due, and does the
+    periodic work (storing events, looking at config.json) when it is due or rides along."""
+    clock = FakeClock()
+    ticks = TickSchedule(interval, clock=clock)
+    work = Periodic(0.5, clock=clock)
+    wakes, done_at, end = 0, [], clock.t + 20.0
+    while clock.t < end:
+        clock.t = min(ticks.next_deadline, work.deadline)
+        wakes += 1
+        if work.due(ticks):
+            done_at.append(clock.t)
+            clock.t += 0.002  # the work takes time: its next deadline is not the next snapshot's
+            work.done()
+        if ticks.due():
+            ticks.done()
+    assert wakes / 20.0 == pytest.approx(wakes_per_s, rel=0.06)
+    gaps = [b - a for a, b in zip(done_at, done_at[1:])]
+    assert min(gaps) >= period_range[0] - 0.01 and max(gaps) <= period_range[1] + 0.01

@@ -61,6 +61,8 @@ class HostReader:
 
     def __init__(self, use_procfs: bool | None = None) -> None:
         self._procfs = procfs.AVAILABLE if use_procfs is None else use_procfs
+        self._files = {path: procfs.ProcFile(path) for path in (procfs.STAT, procfs.MEMINFO, procfs.DISKSTATS,
+                                                                 procfs.NET_DEV)}
         # The rows the counters have (online cores), so the per-core columns match what is read each time.
         self.cores = len(self._cpu_rows()) or psutil.cpu_count(logical=True) or 1
         disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
@@ -83,15 +85,19 @@ class HostReader:
         return keys
 
     def _cpu_rows(self) -> CpuRows:
-        return procfs.cpu_rows() if self._procfs else _psutil_cpu_rows()
+        return procfs.cpu_rows(self._files[procfs.STAT]) if self._procfs else _psutil_cpu_rows()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
 
     def _read(self) -> _Counters:
         mono = time.monotonic()
         cpu = self._cpu_rows()
         if self._procfs:
-            rd, wr = procfs.disk_bytes(self._disk_set)
-            rx, tx = procfs.net_bytes(self._nic_set)
-            mem_total, mem_avail = procfs.memory()
+            rd, wr = procfs.disk_bytes(self._disk_set, self._files[procfs.DISKSTATS])
+            rx, tx = procfs.net_bytes(self._nic_set, self._files[procfs.NET_DEV])
+            mem_total, mem_avail = procfs.memory(self._files[procfs.MEMINFO])
         else:
             disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}
             rd = sum(disks[n].read_bytes for n in self._disks if n in disks)

@@ -1,12 +1,14 @@
 """The sampler's watch on the run's config.json: a change to a live field (profiling windows) is validated
 here and handed to the job's processes; an invalid file is refused with one clear line and the running
-configuration stays in force. Reads happen on a thread of their own: a slow S3 endpoint never delays a
-snapshot."""
+configuration stays in force. On S3, reads happen on a thread of their own: a slow endpoint never delays a
+snapshot. A local file is looked at (without reading it unless it changed) by the sampler's loop itself, at
+wake-ups it has anyway: a thread of its own would wake the sampler twice as often."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 from stallwatch.config import LIVE_FIELDS, MAX_CONFIG_BYTES, ConfigError, ProfilerConfig
@@ -16,22 +18,29 @@ from stallwatch.store.location import FileTooLargeError, UnsafeFileError
 
 POLL_LOCAL_S = 0.5
 POLL_REMOTE_S = 2.0
+REREAD_S = 10.0  # a local file is read at least this often, whatever its version says
 
 
 class ConfigWatcher:
     """`take()` (sampler loop) returns the new running configuration once after each accepted change."""
 
-    def __init__(self, location: Any, running: ProfilerConfig, poll_s: float | None = None) -> None:
+    def __init__(self, location: Any, running: ProfilerConfig, poll_s: float | None = None,
+                 background: bool | None = None) -> None:
         self._location = location
         self.running = running
-        self._poll_s = poll_s if poll_s is not None else (POLL_REMOTE_S if location.remote else POLL_LOCAL_S)
+        self.poll_s = poll_s if poll_s is not None else (POLL_REMOTE_S if location.remote else POLL_LOCAL_S)
+        self.background = location.remote if background is None else background  # else the owner calls poll()
+        self._last_version: tuple[int, ...] | None = None
+        self._read_at = 0.0
         self._last_text: bytes | None = None
         self._last_valid: ProfilerConfig | None = None  # the file's last valid content: edits are told from it
         self._accepted: ProfilerConfig | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stallwatch-config", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if self.background:
+            self._thread = threading.Thread(target=self._run, name="stallwatch-config", daemon=True)
+            self._thread.start()
 
     def take(self) -> ProfilerConfig | None:
         with self._lock:
@@ -40,14 +49,24 @@ class ConfigWatcher:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(1.0)
+        if self._thread is not None:
+            self._thread.join(1.0)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            try:
-                self.check()
-            except Exception as exc:  # the watch must outlive any one failure
-                logger.debug("config watch: %s", exc)
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """One look at the file, every `poll_s`: read only when its version changed (or REREAD_S passed)."""
+        try:
+            version = self._location.version(layout.CONFIG_JSON)
+            now = time.monotonic()
+            if version is not None and version == self._last_version and now - self._read_at < REREAD_S:
+                return
+            self._last_version, self._read_at = version, now
+            self.check()
+        except Exception as exc:  # the watch must outlive any one failure
+            logger.debug("config watch: %s", exc)
 
     def check(self) -> None:
         try:

@@ -15,11 +15,14 @@ from stallwatch.records import MetricKey
 PROC_METRICS = (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE, r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)
 # A worker counts as busy when it used at least this share of one core during the interval.
 BUSY_CORE_FRACTION = 0.10
-# Finding children scans all of /proc (0.4 ms warm, 1.4 ms when the sampler wakes cold, more on busy
-# machines), so the tree is re-read on a back-off: every TREE_REFRESH_MIN_S right after it changed (a job
-# starting its data-loader workers), doubling up to TREE_REFRESH_S while it stays the same.
+# The tree is looked at on a back-off: every TREE_REFRESH_MIN_S right after it changed (a job starting its
+# data-loader workers), doubling up to TREE_REFRESH_S while it stays the same. A look lists /proc and reads
+# the parent of each process born since the last one; walking the whole tree means reading every process
+# on the machine (2.2 ms with 65 processes when the sampler wakes cold, more on busy machines), done every
+# TREE_FULL_S (it also finds a new member that got a pid seen before, and reads the tree off Linux).
 TREE_REFRESH_S = 10.0
 TREE_REFRESH_MIN_S = 0.5
+TREE_FULL_S = 60.0
 
 
 @dataclass
@@ -27,6 +30,11 @@ class _Member:
     proc: psutil.Process
     is_worker: bool
     cpu_s: float | None = None
+    stat: procfs.ProcFile | None = None  # its /proc/<pid>/stat, kept open while it is followed
+
+    def close(self) -> None:
+        if self.stat is not None:
+            self.stat.close()
 
 
 def looks_like_worker(cmdline: list[str], parent_cmdline: list[str] | None) -> bool:
@@ -51,6 +59,8 @@ class ProcessTreeReader:
         self._members: dict[int, _Member] = {}
         self._cmdlines: dict[int, list[str]] = {}
         self._next_refresh = 0.0
+        self._pids: set[int] | None = None  # every pid at the last look (Linux), to tell which were born since
+        self._next_full = 0.0
         self._prev_mono = time.monotonic()
         self._known_workers: set[int] = set()  # reported by the job's data loaders: no guessing needed
 
@@ -66,9 +76,15 @@ class ProcessTreeReader:
             self._root = psutil.Process(pid)
         except psutil.Error:
             self._root = None
-        self._members.clear()
+        self.close()
+        self._pids = None
         self._next_refresh = 0.0
         self._delay = self._min_refresh_s
+
+    def close(self) -> None:
+        for m in self._members.values():
+            m.close()
+        self._members.clear()
 
     @staticmethod
     def keys() -> list[MetricKey]:
@@ -82,9 +98,54 @@ class ProcessTreeReader:
         self._next_refresh = now + self._delay
 
     def _scan(self) -> None:
-        root = self._root
-        if root is None:
+        """One look for members born or gone: from the pids born since the last look, or a whole walk."""
+        if self._root is None:
             return
+        now = time.monotonic()
+        if self._pids is not None and now < self._next_full:
+            self._scan_born()
+            return
+        pids = procfs.pids() if procfs.AVAILABLE else None  # before the walk: one born during it is new next time
+        self._scan_all()
+        self._pids, self._next_full = pids, now + TREE_FULL_S
+
+    def _scan_born(self) -> None:
+        """Members are found among the processes born since the last look, by their parents: a child of a
+        member, or of a process born with it, is a member (members that exit are noticed at each read)."""
+        assert self._pids is not None and self._root is not None
+        pids = procfs.pids()
+        born = pids - self._pids
+        self._pids = pids
+        parents = {pid: ppid for pid in born if (ppid := procfs.parent(pid)) is not None}
+        grew = True
+        while grew:
+            grew = False
+            for pid, ppid in parents.items():
+                if pid not in self._members and ppid in self._members:
+                    try:
+                        member = self._member(psutil.Process(pid), self._root.pid)
+                    except psutil.Error:
+                        member = None
+                    if member is not None:
+                        self._members[pid] = member
+                        grew = True
+        for pid in self._known_workers & self._members.keys():
+            self._members[pid].is_worker = True
+
+    def _member(self, p: psutil.Process, root_pid: int) -> _Member | None:
+        try:
+            cmdline = p.cmdline()
+            parent = p.ppid()
+        except psutil.Error:
+            return None
+        self._cmdlines[p.pid] = cmdline
+        worker = p.pid != root_pid and (p.pid in self._known_workers
+                                        or looks_like_worker(cmdline, self._cmdlines.get(parent)))
+        return _Member(p, worker, stat=procfs.ProcFile(f"/proc/{p.pid}/stat") if procfs.AVAILABLE else None)
+
+    def _scan_all(self) -> None:
+        root = self._root
+        assert root is not None
         try:
             procs = [root] + root.children(recursive=True)
         except psutil.Error:
@@ -96,15 +157,11 @@ class ProcessTreeReader:
                 known.is_worker = known.is_worker or p.pid in self._known_workers
                 seen[p.pid] = known
                 continue
-            try:
-                cmdline = p.cmdline()
-                parent = p.ppid()
-            except psutil.Error:
-                continue
-            self._cmdlines[p.pid] = cmdline
-            worker = p.pid != root.pid and (p.pid in self._known_workers
-                                             or looks_like_worker(cmdline, self._cmdlines.get(parent)))
-            seen[p.pid] = _Member(p, worker)
+            if (member := self._member(p, root.pid)) is not None:
+                seen[p.pid] = member
+        for pid, m in self._members.items():
+            if seen.get(pid) is not m:
+                m.close()
         self._members = seen
         self._cmdlines = {pid: self._cmdlines[pid] for pid in seen if pid in self._cmdlines}
 
@@ -121,7 +178,7 @@ class ProcessTreeReader:
         workers_cpu = 0.0
         gone = []
         for pid, m in self._members.items():
-            reading = _read_process(m.proc)
+            reading = _read_process(m)
             if reading is None:
                 gone.append(pid)
                 continue
@@ -137,7 +194,8 @@ class ProcessTreeReader:
                 if used >= BUSY_CORE_FRACTION * dt:
                     busy += 1
         for pid in gone:
-            self._members.pop(pid, None)
+            self._members.pop(pid).close()
+            self._cmdlines.pop(pid, None)
         if gone:
             self._next_refresh = 0.0  # the tree changed: look again at the next snapshot, then often
             self._delay = self._min_refresh_s
@@ -146,10 +204,11 @@ class ProcessTreeReader:
                 100.0 * workers_cpu / capacity]
 
 
-def _read_process(proc: psutil.Process) -> tuple[float, int] | None:
+def _read_process(member: _Member) -> tuple[float, int] | None:
     """(CPU seconds, RSS bytes) of a live process, None once it exited (zombies included)."""
-    if procfs.AVAILABLE:
-        return procfs.process(proc.pid)
+    if member.stat is not None:
+        return procfs.process(member.proc.pid, member.stat)
+    proc = member.proc
     try:
         with proc.oneshot():
             if proc.status() == psutil.STATUS_ZOMBIE:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallwatch.collect.schedule import TickSchedule
+from stallwatch.collect.schedule import Periodic, TickSchedule
 from stallwatch.log import configure_cli_logging, logger, warn_once
 from stallwatch.timeutil import now_us
 
@@ -136,15 +136,23 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         os.write(ready_fd, b"ready\n")
 
     ticks = TickSchedule(interval_s)
-    events_due = time.monotonic() + EVENTS_TICK_S
+    events_every = Periodic(EVENTS_TICK_S)
+    config_every = Periodic(watcher.poll_s) if watcher is not None and not watcher.background else None
     while not stop["now"] and not control.eof:
         fds = events.fds()  # no socket (system metrics only): no extra wake-ups
-        wait_s = min(ticks.time_left(), events_due - time.monotonic()) if fds else ticks.time_left()
-        msgs, ready = control.wait(wait_s, fds)
+        deadlines = [ticks.next_deadline]
+        if fds:
+            deadlines.append(events_every.deadline)
+        if config_every is not None:
+            deadlines.append(config_every.deadline)
+        msgs, ready = control.wait(min(deadlines) - time.monotonic(), fds)
         events.receive(ready)
-        if fds and time.monotonic() >= events_due:
+        if fds and events_every.due(ticks):
             events.tick(sampler.now_us())
-            events_due = time.monotonic() + EVENTS_TICK_S
+            events_every.done()
+        if config_every is not None and config_every.due(ticks):
+            watcher.poll()
+            config_every.done()
         if watcher is not None and (changed := watcher.take()) is not None:
             events.broadcast({"config": changed.to_dict()})
             if changed.sample_interval_ms != node_record["sample_interval_ms"]:

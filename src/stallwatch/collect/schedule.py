@@ -48,3 +48,28 @@ class TickSchedule:
     def since_last(self) -> float:
         """Seconds since the last snapshot (or since the start, before the first one)."""
         return self._clock() - (self.last_tick if self.last_tick is not None else self._start)
+
+
+class Periodic:
+    """Work due every `period_s` that rides on the snapshots' wake-ups: done at a snapshot when its deadline
+    comes before the next snapshot's, on its own deadline only otherwise. A sleeping process pays more to
+    wake (cold caches) than for such work, so two schedules must not wake it twice (benchmarks/sampler_cost.py)."""
+
+    def __init__(self, period_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.period_s = period_s
+        self._clock = clock
+        self._last = clock()
+
+    @property
+    def deadline(self) -> float:
+        return self._last + self.period_s
+
+    def due(self, snapshot: TickSchedule | None = None) -> bool:
+        """Due now, or — when `snapshot` is due now too — due before the snapshot after it."""
+        now = self._clock()
+        if now >= self.deadline:
+            return True
+        return snapshot is not None and snapshot.due() and self.deadline <= now + snapshot.interval_s
+
+    def done(self) -> None:
+        self._last = self._clock()

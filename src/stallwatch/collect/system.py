@@ -45,6 +45,8 @@ class SystemSampler:
 
     def close(self) -> None:
         self.gpus.close()
+        self.host.close()
+        self.tree.close()
 
     def describe_node(self) -> dict[str, Any]:
         """Static facts about the machine, stored with the node so the rules can compare against them."""

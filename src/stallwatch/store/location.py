@@ -193,6 +193,19 @@ class RunLocation:
             raise FileTooLargeError(f"{rel} is larger than {max_bytes} bytes")
         return data
 
+    def version(self, rel: str) -> tuple[int, ...] | None:
+        """What changes whenever a local file is written or replaced (inode, size, change times), read
+        without opening it; () when it is not there; None when unknown (remote, unreadable): read it to know."""
+        if self.remote:
+            return None
+        try:
+            st = os.lstat(self._abs(rel))
+        except FileNotFoundError:
+            return ()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self._abs(rel)).type != pafs.FileType.NotFound
 
