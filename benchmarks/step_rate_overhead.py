@@ -3,7 +3,7 @@ process costs meanwhile, against the bare job in paired rounds in one run.
 
 Target (issue 12): <= 2 % slowdown of the job at any step rate.
 
-Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S]
+Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S] [--loop dataloader|optimizer]
 
 Method
 ------
@@ -55,6 +55,28 @@ print("loop_s", (clock() - t0) / 1e9, flush=True)
 '''
 
 
+# `--loop optimizer`: no DataLoader, no marks: a training step delimited by optimizer.step() (an RL or in-memory
+# loop). A tiny Linear's forward, backward and SGD step take ~100 µs here, so steps start there.
+JOB_OPTIMIZER = '''
+import sys, time
+import torch
+torch.set_num_threads(1)
+step_ns, n = int(float(sys.argv[1]) * 1000), int(sys.argv[2])
+model, x = torch.nn.Linear(1, 1), torch.ones(1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+clock = time.perf_counter_ns
+t0 = clock()
+for _ in range(n):
+    end = clock() + step_ns
+    loss = model(x).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    while clock() < end:
+        pass
+print("loop_s", (clock() - t0) / 1e9, flush=True)
+'''
+
 FLAGS = {"sampled": [], "every": ["--sample-steps-above", "0"]}  # stallwatch's flags per variant
 
 
@@ -71,10 +93,12 @@ def main() -> None:
     ap.add_argument("--lengths-us", default="20,50,100,1000,10000,100000,1000000")
     ap.add_argument("--variants", default="sampled,every",
                     help="sampled (the default config), every (--sample-steps-above 0), or both")
+    ap.add_argument("--loop", choices=("dataloader", "optimizer"), default="dataloader",
+                    help="what delimits the job's steps: a DataLoader (no_grad forward), or optimizer.step() alone")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sw-rate-"))
     job = tmp / "job.py"
-    job.write_text(JOB)
+    job.write_text(JOB if args.loop == "dataloader" else JOB_OPTIMIZER)
     rows = []
     for length in [float(x) for x in args.lengths_us.split(",")]:
         n = max(6, int(args.seconds * 1e6 / length))

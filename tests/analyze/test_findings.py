@@ -154,6 +154,19 @@ def test_health_evidence_from_the_overall_rules():
         "median CPU utilization 40 %"]
 
 
+def test_health_evidence_of_sampled_steps_shares_timed_step_time_only():
+    """Steps sampled: 90 s of the loop's 100 s in steps counted, not timed (`untimed_us`): the data wait (1 s) and
+    the loop's own code are shares of the 10 s of timed steps, not of 100 s (which read 1 % and 94 %)."""
+    fw = _rule("OverallFrameworkMetrics", 0, {
+        "phase": {"TRAIN": 100.0, "others": 0.0}, "phase_us": {"TRAIN": 100 * S, "others": 0},
+        "untimed_us": {"TRAIN": 90 * S}, "general_us": {"data_wait": 1 * S},
+        "ranks": {"a/0": {"phase_us": {"TRAIN": 100 * S, "others": 0}, "untimed_us": {"TRAIN": 90 * S},
+                          "events_us": {"data_wait": 1 * S, "forward": 3 * S, "backward": 1 * S}}}})
+    assert health_evidence({"OverallFrameworkMetrics": fw}) == [
+        "training steps 100 % of the loop", "waiting for data 10 % of step time",
+        "50 % of step time on rank a/0 in the loop's own code, outside the model and the data loader"]
+
+
 def test_a_starved_loop_is_one_finding_with_the_loaders_advice():
     """InputBound (the wait) and Dataloader (the workers) see one problem: one finding, both pieces of advice."""
     starved = _rule("InputBound", 1, {"ranks": {"algo-1/0/TRAIN": {"node": "algo-1", "rank": 0, "triggered": True,

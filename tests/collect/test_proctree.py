@@ -122,7 +122,13 @@ def finish(proc: subprocess.Popen, stop: Path) -> None:
     assert proc.stdout.readline().strip() == "workers done"
 
 
-def test_three_forked_workers_alive_and_busy_then_gone(job):
+@pytest.mark.parametrize("kept", [256, 2], ids=["files-kept-open", "two-kept-the-rest-by-path"])
+def test_three_forked_workers_alive_and_busy_then_gone(job, monkeypatch, kept):
+    """With their /proc files kept open, or past MAX_KEPT_OPEN read by path (a tree of thousands of processes
+    must not take the sampler's file descriptors): the same readings."""
+    from stallwatch.collect import proctree
+
+    monkeypatch.setattr(proctree, "MAX_KEPT_OPEN", kept)
     proc, stop = job("fork", reap=True)
     reader = ProcessTreeReader(cores=psutil.cpu_count() or 1, refresh_s=0.2)
     assert values(reader) == {m: 0.0 for m in PROC_METRICS}  # no root yet: zeros
@@ -132,6 +138,8 @@ def test_three_forked_workers_alive_and_busy_then_gone(job):
     assert v[r.PROC_COUNT] == 4, v
     assert v[r.WORKERS_CPU_UTIL] > 0 and v[r.PROC_CPU_UTIL] >= v[r.WORKERS_CPU_UTIL], v
     assert v[r.PROC_RSS_BYTES] > 4 * 1_000_000, v  # four Python processes
+    open_files = sum(m.stat is not None for m in reader._members.values())
+    assert open_files == reader._kept_open == min(kept, 4)
 
     finish(proc, stop)
     v = wait_for(reader, lambda v: v[r.WORKERS_ALIVE] == 0)
@@ -141,6 +149,7 @@ def test_three_forked_workers_alive_and_busy_then_gone(job):
     assert proc.wait(timeout=30) == 0
     v = values(reader)
     assert v == {m: 0.0 for m in PROC_METRICS}, v
+    assert reader._kept_open == 0  # every kept file closed with its process
 
 
 def test_exited_but_unreaped_workers_are_not_alive(job):

@@ -6,6 +6,7 @@ import io
 import os
 import pty
 import select
+import time
 
 from stallwatch.present import progress
 from stallwatch.present.progress import Progress
@@ -40,8 +41,11 @@ def test_a_bar_on_a_terminal_without_colour_under_no_color(monkeypatch):
         with Progress("timeline", unit="events", stream=tty) as bar:
             bar.update(5, 10)
             tty.flush()
-            ready, _, _ = select.select([main], [], [], 5)
-            shown = os.read(main, 4096).decode(errors="replace") if ready else ""  # read while it is open
+            # Read while it is open, until the update shows: a pty hands writes over asynchronously, so a first read
+            # may hold only the bar's first drawing (0/10) on a loaded machine.
+            shown, deadline = "", time.monotonic() + 5
+            while "5/10" not in shown and select.select([main], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                shown += os.read(main, 4096).decode(errors="replace")
     finally:
         tty.close()
         os.close(main)

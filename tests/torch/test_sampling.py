@@ -71,6 +71,33 @@ with swt.profile() as prof:
 json.dump({"train": n, "eval": 0}, open(sys.argv[1], "w"))
 '''
 
+# No DataLoader, no marks: steps are delimited by optimizer.step(); two optimizers a step (a GAN's), the first
+# one's steps are the loop's.
+OPTIMIZERS = '''
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+model, critic = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+opt_critic = torch.optim.SGD(critic.parameters(), lr=0.01)
+x = torch.ones(4)
+n = 0
+for i in range(int(sys.argv[2])):
+    loss = critic(x).sum()
+    opt_critic.zero_grad()
+    loss.backward()
+    opt_critic.step()
+    loss = model(x).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    end = time.perf_counter() + 150e-6
+    while time.perf_counter() < end:
+        pass
+    n += 1
+json.dump({"train": n, "eval": 0}, open(sys.argv[1], "w"))
+'''
+
 
 def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
     script = tmp_path / "job.py"
@@ -82,7 +109,8 @@ def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
     return out, json.loads((tmp_path / "ran.json").read_text())
 
 
-@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS], ids=["loader-epochs-and-eval", "explicit-marks"])
+@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS, OPTIMIZERS],
+                         ids=["loader-epochs-and-eval", "explicit-marks", "two-optimizers"])
 def test_sampled_steps_are_all_counted_with_their_numbers_and_the_timed_ones_are_whole(tmp_path, source):
     out, ran = _run(tmp_path, source, "--sample-steps-above", "500")
     events = open_run(str(out)).framework().to_pylist()
@@ -197,9 +225,13 @@ def test_steps_are_sampled_only_where_they_can_be_counted(hooks):
     tracker = hooks.tracker
     sampling = StepSampling(500, tracker, hooks)
     tracker.listener = None
-    for source, allowed in [(LOADER, True), (EXPLICIT, True), (OPTIMIZER_SOURCE, False), (PAIRS, False), (None, False)]:
+    for source, allowed in [(LOADER, True), (EXPLICIT, True), (OPTIMIZER_SOURCE, True), (PAIRS, False), (None, False)]:
         tracker.source = source
         assert sampling._allowed() is allowed, source
+    tracker.source = OPTIMIZER_SOURCE
+    hooks.scaler_seen = True  # a GradScaler may skip an update: no optimizer step to count it by
+    assert not sampling._allowed()
+    hooks.scaler_seen = False
     tracker.source = LOADER
     tracker.listener = object()  # a profiling window due, a new configuration: every step is needed
     assert not sampling._allowed()

@@ -423,6 +423,49 @@ def test_explicit_marks_while_paused_are_counted_and_the_first_mark_after_the_ho
     assert counted == {TRAIN: 4, EVAL: 1}
 
 
+def _gan_iteration(t, paused: bool) -> None:
+    """One iteration of a loop delimited by optimizer steps: the critic's update, then the model's. While paused the
+    hooks are off the classes (no forward, backward) and the optimizer's hooks only count (`optimizer_counted`)."""
+    for who, name in ((1, "critic"), (2, "model")):
+        if paused and t.paused_at is not None:
+            t.optimizer_counted(who)
+            continue
+        t.forward(now_us(), now_us(), name, grad_enabled=True)
+        t.backward(now_us(), now_us())
+        t.optimizer_begin(now_us(), who)
+        if t.paused_at is not None:  # the pause began in this optimizer's step: its end is counted
+            t.optimizer_counted(who)
+            continue
+        t.optimizer(now_us(), now_us(), "SGD", who)
+
+
+def test_an_optimizer_delimited_loop_counts_its_first_optimizers_steps_and_resumes_on_an_iteration():
+    """Paused at the first optimizer's step (inside torch's iteration of the optimizer hooks: they stay on), its steps
+    are counted, the other optimizer's are not; once the hooks are back, the first optimizer's next step resumes, and
+    the rest of that iteration (the model's update) is no step of its own: timed steps are whole iterations again."""
+    t, events, paused = _sampled_tracker({})
+    for _ in range(3):
+        _gan_iteration(t, paused=False)
+    t.pause_after_us = now_us()
+    _gan_iteration(t, paused=True)  # the first optimizer's step closes iteration 2 and pauses: iteration 3 is counted
+    assert t.paused_at is not None and paused
+    for _ in range(4):  # iterations 4..7
+        _gan_iteration(t, paused=True)
+    t.rearmed = True
+    _gan_iteration(t, paused=True)  # iteration 8: counted at the critic's step, which resumes; the model's is timed
+    assert t.paused_at is None
+    for _ in range(3):  # iterations 9..11
+        _gan_iteration(t, paused=False)
+    t.finish()
+    steps = [e for e in events if e[0] == STEP]
+    untimed = [json.loads(e[7]) for e in events if e[0] == UNTIMED]
+    assert [u["steps"] for u in untimed] == [6] and untimed[0]["first"] == 3  # iterations 3..8
+    assert [e[5] for e in steps] == [0, 1, 2, 9, 10, 11]
+    forwards = [[e[1] for e in events if e[0] == FORWARD and e[5] == n] for n in (9, 10, 11)]
+    assert forwards == [["critic", "model"]] * 3  # whole iterations, the critic's first
+    assert t.counts[TRAIN] == 12
+
+
 def test_a_run_ending_while_paused_records_what_it_counted():
     counted = {TRAIN: 0}
     t, events, _ = _sampled_tracker(counted)

@@ -424,7 +424,7 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
         if isinstance(train, (int, float)):
             out.append(f"training steps {train:.0f} % of the loop")
         general_us, phase_us = fw.details.get("general_us") or {}, fw.details.get("phase_us") or {}
-        in_steps = sum(v for k, v in phase_us.items() if k != "others" and isinstance(v, (int, float)))
+        in_steps = _timed_step_us(phase_us, fw.details.get("untimed_us"))
         wait = general_us.get("data_wait")
         if isinstance(wait, (int, float)) and in_steps > 0:
             out.append(f"waiting for data {100.0 * wait / in_steps:.0f} % of step time")
@@ -456,6 +456,15 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
 LOOP_CODE_SHARE = 20.0  # % of step time outside every timed phase worth saying in a healthy verdict
 
 
+def _timed_step_us(phase_us: Mapping[str, Any], untimed_us: Any) -> float:
+    """The time in timed steps: the steps' share of the loop less the stretches of sampled steps that were counted,
+    not timed (their phases are unknown), so that shares of step time compare timed phases with timed steps."""
+    steps = sum(v for k, v in phase_us.items() if k != "others" and isinstance(v, (int, float)))
+    if isinstance(untimed_us, Mapping):
+        steps -= sum(v for v in untimed_us.values() if isinstance(v, (int, float)))
+    return steps
+
+
 def _loop_code(ranks: Mapping[str, Any]) -> tuple[str, float] | None:
     """The rank whose steps spend the largest share (at least LOOP_CODE_SHARE %) in none of their timed phases —
     the steps table's "other" — as ("node/rank", %); None when no rank does (or its phases are not timed)."""
@@ -463,7 +472,7 @@ def _loop_code(ranks: Mapping[str, Any]) -> tuple[str, float] | None:
     for name, r in ranks.items():
         if not isinstance(r, dict):
             continue
-        steps = sum(v for k, v in (r.get("phase_us") or {}).items() if k != "others" and isinstance(v, (int, float)))
+        steps = _timed_step_us(r.get("phase_us") or {}, r.get("untimed_us"))
         events = r.get("events_us") or {}
         timed = [events.get(k) for k in (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE)]
         if steps <= 0 or not isinstance(events.get(FORWARD), (int, float)):

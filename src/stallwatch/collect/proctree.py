@@ -23,6 +23,9 @@ BUSY_CORE_FRACTION = 0.10
 TREE_REFRESH_S = 10.0
 TREE_REFRESH_MIN_S = 0.5
 TREE_FULL_S = 60.0
+# Members whose /proc/<pid>/stat stays open (procfs.ProcFile); past these, read by path: a tree of thousands
+# of processes must not take the sampler's file descriptors (a soft limit of 1,024 is common).
+MAX_KEPT_OPEN = 256
 
 
 @dataclass
@@ -32,9 +35,13 @@ class _Member:
     cpu_s: float | None = None
     stat: procfs.ProcFile | None = None  # its /proc/<pid>/stat, kept open while it is followed
 
-    def close(self) -> None:
-        if self.stat is not None:
-            self.stat.close()
+    def close(self) -> int:
+        """Its kept file closed; 1 if it had one."""
+        if self.stat is None:
+            return 0
+        self.stat.close()
+        self.stat = None
+        return 1
 
 
 def looks_like_worker(cmdline: list[str], parent_cmdline: list[str] | None) -> bool:
@@ -61,6 +68,7 @@ class ProcessTreeReader:
         self._next_refresh = 0.0
         self._pids: set[int] | None = None  # every pid at the last look (Linux), to tell which were born since
         self._next_full = 0.0
+        self._kept_open = 0  # members' files kept open (MAX_KEPT_OPEN)
         self._prev_mono = time.monotonic()
         self._known_workers: set[int] = set()  # reported by the job's data loaders: no guessing needed
 
@@ -83,7 +91,7 @@ class ProcessTreeReader:
 
     def close(self) -> None:
         for m in self._members.values():
-            m.close()
+            self._kept_open -= m.close()
         self._members.clear()
 
     @staticmethod
@@ -141,7 +149,9 @@ class ProcessTreeReader:
         self._cmdlines[p.pid] = cmdline
         worker = p.pid != root_pid and (p.pid in self._known_workers
                                         or looks_like_worker(cmdline, self._cmdlines.get(parent)))
-        return _Member(p, worker, stat=procfs.ProcFile(f"/proc/{p.pid}/stat") if procfs.AVAILABLE else None)
+        kept = procfs.AVAILABLE and self._kept_open < MAX_KEPT_OPEN
+        self._kept_open += kept
+        return _Member(p, worker, stat=procfs.ProcFile(f"/proc/{p.pid}/stat") if kept else None)
 
     def _scan_all(self) -> None:
         root = self._root
@@ -161,7 +171,7 @@ class ProcessTreeReader:
                 seen[p.pid] = member
         for pid, m in self._members.items():
             if seen.get(pid) is not m:
-                m.close()
+                self._kept_open -= m.close()
         self._members = seen
         self._cmdlines = {pid: self._cmdlines[pid] for pid in seen if pid in self._cmdlines}
 
@@ -194,7 +204,7 @@ class ProcessTreeReader:
                 if used >= BUSY_CORE_FRACTION * dt:
                     busy += 1
         for pid in gone:
-            self._members.pop(pid).close()
+            self._kept_open -= self._members.pop(pid).close()
             self._cmdlines.pop(pid, None)
         if gone:
             self._next_refresh = 0.0  # the tree changed: look again at the next snapshot, then often
@@ -206,8 +216,8 @@ class ProcessTreeReader:
 
 def _read_process(member: _Member) -> tuple[float, int] | None:
     """(CPU seconds, RSS bytes) of a live process, None once it exited (zombies included)."""
-    if member.stat is not None:
-        return procfs.process(member.proc.pid, member.stat)
+    if procfs.AVAILABLE:
+        return procfs.process(member.proc.pid, member.stat)  # no kept file: read by path
     proc = member.proc
     try:
         with proc.oneshot():

@@ -98,6 +98,7 @@ class TorchHooks:
         self._optim_handles: list[Any] = []
         self._optim_hooks: tuple[Any, Any] | None = None
         self.armed = True
+        self.scaler_seen = False  # a GradScaler stepped: optimizer-delimited steps are not sampled
         self._iters_paused: list[tuple[dict[str, Any], int, str]] = []  # (iterator's __dict__, batches before, mode)
 
     # -- install / uninstall --------------------------------------------------------------------------
@@ -143,14 +144,17 @@ class TorchHooks:
     # Someone else's patch over one of ours (a library wrapping DataLoader.__next__ after us) is never undone: that
     # attribute is left as it is, and `can_disarm` is False from then on.
 
-    def disarm(self) -> None:
-        """The training thread, at a step boundary: the job runs without per-step hooks from now on."""
+    def disarm(self, keep_optimizer: bool = False) -> None:
+        """The training thread, at a step boundary: the job runs without per-step hooks from now on. The optimizer's
+        hooks stay when they delimit the steps (`keep_optimizer`: they count them, and torch is iterating them)."""
         if not self.armed:
             return
         self.armed = False
         for owner, name, original, wrapper in self._hot:
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, original)
+        if keep_optimizer:
+            return
         for h in self._optim_handles:
             h.remove()
         self._optim_handles = []
@@ -460,8 +464,29 @@ class TorchHooks:
         def measured(fn):
             return self.probe.measured(fn, bypass=_compiling)
 
-        self._optim_hooks = (measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt))),
-                             measured(lambda opt, _a, _k: self._optim_post(id(opt), opt)))
+        timed_pre = measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt)))
+        timed_post = measured(lambda opt, _a, _k: self._optim_post(id(opt), opt))
+        tracker, calls = self.tracker, self._optim_calls
+
+        # Steps counted, not timed (torch/sampling.py), in a loop the optimizer delimits: these hooks stay (torch
+        # iterates them while the pause begins, so they are never removed then) and only count the steps.
+        def pre(opt: Any, args: Any, kwargs: Any) -> Any:
+            if tracker.paused_at is not None:
+                return None
+            return timed_pre(opt, args, kwargs)
+
+        def post(opt: Any, args: Any, kwargs: Any) -> Any:
+            if tracker.paused_at is not None:
+                if calls:
+                    calls.clear()
+                try:
+                    tracker.optimizer_counted(id(opt))
+                except Exception as exc:
+                    _failed("optimizer", exc)
+                return None
+            return timed_post(opt, args, kwargs)
+
+        self._optim_hooks = (pre, post)
         self._register_optimizer_hooks()
         self._undo.append(self._remove_optimizer_hooks)
         self._patch_grad_scaler()
@@ -492,6 +517,7 @@ class TorchHooks:
 
         def build(original, probed):
             def step(scaler, optimizer, *args, **kwargs):
+                hooks.scaler_seen = True  # its skipped steps have no optimizer step to count: never sampled
                 if not hooks.enabled or _compiling():
                     return original(scaler, optimizer, *args, **kwargs)
                 if probed is not None and hooks.probe.on:

@@ -5,11 +5,14 @@ every PERIOD_S and only counted in between, with the per-step hooks off the clas
 - A stretch of timed steps starts at the first step boundary after each second of the wall clock (every rank
   samples about the same step numbers, so Straggler can compare them) and ends at the first boundary TIMED_S on.
 - Counting is exact: a DataLoader's iterator counts its batches itself; explicit marks (`prof.step()`, Keras)
-  add one each. The counted steps take their step numbers in order and are recorded as `untimed` markers.
-- Only loops delimited by a DataLoader or by marks are sampled (an optimizer- or pair-delimited loop's
-  boundary is a hook: it cannot be counted without it), nor one whose steps each take batches from several
-  loaders (`zip(a, b)`: batches would count twice), and not while anything needs each step (a profiling
-  window, a new configuration, the model being looked for, DDP's timings) or with a compiled model's hooks.
+  add one each; in a loop delimited by `optimizer.step()` the optimizer's global hooks stay on, reduced to
+  counting its first optimizer's steps (a forward under no_grad between stretches, which such a loop counts as an
+  evaluation step, is then unseen). The counted steps take their step numbers in order and are recorded as
+  `untimed` markers.
+- Not sampled: a loop whose steps are forward/backward pairs (its boundary is the model's hook), one with a
+  GradScaler (a skipped update has no optimizer step to count), one whose steps each take batches from several
+  loaders (`zip(a, b)`: batches would count twice), and none while anything needs each step (a profiling window,
+  a new configuration, the model being looked for, DDP's timings) or with a compiled model's hooks.
 - Sampling starts as soon as RATE_EVERY timed steps ran faster than the threshold (a few ms into a fast loop),
   and stops when a stretch's rate falls under half of it; it starts again the same way."""
 
@@ -19,7 +22,7 @@ import threading
 import time
 
 from stallwatch.log import warn_once
-from stallwatch.torch.steps import EXPLICIT, LOADER, RATE_EVERY, StepTracker, now_us
+from stallwatch.torch.steps import EXPLICIT, LOADER, OPTIMIZER_SOURCE, RATE_EVERY, StepTracker, now_us
 
 PERIOD_S = 1.0
 TIMED_S = 0.01  # 1 % of the time timed: at 20 µs steps (+15 µs each timed) about 0.75 % of the job
@@ -54,8 +57,11 @@ class StepSampling:
 
     def _allowed(self) -> bool:
         t = self.tracker
-        return t.source in (LOADER, EXPLICIT) and t.listener is None and not t.several_loaders \
-            and self.hooks.can_disarm  # type: ignore[attr-defined]
+        if t.source == OPTIMIZER_SOURCE:  # counted by the optimizer's own hook, unless a scaler may skip its steps
+            source_ok = not self.hooks.scaler_seen  # type: ignore[attr-defined]
+        else:
+            source_ok = t.source in (LOADER, EXPLICIT) and not t.several_loaders
+        return source_ok and t.listener is None and self.hooks.can_disarm  # type: ignore[attr-defined]
 
     def _start(self) -> None:
         self.active = True
@@ -79,7 +85,8 @@ class StepSampling:
 
     # -- the training thread ----------------------------------------------------------------------------
     def _paused(self, _t: int) -> None:
-        self.hooks.disarm()  # type: ignore[attr-defined]
+        # In an optimizer-delimited loop the pause begins inside the optimizer's hooks: they stay, and count.
+        self.hooks.disarm(keep_optimizer=self.tracker.source == OPTIMIZER_SOURCE)  # type: ignore[attr-defined]
 
     def _resumed(self, steps: int, paused_us: int) -> None:
         self.hooks.arm_optimizer()  # type: ignore[attr-defined]  # here: never while torch iterates them

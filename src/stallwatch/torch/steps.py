@@ -58,7 +58,7 @@ class StepListener(Protocol):
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
                  "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated",
-                 "first_optimizer", "next_at")
+                 "first_optimizer", "next_at", "counted")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -82,6 +82,7 @@ class _Step:
         self.updated = False
         self.first_optimizer: int | None = None
         self.next_at: int | None = None
+        self.counted = False  # the rest of an iteration that was counted, not timed: never recorded
 
 
 class StepTracker:
@@ -110,7 +111,8 @@ class StepTracker:
         self.on_pause: Callable[[int], None] | None = None
         self.on_resume: Callable[[int, int], None] | None = None  # (steps counted, µs paused)
         self.count_paused: Callable[[], dict[str, int]] | None = None  # loader-delimited steps counted elsewhere
-        self._marks_paused: dict[str, int] = {}  # explicit marks while paused, per mode
+        self._marks_paused: dict[str, int] = {}  # explicit marks (or optimizer steps) while paused, per mode
+        self.counted_optimizer = 0  # paused in an optimizer-delimited loop: the optimizer whose steps are counted
         self.on_rate: Callable[[int], None] | None = None
         self._timed = 0  # steps recorded (timed), all modes
         self.several_loaders = False  # a step asked two loaders for batches: steps are not sampled
@@ -230,7 +232,9 @@ class StepTracker:
         if self.source is None:
             self._decide(OPTIMIZER_SOURCE, t0)
         if self._open is not None and self._open.updated:
-            self._same_or_next_iteration(t0, who)
+            self._same_or_next_iteration(t0, who, may_pause=True)
+            if self.paused_at is not None:
+                return
         if self._open is None and self.source == OPTIMIZER_SOURCE:
             self._inferred_step(t0)
         step = self._open
@@ -390,6 +394,24 @@ class StepTracker:
         self._open = None
 
     # -- sampled steps (torch/sampling.py) ------------------------------------------------------------
+    def optimizer_counted(self, who: int) -> None:
+        """Paused in an optimizer-delimited loop (the optimizer's hooks stay, reduced to this): the loop's first
+        optimizer finished a step, so an iteration ended; once the hooks are back on, timing resumes here and
+        the next iteration (from its first model call) is timed."""
+        if who != self.counted_optimizer:
+            return
+        self._marks_paused[TRAIN] = self._marks_paused.get(TRAIN, 0) + 1
+        if not (self.rearmed or self.resume_any):
+            return
+        t = now_us()
+        self.resume(t)
+        # What the iteration does after this update (another optimizer's step) is its own: held in an unrecorded
+        # step, so the next timed step begins with the next iteration, as the first optimizer's next step decides.
+        tail = _Step(t, None, TRAIN, self.counts[TRAIN])
+        tail.work = tail.updated = tail.counted = True
+        tail.first_optimizer = who
+        self._open = tail
+
     def resume(self, t: int) -> None:
         """Timing resumes at `t`: the steps counted since the pause get their numbers (they took them in order)
         and are recorded, one `untimed` marker per mode (a second's worth: a job killed outright loses at most
@@ -399,7 +421,7 @@ class StepTracker:
             return
         self.paused_at = None
         self.rearmed = self.resume_any = False
-        if self.source == EXPLICIT or self.count_paused is None:
+        if self.source in (EXPLICIT, OPTIMIZER_SOURCE) or self.count_paused is None:
             counts = self._marks_paused
         else:
             counts = self.count_paused()
@@ -474,10 +496,11 @@ class StepTracker:
     def _marker(self, name: str, at_us: int, args: str = "") -> None:
         self._emit((LOOP, name, at_us, at_us, GLOBAL, None, self.pid, args))
 
-    def _same_or_next_iteration(self, t0: int, who: int) -> None:
+    def _same_or_next_iteration(self, t0: int, who: int, may_pause: bool = False) -> None:
         """An optimizer steps after the open step's update: the step's first optimizer again begins a new iteration,
         which began at `next_at` (the first model call since the update) or here; another optimizer (a generator
-        after its discriminator, an actor after its critic, Muon beside AdamW) continues the same iteration."""
+        after its discriminator, an actor after its critic, Muon beside AdamW) continues the same iteration.
+        When a pause is due (`may_pause`: at the optimizer's start), this iteration is the first one counted."""
         step = self._open
         assert step is not None
         if who != step.first_optimizer:
@@ -486,6 +509,12 @@ class StepTracker:
         at = step.next_at if step.next_at is not None else t0
         step.next_at = None
         self._next_iteration(at)
+        if may_pause and self.pause_after_us and t0 >= self.pause_after_us and self.listener is None \
+                and self.source == OPTIMIZER_SOURCE:
+            self.counted_optimizer = who
+            self._optimizing = False
+            self._pause(at)
+            return
         self._inferred_step(at)
 
     def _unfinished_iteration(self, at: int) -> _Step:
@@ -551,7 +580,7 @@ class StepTracker:
     def _close(self, end_us: int) -> None:
         step = self._open
         self._open = None
-        if step is None:
+        if step is None or step.counted:
             return
         mode = step.mode or (TRAIN if step.backward else EVAL if step.forward else
                              self._loader_modes.get(step.loader, GLOBAL) if step.loader is not None else GLOBAL)

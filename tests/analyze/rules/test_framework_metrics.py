@@ -112,3 +112,23 @@ def test_chunk_invariance_and_operator_rows_given_again_or_once():
     for c in chunks:
         rule.update(c)
     assert json.dumps(rule.result().to_json(), sort_keys=True) == json.dumps(out, sort_keys=True)
+
+
+def test_sampled_steps_counted_stretches_are_time_in_steps_not_between_them():
+    """Steps sampled (analyze/sampled.py): the job timed 10 TRAIN steps, then counted steps for 2 s (an `untimed`
+    marker from pause to resume), then timed 10 more. The 2 s are TRAIN time, not "others" (it read "training
+    steps 14 % of the loop" on a loop that did nothing else); they are kept apart (`untimed_us`) so that shares
+    of step time compare timed phases with timed steps."""
+    gen = FwGen()
+    gen.steps(rank=0, mode=TRAIN, n=10, step_us=100 * MS, jitter_us=0, gap_us=0, data_wait_us=10 * MS)
+    gen.events("algo-1", 0, "untimed", "steps", TRAIN, None, [T0 + 1 * S], [T0 + 3 * S],
+               args='{"steps": 20000, "first": 10, "stretches": 1, "us": 2000000}')
+    gen.steps(rank=0, mode=TRAIN, n=10, step_us=100 * MS, jitter_us=0, gap_us=0, data_wait_us=10 * MS,
+              start_us=T0 + 3 * S)
+    table = whole(gen.table(), {"algo-1": snapshots("algo-1", T0, T0 + 5 * S, interval_us=S, cpu__cpu_util=10)},
+                  run_info(node_info()))
+    d = evaluate(OverallFrameworkMetrics, table)["Details"]
+    assert d["phase_us"] == {TRAIN: 4_000_000, "others": 0}
+    assert d["untimed_us"] == {TRAIN: 2_000_000} == d["ranks"]["algo-1/0"]["untimed_us"]
+    assert d["ranks"]["algo-1/0"]["steps"] == 20  # step records: the timed ones
+    assert "untimed" not in d["events"] and "untimed" not in d["ranks"]["algo-1/0"]["events_us"]

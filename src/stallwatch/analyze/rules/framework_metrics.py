@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 from stallwatch.analyze.rules.steps import mode_order, new_events, rank_key, text_codes
-from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
+from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP, UNTIMED
 
 GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
 INSTANT = ("dataloader", "profiling", "loop")  # markers, not time the loop spent
@@ -22,7 +22,8 @@ _OP_KEY = ("node", "rank", "window", "operator", "device")
 
 class OverallFrameworkMetrics(Rule):
     """Per rank and overall: the share of time in TRAIN / EVAL / GLOBAL steps and "others" (between steps:
-    from the rank's first step's start to its last step's end, minus the steps); forward vs backward; the
+    from the rank's first step's start to its last step's end, minus the steps; sampled steps' counted stretches
+    are time in steps of their mode); forward vs backward; the
     general events (waiting for data, optimizer, collectives) with totals per event name; and, from the
     detailed-profiling windows, the CPU and GPU operator tables (name, % of the device's self time,
     cumulative µs) and the CPU/GPU ratio.
@@ -52,7 +53,7 @@ class OverallFrameworkMetrics(Rule):
 
     def _rank(self, key: tuple[str, int]) -> dict[str, Any]:
         if key not in self._ranks:
-            self._ranks[key] = {"first": None, "last": None, "steps": 0, "step_us": {}, "kind_us": {}}
+            self._ranks[key] = {"first": None, "last": None, "steps": 0, "step_us": {}, "kind_us": {}, "untimed_us": {}}
         return self._ranks[key]
 
     def update(self, chunk: Chunk) -> None:
@@ -63,15 +64,21 @@ class OverallFrameworkMetrics(Rule):
         self._events += cols.n
         table = cols.table
         dur = np.maximum(cols.end - cols.start, 0)
-        timed = ~cols.kind_is(*INSTANT)
         is_step = cols.kind_is(STEP)
-        for (node, rank, mode), rows in cols.groups(is_step):
+        # Sampled steps (analyze/sampled.py): from its pause to its resume a rank ran steps of the marker's mode,
+        # counted, not timed: that time is in those steps, as a timed step's is.
+        untimed = cols.kind_is(UNTIMED)
+        timed = ~cols.kind_is(*INSTANT) & ~untimed
+        for (node, rank, mode), rows in cols.groups(is_step | untimed):
             r = self._rank((node, rank))
             lo, hi = int(cols.start[rows].min()), int(cols.end[rows].max())
             r["first"] = lo if r["first"] is None else min(r["first"], lo)
             r["last"] = hi if r["last"] is None else max(r["last"], hi)
-            r["steps"] += len(rows)
+            r["steps"] += int(is_step[rows].sum())
             r["step_us"][mode] = r["step_us"].get(mode, 0) + int(dur[rows].sum())
+            counted = untimed[rows]
+            if counted.any():
+                r["untimed_us"][mode] = r["untimed_us"].get(mode, 0) + int(dur[rows][counted].sum())
         for (node, rank), rows in cols.groups(timed & ~is_step, by_mode=False):
             r = self._rank((node, rank))
             kinds = cols.kind[rows]
@@ -113,6 +120,7 @@ class OverallFrameworkMetrics(Rule):
                                        "`stallwatch run` with PyTorch?)")
         total_phase: dict[str, int] = {}
         total_kind: dict[str, int] = {}
+        total_untimed: dict[str, int] = {}
         ranks: dict[str, Any] = {}
         for (node, rank) in sorted(self._ranks):
             r = self._ranks[(node, rank)]
@@ -123,9 +131,12 @@ class OverallFrameworkMetrics(Rule):
                 total_phase[k] = total_phase.get(k, 0) + v
             for k, v in r["kind_us"].items():
                 total_kind[k] = total_kind.get(k, 0) + v
+            for k, v in r["untimed_us"].items():
+                total_untimed[k] = total_untimed.get(k, 0) + v
             ranks[rank_key(node, rank)] = {
                 "steps": r["steps"],
                 "phase": _percent(phase_us), "phase_us": phase_us,
+                "untimed_us": dict(r["untimed_us"]),
                 "forward_backward": _percent(_pick(r["kind_us"], (FORWARD, BACKWARD))),
                 "general_us": _pick(r["kind_us"], GENERAL),
                 "events_us": dict(sorted(r["kind_us"].items())),
@@ -135,6 +146,7 @@ class OverallFrameworkMetrics(Rule):
         general_us = _pick(total_kind, GENERAL)
         details: dict[str, Any] = {
             "phase": _percent(phase_us), "phase_us": phase_us,
+            "untimed_us": total_untimed,  # of phase_us: steps counted, not timed (their phases are unknown)
             "forward_backward": _percent(fb_us), "forward_backward_us": fb_us,
             "general": _percent(general_us), "general_us": general_us,
             "events": self._event_names(),
