@@ -249,6 +249,13 @@ def test_children_and_grandchildren_born_later_are_found_without_walking_the_mac
         assert v[r.PROC_COUNT] == 3.0
         assert len(walks) == 1  # the first look only
         assert stranger.pid not in reader._members
+
+        def unlistable() -> set[int]:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(procfs, "pids", unlistable)  # /proc cannot be listed: the whole walk, every look
+        reader._next_refresh = 0.0
+        assert values(reader)[r.PROC_COUNT] == 3.0 and len(walks) == 2
     finally:
         for child in psutil.Process(root.pid).children(recursive=True):
             child.kill()

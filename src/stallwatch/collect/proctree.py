@@ -111,9 +111,15 @@ class ProcessTreeReader:
             return
         now = time.monotonic()
         if self._pids is not None and now < self._next_full:
-            self._scan_born()
-            return
-        pids = procfs.pids() if procfs.AVAILABLE else None  # before the walk: one born during it is new next time
+            try:
+                self._scan_born()
+                return
+            except OSError:  # /proc not listable now (out of file descriptors): the whole walk, as off Linux
+                pass
+        try:
+            pids = procfs.pids() if procfs.AVAILABLE else None  # before the walk: one born during it is new next time
+        except OSError:
+            pids = None
         self._scan_all()
         self._pids, self._next_full = pids, now + TREE_FULL_S
 
