@@ -88,3 +88,23 @@ def peak_rss() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def write_snapshots(loc, node: str, keys: list, signal, snapshots: int, interval_ms: int):
+    """A generated node's snapshots through the real SystemWriter, one append per snapshot, flushed once per
+    10-minute segment: the stored run has the segments a real one ends with, without the 5 s parts a live
+    sampler writes (and deletes) in between. `signal.block(n)` gives (timestamps, rows); returns the closed
+    writer (its counts)."""
+    from stallwatch.store.chunk_writer import SEGMENT_US
+    from stallwatch.store.system_writer import SystemWriter
+
+    w = SystemWriter(loc, node, keys, interval_us=interval_ms * 1000, flush_interval_us=SEGMENT_US,
+                     max_bytes=1 << 40)
+    block = SEGMENT_US // (interval_ms * 1000)
+    for lo in range(0, snapshots, block):
+        ts, values = signal.block(min(block, snapshots - lo))
+        for t, row in zip(ts.tolist(), values):
+            w.append(t, row)
+            w.tick(t)
+    w.close()
+    return w

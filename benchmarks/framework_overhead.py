@@ -30,7 +30,10 @@ Method
     inside, and `__exit__` uninstalls everything (the next variant runs on an unhooked torch). Model
     discovery (global module hooks for the first 3 steps of a loop) happens during the warm-up steps: the
     timed steps are the steady state. The enter/exit cost is a one-off per job and reported apart (below
-    the table), not per step.
+    the table), not per step. Default configuration: above 500 steps/s (the micro step) steps are sampled,
+    timed 10 ms of every second and counted in between.
+  - stallwatch, every step timed: the same with `sample_steps_above_per_s=0`, in a session of its own: what
+    the hooks cost each step they time (the cost of every step below 500 steps/s, e.g. the ~5 ms step).
   - stallwatch, hooks off: the same session, `session.hooks.enabled = False` (every patched function is a
     pass-through, the sampler and sender thread stay): the cost of being installed but idle, for
     diagnosis. Runs right before or after "stallwatch" (alternating) inside the same profile(), after
@@ -187,9 +190,10 @@ LIGHTNING_ACTIONS_PER_STEP = 18
 
 
 # -- the variants --------------------------------------------------------------------------------------
-BARE, SW, SW_OFF, TORCH, LIGHTNING = ("bare", "stallwatch", "stallwatch, hooks off", "torch.profiler (minimal)",
-                                      "Lightning SimpleProfiler")
-VARIANTS = (BARE, SW, SW_OFF, TORCH, LIGHTNING)
+BARE, SW, SW_ALL, SW_OFF, TORCH, LIGHTNING = ("bare", "stallwatch", "stallwatch, every step timed",
+                                              "stallwatch, hooks off", "torch.profiler (minimal)",
+                                              "Lightning SimpleProfiler")
+VARIANTS = (BARE, SW, SW_ALL, SW_OFF, TORCH, LIGHTNING)
 
 
 def minimal_torch_profiler():
@@ -228,12 +232,15 @@ class Runner:
         self.w.steps_lightning(WARMUP_STEPS, prof)
         self.times[LIGHTNING].append(self.w.steps_lightning(self.n, prof))
 
-    def stallwatch(self, off_first: bool) -> None:
+    def stallwatch(self, off_first: bool, every_step: bool = False) -> None:
+        """The default session (steps sampled above 500 steps/s) with its hooks-off pass, or (`every_step`) a
+        session that times every step (`sample_steps_above_per_s=0`): what each timed step costs."""
         import stallwatch.torch as swt
         from stallwatch.torch import session as sessions
 
         t0 = time.perf_counter()
-        with swt.profile(out=f"{self.tmp}/run-{next(_RUN_IDS)}", gpu=False):
+        sampling = {"sample_steps_above_per_s": 0} if every_step else {}
+        with swt.profile(out=f"{self.tmp}/run-{next(_RUN_IDS)}", gpu=False, **sampling):
             t1 = time.perf_counter()
             session = sessions.current()
             if session is None or session.hooks is None:
@@ -241,12 +248,13 @@ class Runner:
             time.sleep(SETTLE_S)
             self.w.steps(WARMUP_STEPS)  # model discovery (first steps of a loop) done with hooks on
             sender_tid = next((t.native_id for t in threading.enumerate() if t.name == "stallwatch-events"), None)
-            for enabled in ((False, True) if off_first else (True, False)):
+            passes = (True,) if every_step else (False, True) if off_first else (True, False)
+            for enabled in passes:
                 session.hooks.enabled = enabled
                 self.w.steps(WARMUP_STEPS)
                 cpu0 = _thread_cpu_ns(sender_tid)
-                self.times[SW if enabled else SW_OFF].append(self.w.steps(self.n))
-                if enabled and sender_tid is not None:
+                self.times[SW_ALL if every_step else SW if enabled else SW_OFF].append(self.w.steps(self.n))
+                if enabled and not every_step and sender_tid is not None:
                     self.extra["sender thread µs/step"].append((_thread_cpu_ns(sender_tid) - cpu0) / self.n / 1000)
             session.hooks.enabled = True
             sender = session.sender
@@ -260,6 +268,7 @@ class Runner:
 
     def round(self, r: int) -> None:
         order: list[Callable[[], None]] = [self.bare, lambda: self.stallwatch(off_first=r % 2 == 1),
+                                           lambda: self.stallwatch(off_first=False, every_step=True),
                                            self.torch_profiler, self.lightning]
         k = r % len(order)
         for run in order[k:] + order[:k]:

@@ -13,6 +13,7 @@ slow steps per rank; the hourly checkpoint idles every GPU while cores are busy 
     run_dir, summary = dataset(Path("/tmp/report-bench"), nodes=8, hours=24)
 
 Run: python benchmarks/report_gen.py --data DIR [--nodes 8] [--hours 24] [--interval-ms 500] [--no-framework]
+                                      [--jobs N]
 """
 
 from __future__ import annotations
@@ -192,63 +193,73 @@ def _write_framework(loc: Any, node: str, rank: int, cols: dict[str, np.ndarray]
     return len(start)
 
 
-def generate(root: Path, shape: Shape = Shape()) -> dict[str, Any]:
-    """Write the run into `root` with the store's writers; returns a summary."""
+def _write_node(root: Path, shape: Shape, k: int) -> tuple[int, int]:
+    """Node `k`'s snapshots, framework segments and node record; returns (events, steps). Nodes are independent
+    (each seeded by its index), so any number of them can be written at once."""
     from stallwatch.store import layout
-    from stallwatch.store.chunk_writer import SEGMENT_US
     from stallwatch.store.location import RunLocation
-    from stallwatch.store.system_writer import SystemWriter
 
-    t_start = time.perf_counter()
     loc = RunLocation(str(root))
     end_us = T0 + int(shape.hours * 3600 * S)
     keys = system_keys(shape)
-    names = [f"algo-{k + 1}" for k in range(shape.nodes)]
+    node = f"algo-{k + 1}"
+    n = int(shape.hours * 3600 * 1000 // shape.interval_ms)
+    events = steps = 0
+    odd = shape.nodes > 1 and k == shape.nodes - 1
+    signal = NodeSignal(shape, seed=shape.seed * 100 + k, gpu_shift=25.0 if odd else 0.0)
+    w = _common.write_snapshots(loc, node, keys, signal, n, shape.interval_ms)
+    ranks = []
+    if shape.framework:
+        for rank in range(shape.ranks):
+            global_rank = k * shape.ranks + rank
+            cols = rank_columns(shape, k, global_rank, end_us, 1.25 if odd else 1.0)
+            events += _write_framework(loc, node, global_rank, cols)
+            steps += int(np.count_nonzero(cols["kind"] == "step"))
+            ranks.append({"rank": global_rank, "local_rank": rank, "world_size": shape.nodes * shape.ranks,
+                          "pid": 5000 + global_rank * 100})
+    record = {"node": node, "start_us": T0, "end_us": end_us + S, "command": ["python", "train.py"],
+              "cwd": "/work", "status": "finished", "hostname": node, "cpu_cores_logical": shape.cores,
+              "cpu_cores_physical": max(1, shape.cores // 2), "memory_total_bytes": 1100 * 10**9,
+              "gpus": [{"index": g, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85 * 10**9}
+                       for g in range(shape.gpus)],
+              "gpu_driver": "550.54.15" if shape.gpus else None, "platform": "Linux", "python": "3.11",
+              "sampler_pid": 4242, "job_pid": 4243, "ranks": ranks, "metrics": [key.column for key in keys],
+              "sample_interval_ms": shape.interval_ms, "exit_code": 0, "samples_written": w.samples_written,
+              "samples_dropped": w.samples_dropped, "ticks_missed": 0, "sampler_end_us": end_us}
+    if not shape.gpus:
+        record["gpu_absent_reason"] = "no NVIDIA driver"
+    loc.write_atomic(layout.node_json(node), json.dumps(record, indent=2, sort_keys=True).encode())
+    return events, steps
+
+
+def generate(root: Path, shape: Shape = Shape(), jobs: int = 1) -> dict[str, Any]:
+    """Write the run into `root` with the store's writers, `jobs` nodes at a time; returns a summary."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from stallwatch.store import layout
+    from stallwatch.store.location import RunLocation
+
+    t_start = time.perf_counter()
+    loc = RunLocation(str(root))
     loc.write_atomic(layout.RUN_JSON, json.dumps({
-        "format_version": 1, "run_id": root.name, "created_us": T0, "created_by_node": names[0],
+        "format_version": 1, "run_id": root.name, "created_us": T0, "created_by_node": "algo-1",
         "command": ["torchrun", "--nnodes", str(shape.nodes), "--nproc-per-node", str(shape.ranks), "train.py"],
         "versions": {"python": "3.11"}, "config": {"sample_interval_ms": shape.interval_ms}}).encode())
+    indices = range(shape.nodes)
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            counts = list(pool.map(_write_node, [root] * shape.nodes, [shape] * shape.nodes, indices))
+    else:
+        counts = [_write_node(root, shape, k) for k in indices]
     n = int(shape.hours * 3600 * 1000 // shape.interval_ms)
-    block = SEGMENT_US // (shape.interval_ms * 1000)
-    events = steps = 0
-    for k, node in enumerate(names):
-        odd = shape.nodes > 1 and k == shape.nodes - 1
-        w = SystemWriter(loc, node, keys, interval_us=shape.interval_ms * 1000, flush_interval_us=SEGMENT_US,
-                         max_bytes=1 << 40)
-        signal = NodeSignal(shape, seed=shape.seed * 100 + k, gpu_shift=25.0 if odd else 0.0)
-        for lo in range(0, n, block):
-            ts, values = signal.block(min(block, n - lo))
-            for t, row in zip(ts.tolist(), values):
-                w.append(t, row)
-                w.tick(t)
-        w.close()
-        ranks = []
-        if shape.framework:
-            for rank in range(shape.ranks):
-                global_rank = k * shape.ranks + rank
-                cols = rank_columns(shape, k, global_rank, end_us, 1.25 if odd else 1.0)
-                events += _write_framework(loc, node, global_rank, cols)
-                steps += int(np.count_nonzero(cols["kind"] == "step"))
-                ranks.append({"rank": global_rank, "local_rank": rank, "world_size": shape.nodes * shape.ranks,
-                              "pid": 5000 + global_rank * 100})
-        record = {"node": node, "start_us": T0, "end_us": end_us + S, "command": ["python", "train.py"],
-                  "cwd": "/work", "status": "finished", "hostname": node, "cpu_cores_logical": shape.cores,
-                  "cpu_cores_physical": max(1, shape.cores // 2), "memory_total_bytes": 1100 * 10**9,
-                  "gpus": [{"index": g, "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 85 * 10**9}
-                           for g in range(shape.gpus)],
-                  "gpu_driver": "550.54.15" if shape.gpus else None, "platform": "Linux", "python": "3.11",
-                  "sampler_pid": 4242, "job_pid": 4243, "ranks": ranks, "metrics": [key.column for key in keys],
-                  "sample_interval_ms": shape.interval_ms, "exit_code": 0, "samples_written": w.samples_written,
-                  "samples_dropped": w.samples_dropped, "ticks_missed": 0, "sampler_end_us": end_us}
-        if not shape.gpus:
-            record["gpu_absent_reason"] = "no NVIDIA driver"
-        loc.write_atomic(layout.node_json(node), json.dumps(record, indent=2, sort_keys=True).encode())
-    return {"format": FORMAT, "shape": asdict(shape), "snapshots_per_node": n, "series": len(keys),
-            "events": events, "steps": steps, "generate_s": round(time.perf_counter() - t_start, 1)}
+    return {"format": FORMAT, "shape": asdict(shape), "snapshots_per_node": n, "series": len(system_keys(shape)),
+            "events": sum(e for e, _ in counts), "steps": sum(s for _, s in counts),
+            "generate_s": round(time.perf_counter() - t_start, 1)}
 
 
-def dataset(data: Path, shape: Shape = Shape()) -> tuple[Path, dict[str, Any]]:
-    """The run directory `data/run`, generated unless a complete one of this format and shape is there."""
+def dataset(data: Path, shape: Shape = Shape(), jobs: int = 1) -> tuple[Path, dict[str, Any]]:
+    """The run directory `data/run`, generated (`jobs` nodes at a time) unless a complete one of this format and
+    shape is there."""
     run = data / "run"
     marker = data / "complete.json"
     if marker.exists():
@@ -258,7 +269,7 @@ def dataset(data: Path, shape: Shape = Shape()) -> tuple[Path, dict[str, Any]]:
     if run.exists():
         shutil.rmtree(run)
     data.mkdir(parents=True, exist_ok=True)
-    summary = generate(run, shape)
+    summary = generate(run, shape, jobs)
     summary["bytes"] = sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
     marker.write_text(json.dumps(summary))
     return run, summary
@@ -274,9 +285,10 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--no-framework", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="nodes written at once (processes)")
     a = ap.parse_args()
     shape = Shape(a.nodes, a.hours, a.interval_ms, a.cores, a.gpus, a.ranks, framework=not a.no_framework)
-    run, summary = dataset(a.data, shape)
+    run, summary = dataset(a.data, shape, a.jobs)
     print(run)
     print(json.dumps(summary, indent=2))
 

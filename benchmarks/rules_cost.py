@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, peak_rss, system_keys, table  # noqa: E402
+from _common import machine, peak_rss, system_keys, table, write_snapshots  # noqa: E402
 
 from stallwatch import records as r  # noqa: E402
 from stallwatch.records import FrameworkEvent  # noqa: E402
@@ -169,7 +169,6 @@ def generate(root: Path) -> dict[str, Any]:
     from stallwatch.store.chunk_writer import SEGMENT_US
     from stallwatch.store.framework_writer import FrameworkWriter
     from stallwatch.store.location import RunLocation
-    from stallwatch.store.system_writer import SystemWriter
 
     t_start = time.perf_counter()
     loc = RunLocation(str(root))
@@ -179,19 +178,8 @@ def generate(root: Path) -> dict[str, Any]:
         "format_version": 1, "run_id": root.name, "created_us": T0, "created_by_node": NODE,
         "command": ["torchrun", "--nproc-per-node", "8", "train.py"], "versions": {"python": "3.11"},
         "config": {"sample_interval_ms": INTERVAL_MS}}).encode())
-    # Flushed once per segment: the stored run is the same 10-minute Parquet segments a real one ends with,
-    # without writing (and deleting) the 5 s parts a live sampler writes in between.
-    w = SystemWriter(loc, NODE, keys, interval_us=INTERVAL_MS * 1000, flush_interval_us=SEGMENT_US,
-                     max_bytes=1 << 40)
-    signal = _NodeSignal()
     n = DAY_S * 1000 // INTERVAL_MS
-    block = SEGMENT_US // (INTERVAL_MS * 1000)
-    for lo in range(0, n, block):
-        ts, values = signal.block(min(block, n - lo))
-        for t, row in zip(ts.tolist(), values):
-            w.append(t, row)
-            w.tick(t)
-    w.close()
+    w = write_snapshots(loc, NODE, keys, _NodeSignal(), n, INTERVAL_MS)
     events = 0
     steps = 0
     for rank in range(RANKS):

@@ -10,6 +10,7 @@ its results, so `report` reads them as it does after `stallwatch run`.
 
 Run: python benchmarks/scale_memory.py --data DIR [--nodes 1,8,16] [--hours 1] [--steps-per-s 10]
                                       [--commands rules,report,timeline,info] [--engine local|dask|dask=ADDR]
+                                      [--jobs N]
 Prints a Markdown table: nodes, hours, events, stored MB, and per command its seconds and peak MB.
 """
 
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--interval-ms", type=int, default=500)
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--engine", default=None, help="--engine for rules, report and timeline (default: local)")
+    ap.add_argument("--jobs", type=int, default=1, help="nodes generated at once (processes), for runs not yet made")
     a = ap.parse_args()
     commands = [c for c in a.commands.split(",") if c]
     unknown = set(commands) - set(COMMANDS)
@@ -90,7 +92,7 @@ def main() -> None:
     rows = []
     for nodes in [int(n) for n in a.nodes.split(",")]:
         shape = report_gen.Shape(nodes=nodes, hours=a.hours, interval_ms=a.interval_ms, step_s=1.0 / a.steps_per_s)
-        run, summary = report_gen.dataset(a.data / f"n{nodes}-h{a.hours:g}-s{a.steps_per_s:g}", shape)
+        run, summary = report_gen.dataset(a.data / f"n{nodes}-h{a.hours:g}-s{a.steps_per_s:g}", shape, a.jobs)
         print(f"{nodes} nodes × {a.hours:g} h: {summary['events']:,} events, {summary['bytes'] / 1e6:,.0f} MB "
               f"(generated in {summary['generate_s']} s)", flush=True)
         row = [str(nodes), f"{a.hours:g}", f"{summary['events'] / 1e6:.1f} M", f"{summary['bytes'] / 1e6:,.0f}"]
