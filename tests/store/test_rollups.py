@@ -274,3 +274,38 @@ def test_untimed_steps_are_summed_per_minute_in_the_rollups_and_read_back_as_in_
                                                                                 "untimed")))
     assert [(u.mode, u.steps, u.untimed_us) for u in raw] == [("TRAIN", 135_000, 150 * 980_000)]
     assert [(u.mode, u.steps, u.stretches, u.untimed_us) for u in rolled] == [("TRAIN", 135_000, 150, 150 * 980_000)]
+
+
+@pytest.mark.parametrize("late", ["first step's record", "long event"])
+def test_segments_whose_events_come_out_of_order_are_covered_by_the_rollups_once(tmp_path, late):
+    """Events are written in the order they end: a long first step's record reaches the stream after its phases'
+    segment was written, and starts before it; a long event ends after everything the next segment holds. The
+    block's rollup file must still cover every segment, or readers rebuild those segments and count them twice."""
+    location = RunLocation(str(tmp_path / "run"))
+    t0 = 1_763_790_000_000_000
+    w = FrameworkWriter(location, "algo-1", 0, flush_interval_us=2 * S, max_bytes=1 << 30, segment_us=50 * S)
+    events = [FrameworkEvent(pid=1, kind="forward", name="model", mode="TRAIN", step=0, start_us=t0 + 5 * S,
+                             end_us=t0 + 6 * S, args=None)]
+    w.append(events[0])
+    w.tick(t0 + 6 * S)
+    for i in range(1, 200):
+        start = t0 + 60 * S + i * 500_000
+        if i == 3 and late == "first step's record":  # step 0 began before its forward, lasted a minute
+            events.append(FrameworkEvent(pid=1, kind="step", name="step", mode="TRAIN", step=0, start_us=t0,
+                                         end_us=t0 + 60 * S, args=None))
+            w.append(events[-1])
+        if i == 10 and late == "long event":  # ends past every later event of the run
+            events.append(FrameworkEvent(pid=1, kind="checkpoint", name="save", mode="TRAIN", step=None,
+                                         start_us=start, end_us=start + 400 * S, args=None))
+            w.append(events[-1])
+        events.append(FrameworkEvent(pid=1, kind="step", name="step", mode="TRAIN", step=i, start_us=start,
+                                     end_us=start + 400_000, args=None))
+        w.append(events[-1])
+        w.tick(start)
+    w.close()
+    location.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "algo-1", t0)).encode())
+    assert len(location.list(layout.framework_dir("algo-1", 0))) >= 3  # several segments, one out of order
+    fw = RunRollups(open_run(str(tmp_path / "run"))).framework()
+    assert sum(fw["count"].to_pylist()) == len(events)
+    steps = fw.filter(pa.compute.equal(fw["kind"], "step"))
+    assert sum(steps["sum_us"].to_pylist()) == sum(e.end_us - e.start_us for e in events if e.kind == "step")

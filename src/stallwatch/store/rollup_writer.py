@@ -22,8 +22,9 @@ FRAMEWORK_BLOCK_US = 24 * H
 
 class RollupBlocks:
     """Not thread-safe: the stream's writer is its only caller. A file's name spans the samples it is responsible
-    for: from the stream's first sample (or its block's start) to the latest sample (its block's end once the
-    stream has moved past it), so readers know which segments it covers."""
+    for: from the earliest sample of its segments (or its block's start) to the latest (its block's end once the
+    stream has moved past it), so readers know which segments it covers; the span only grows, as segments whose
+    events came out of order must stay covered, and new content always takes a new name."""
 
     def __init__(self, sink: Sink, directory: str, block_us: int,
                  combine: Callable[[list[pa.Table]], pa.Table], budget: StorageBudget | None = None) -> None:
@@ -41,6 +42,7 @@ class RollupBlocks:
         self._start = 0
         self._end = 0
         self._written: str | None = None
+        self._dirty = False  # rows or span changed since the block's file was last written
 
     def add(self, rows: pa.Table, first_us: int, last_us: int) -> None:
         """A compacted segment's rollup rows (`bucket_us` aligned to a divisor of the block) and sample span."""
@@ -52,27 +54,33 @@ class RollupBlocks:
                 part = rows.filter(pa.array(blocks == block))
                 block_start = int(block) * self._block_us
                 if self._block is not None and block != self._block:
-                    self._end = self._block * self._block_us + self._block_us - 1
+                    block_end = self._block * self._block_us + self._block_us - 1
+                    self._dirty |= self._end != block_end  # the stream moved past it: it covers the block's end
+                    self._end = block_end
                     self._write()
                     self._block, self._rows, self._written = None, None, None
+                start, end = max(first_us, block_start), min(last_us, block_start + self._block_us - 1)
                 if self._block is None:
                     self._block, self._rows = int(block), part
-                    self._start = max(first_us, block_start)
-                else:
+                    self._start, self._end = start, end
+                else:  # a segment's span may begin before, or end after, the block's earlier ones (events come
+                    # in the order they end: a long first step's record after its phases' segment was written)
                     assert self._rows is not None
                     self._rows = self._combine([self._rows, part])
-                self._end = min(last_us, block_start + self._block_us - 1)
+                    self._start, self._end = min(self._start, start), max(self._end, end)
+                self._dirty = True
             self._write()
         except Exception as exc:
             warn_once(f"rollup-{self._dir}", "cannot update the rollups of %s (%s: %s); readers rebuild them",
                       self._dir, type(exc).__name__, exc)
 
     def _write(self) -> None:
-        if self._rows is None or self._off:
+        if self._rows is None or self._off or not self._dirty:
             return
         name = f"{self._dir}/{layout.rollup_name(self._start, self._end)}"
-        if name == self._written:
-            return
+        if name == self._written:  # new rows within the span already named: readers keep a file by its name
+            self._end += 1  # (names are immutable), so the new content takes a new one
+            name = f"{self._dir}/{layout.rollup_name(self._start, self._end)}"
         data = encode(self._rows)
         replaces = self._files.get(self._written, 0) if self._written is not None else 0
         if self._budget is not None and not self._budget.fits(len(data) - replaces):
@@ -85,6 +93,7 @@ class RollupBlocks:
         if self._budget is not None:
             self._budget.add(len(data))
         previous, self._written = self._written, name
+        self._dirty = False
         if previous is not None:
             self._delete(previous)
 
