@@ -3,7 +3,7 @@ process costs meanwhile, against the bare job in paired rounds in one run.
 
 Target (issue 12): <= 2 % slowdown of the job at any step rate.
 
-Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S] [--loop dataloader|optimizer]
+Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S] [--loop dataloader|optimizer|pairs]
 
 Method
 ------
@@ -77,6 +77,30 @@ for _ in range(n):
 print("loop_s", (clock() - t0) / 1e9, flush=True)
 '''
 
+# `--loop pairs`: no DataLoader, no optimizer: forward/backward pairs with a manual update (PyTorch's "learning with
+# examples" loops); a tiny Linear's forward, backward and update take ~100 µs here.
+JOB_PAIRS = '''
+import sys, time
+import torch
+torch.set_num_threads(1)
+step_ns, n = int(float(sys.argv[1]) * 1000), int(sys.argv[2])
+model, x = torch.nn.Linear(1, 1), torch.ones(1)
+clock = time.perf_counter_ns
+t0 = clock()
+for _ in range(n):
+    end = clock() + step_ns
+    loss = model(x).sum()
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 1e-6 * p.grad
+    while clock() < end:
+        pass
+print("loop_s", (clock() - t0) / 1e9, flush=True)
+'''
+JOBS = {"dataloader": JOB, "optimizer": JOB_OPTIMIZER, "pairs": JOB_PAIRS}
+
 FLAGS = {"sampled": [], "every": ["--sample-steps-above", "0"]}  # stallwatch's flags per variant
 
 
@@ -93,12 +117,13 @@ def main() -> None:
     ap.add_argument("--lengths-us", default="20,50,100,1000,10000,100000,1000000")
     ap.add_argument("--variants", default="sampled,every",
                     help="sampled (the default config), every (--sample-steps-above 0), or both")
-    ap.add_argument("--loop", choices=("dataloader", "optimizer"), default="dataloader",
-                    help="what delimits the job's steps: a DataLoader (no_grad forward), or optimizer.step() alone")
+    ap.add_argument("--loop", choices=tuple(JOBS), default="dataloader",
+                    help="what delimits the job's steps: a DataLoader (no_grad forward), optimizer.step() alone, or "
+                         "forward/backward pairs (a manual update)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sw-rate-"))
     job = tmp / "job.py"
-    job.write_text(JOB if args.loop == "dataloader" else JOB_OPTIMIZER)
+    job.write_text(JOBS[args.loop])
     rows = []
     for length in [float(x) for x in args.lengths_us.split(",")]:
         n = max(6, int(args.seconds * 1e6 / length))

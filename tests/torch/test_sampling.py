@@ -95,6 +95,40 @@ for i in range(int(sys.argv[2])):
 json.dump({"train": n, "eval": 0}, open(sys.argv[1], "w"))
 '''
 
+# No DataLoader, no optimizer: steps are forward/backward pairs with a manual update (PyTorch's "learning with
+# examples" loops); now and then an evaluation of 20 forwards under no_grad, and a no-grad forward inside each step.
+PAIRS = '''
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+model, target = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+x = torch.ones(4)
+train, evals = 0, 0
+def busy(us):
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+for i in range(int(sys.argv[2])):
+    y = model(x)
+    with torch.no_grad():
+        goal = target(x)
+    loss = (y - goal).pow(2).sum()
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+    busy(150)
+    train += 1
+    if i % 1000 == 999:
+        with torch.no_grad():
+            for _ in range(20):
+                model(x)
+                busy(150)
+                evals += 1
+json.dump({"train": train, "eval": evals}, open(sys.argv[1], "w"))
+'''
+
 
 def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
     script = tmp_path / "job.py"
@@ -106,8 +140,8 @@ def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
     return out, json.loads((tmp_path / "ran.json").read_text())
 
 
-@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS, OPTIMIZERS],
-                         ids=["loader-epochs-and-eval", "explicit-marks", "two-optimizers"])
+@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS, OPTIMIZERS, PAIRS],
+                         ids=["loader-epochs-and-eval", "explicit-marks", "two-optimizers", "forward-backward-pairs"])
 def test_sampled_steps_are_all_counted_with_their_numbers_and_the_timed_ones_are_whole(tmp_path, source):
     out, ran = _run(tmp_path, source, "--sample-steps-above", "500")
     events = open_run(str(out)).framework().to_pylist()
@@ -194,6 +228,25 @@ def test_between_stretches_the_per_step_hooks_are_off_the_classes_and_come_back(
     assert torch.autograd.backward is wrapped[(torch.autograd, "backward")]
 
 
+def test_in_a_loop_of_pairs_the_models_forward_and_backward_stay_and_count(hooks):
+    """Paused in a loop of forward/backward pairs the model's forward wrapper and backward's are what count the steps:
+    they stay on; every other per-step hook comes off."""
+    import torch
+    from torch.utils.data import dataloader as tdl
+
+    _train_loop(8)
+    wrapped = {(owner, name): getattr(owner, name) for owner, name, _, _ in hooks._hot}
+    hooks.disarm(keep_pairs=True)
+    try:
+        assert torch.autograd.backward is wrapped[(torch.autograd, "backward")]
+        assert torch.nn.Linear.forward is wrapped[(torch.nn.Linear, "forward")]
+        loader_next = wrapped[(tdl._BaseDataLoaderIter, "__next__")]
+        assert tdl._BaseDataLoaderIter.__next__ is loader_next.__stallwatch_original__
+    finally:
+        hooks.arm()
+    assert {(o, n): getattr(o, n) for o, n, _, _ in hooks._hot} == wrapped
+
+
 def test_someone_elses_patch_over_a_hook_is_never_undone(hooks):
     from torch.utils.data import dataloader as tdl
 
@@ -222,7 +275,7 @@ def test_steps_are_sampled_only_where_they_can_be_counted(hooks):
     tracker = hooks.tracker
     sampling = StepSampling(500, tracker, hooks)
     tracker.listener = None
-    for source, allowed in [(LOADER, True), (EXPLICIT, True), (OPTIMIZER_SOURCE, True), (PAIRS, False), (None, False)]:
+    for source, allowed in [(LOADER, True), (EXPLICIT, True), (OPTIMIZER_SOURCE, True), (PAIRS, True), (None, False)]:
         tracker.source = source
         assert sampling._allowed() is allowed, source
     tracker.source = OPTIMIZER_SOURCE

@@ -466,6 +466,52 @@ def test_an_optimizer_delimited_loop_counts_its_first_optimizers_steps_and_resum
     assert t.counts[TRAIN] == 12
 
 
+def _pair_iteration(t, paused: bool, evals: int = 0) -> None:
+    """One iteration of a loop of forward/backward pairs (a manual update, no optimizer): the model's forward, a
+    target under no_grad inside the step, backward; then `evals` forwards under no_grad. While paused (and the hooks
+    not back) the model's wrapper and backward's only count (`pair_forward`, `pair_backward`)."""
+    def forward(grad: bool) -> None:
+        if paused and t.paused_at is not None and not t.rearmed:
+            t.pair_forward(grad)
+        else:
+            t.forward(now_us(), now_us(), "Net", grad_enabled=grad)
+
+    forward(True)
+    forward(False)
+    if paused and t.paused_at is not None:
+        t.pair_backward()
+    else:
+        t.backward(now_us(), now_us())
+    for _ in range(evals):
+        forward(False)
+
+
+def test_a_loop_of_pairs_counts_each_forward_that_begins_a_step_and_resumes_on_one():
+    """Paused at a training forward that begins a step, the model's wrapper and backward's count: a forward after
+    the step's backward begins the next (TRAIN with gradients, EVAL under no_grad), one inside a step does not; once
+    the hooks are back the next forward that begins a step resumes timing, and is timed."""
+    t, events, paused = _sampled_tracker({})
+    for _ in range(2):
+        _pair_iteration(t, paused=False)
+    _pair_iteration(t, paused=False, evals=2)  # decides the loop: an evaluation after a manual update
+    t.pause_after_us = now_us()
+    _pair_iteration(t, paused=True)  # TRAIN 2 closes, this iteration (TRAIN 3) is the first one counted
+    assert t.paused_at is not None and paused
+    _pair_iteration(t, paused=True, evals=3)  # TRAIN 4, EVAL 2..4
+    _pair_iteration(t, paused=True)  # TRAIN 5
+    t.rearmed = True
+    _pair_iteration(t, paused=True)  # resumes at its forward: TRAIN 6 is timed
+    assert t.paused_at is None
+    _pair_iteration(t, paused=False, evals=1)  # TRAIN 7, EVAL 5
+    t.finish()
+    steps = [(e[4], e[5]) for e in events if e[0] == STEP]
+    assert steps == [(TRAIN, 0), (TRAIN, 1), (TRAIN, 2), (EVAL, 0), (EVAL, 1), (TRAIN, 6), (TRAIN, 7), (EVAL, 5)]
+    counted = {e[4]: json.loads(e[7]) for e in events if e[0] == UNTIMED}
+    assert {m: (c["first"], c["steps"]) for m, c in counted.items()} == {TRAIN: (3, 3), EVAL: (2, 3)}
+    assert t.counts == {TRAIN: 8, EVAL: 6, GLOBAL: 0}
+    assert all(e[5] is not None for e in events if e[0] in (FORWARD, BACKWARD))
+
+
 def test_a_run_ending_while_paused_records_what_it_counted():
     counted = {TRAIN: 0}
     t, events, _ = _sampled_tracker(counted)

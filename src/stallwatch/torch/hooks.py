@@ -95,6 +95,7 @@ class TorchHooks:
         # Sampled steps (torch/sampling.py): the hooks run at every step come off the classes between stretches
         # (`disarm`): (owner, attribute, original, wrapper), and the optimizer's global hooks, registered again.
         self._hot: list[tuple[Any, str, Any, Any]] = []
+        self._pair_hot: set[tuple[Any, str]] = set()  # the model's forward and backward: they count paused pairs
         self._optim_handles: list[Any] = []
         self._optim_hooks: tuple[Any, Any] | None = None
         self.armed = True
@@ -144,13 +145,16 @@ class TorchHooks:
     # Someone else's patch over one of ours (a library wrapping DataLoader.__next__ after us) is never undone: that
     # attribute is left as it is, and `can_disarm` is False from then on.
 
-    def disarm(self, keep_optimizer: bool = False) -> None:
+    def disarm(self, keep_optimizer: bool = False, keep_pairs: bool = False) -> None:
         """The training thread, at a step boundary: the job runs without per-step hooks from now on. The optimizer's
-        hooks stay when they delimit the steps (`keep_optimizer`: they count them, and torch is iterating them)."""
+        hooks stay when they delimit the steps (`keep_optimizer`: they count them, and torch is iterating them);
+        the model's forward and backward stay when forward/backward pairs delimit them (`keep_pairs`: they count)."""
         if not self.armed:
             return
         self.armed = False
         for owner, name, original, wrapper in self._hot:
+            if keep_pairs and (owner, name) in self._pair_hot:
+                continue
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, original)
         if keep_optimizer:
@@ -354,6 +358,17 @@ class TorchHooks:
                     return inner(module, *args, **kwargs)
                 if probed is not None and probe.on:  # after the compile check: torch.compile must not guard on it
                     return probed(module, *args, **kwargs)
+                tracker = hooks.tracker
+                if tracker.paused_at is not None and not (tracker.rearmed or tracker.resume_any):
+                    hooks._depth = 1  # steps counted in a loop of pairs (torch/sampling.py): count, do not time
+                    try:
+                        return inner(module, *args, **kwargs)
+                    finally:
+                        hooks._depth = 0
+                        try:
+                            tracker.pair_forward(torch.is_grad_enabled())
+                        except Exception as exc:
+                            _failed("forward", exc)
                 hooks._depth = 1
                 t0 = now_us()
                 try:
@@ -371,6 +386,7 @@ class TorchHooks:
         cls.forward = forward
         self._undo.append(lambda: setattr(cls, "forward", original) if own else delattr(cls, "forward"))
         self._hot.append((cls, "forward", original, forward))
+        self._pair_hot.add((cls, "forward"))
 
     def _discovery_tick(self) -> None:
         self._discover_calls -= 1
@@ -433,10 +449,11 @@ class TorchHooks:
                 _failed("forward", exc)
 
     # -- backward, optimizer, collectives -------------------------------------------------------------
-    def _timed(self, what: str, record: Callable[[int, tuple, dict], None]) -> Callable[..., Any]:
+    def _timed(self, what: str, record: Callable[[int, tuple, dict], None],
+               counted: Callable[[], None] | None = None) -> Callable[..., Any]:
         """A wrapper factory for `_patch`: the original runs exactly once; `record(t0, args, kwargs)` after
-        it, its failures said once and swallowed."""
-        hooks = self
+        it, its failures said once and swallowed. While steps are counted, not timed, `counted()` instead."""
+        hooks, tracker = self, self.tracker
 
         def build(original, probed):
             def timed(*args, **kwargs):
@@ -444,6 +461,15 @@ class TorchHooks:
                     return original(*args, **kwargs)
                 if probed is not None and hooks.probe.on:  # after the compile check: torch.compile must not guard on it
                     return probed(*args, **kwargs)
+                if counted is not None and tracker.paused_at is not None \
+                        and not (tracker.rearmed or tracker.resume_any):
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        try:
+                            counted()
+                        except Exception as exc:
+                            _failed(what, exc)
                 t0 = now_us()
                 try:
                     return original(*args, **kwargs)
@@ -458,7 +484,9 @@ class TorchHooks:
     def _patch_backward(self) -> None:
         tracker = self.tracker
         self._patch(torch.autograd, "backward",
-                    self._timed("backward", lambda t0, _a, _k: tracker.backward(t0, now_us())), hot=True)
+                    self._timed("backward", lambda t0, _a, _k: tracker.backward(t0, now_us()),
+                                counted=tracker.pair_backward), hot=True)
+        self._pair_hot.add((torch.autograd, "backward"))
 
     def _hook_optimizer(self) -> None:
         def measured(fn):

@@ -7,9 +7,11 @@ every PERIOD_S and only counted in between, with the per-step hooks off the clas
 - Counting is exact: a DataLoader's iterator counts its batches itself; explicit marks (`prof.step()`, Keras)
   add one each; in a loop delimited by `optimizer.step()` the optimizer's global hooks stay on, reduced to
   counting its first optimizer's steps (a forward under no_grad between stretches, which such a loop counts as an
-  evaluation step, is then unseen). The counted steps take their step numbers in order and are recorded as
-  `untimed` markers.
-- Not sampled: a loop whose steps are forward/backward pairs (its boundary is the model's hook), one with a
+  evaluation step, is then unseen); in a loop of forward/backward pairs (no optimizer, a manual update) the model's
+  forward wrapper and backward's stay on, reduced to counting the steps each top-level forward begins (a TRAIN one
+  after a backward, an EVAL one under no_grad outside a training step, as when timed). The counted steps take their
+  step numbers in order and are recorded as `untimed` markers.
+- Not sampled: a loop with a
   GradScaler (a skipped update has no optimizer step to count), one whose steps each take batches from several
   loaders (`zip(a, b)`: batches would count twice), and none while anything needs each step (a profiling window,
   a new configuration, the model being looked for, DDP's timings) or with a compiled model's hooks.
@@ -22,7 +24,7 @@ import threading
 import time
 
 from stallwatch.log import warn_once
-from stallwatch.torch.steps import EXPLICIT, LOADER, OPTIMIZER_SOURCE, RATE_EVERY, StepTracker, now_us
+from stallwatch.torch.steps import EXPLICIT, LOADER, OPTIMIZER_SOURCE, PAIRS, RATE_EVERY, StepTracker, now_us
 
 PERIOD_S = 1.0
 TIMED_S = 0.01  # 1 % of the time timed: at 20 µs steps (+15 µs each timed) about 0.75 % of the job
@@ -60,7 +62,7 @@ class StepSampling:
         if t.source == OPTIMIZER_SOURCE:  # counted by the optimizer's own hook, unless a scaler may skip its steps
             source_ok = not self.hooks.scaler_seen  # type: ignore[attr-defined]
         else:
-            source_ok = t.source in (LOADER, EXPLICIT) and not t.several_loaders
+            source_ok = t.source in (LOADER, EXPLICIT, PAIRS) and not t.several_loaders
         return source_ok and t.listener is None and self.hooks.can_disarm  # type: ignore[attr-defined]
 
     def _start(self) -> None:
@@ -85,8 +87,11 @@ class StepSampling:
 
     # -- the training thread ----------------------------------------------------------------------------
     def _paused(self, _t: int) -> None:
-        # In an optimizer-delimited loop the pause begins inside the optimizer's hooks: they stay, and count.
-        self.hooks.disarm(keep_optimizer=self.tracker.source == OPTIMIZER_SOURCE)  # type: ignore[attr-defined]
+        # In an optimizer-delimited loop the pause begins inside the optimizer's hooks: they stay, and count; in a
+        # loop of forward/backward pairs the model's forward and backward stay, and count.
+        source = self.tracker.source
+        self.hooks.disarm(keep_optimizer=source == OPTIMIZER_SOURCE,  # type: ignore[attr-defined]
+                          keep_pairs=source == PAIRS)
 
     def _resumed(self, steps: int, paused_us: int) -> None:
         self.hooks.arm_optimizer()  # type: ignore[attr-defined]  # here: never while torch iterates them

@@ -113,6 +113,8 @@ class StepTracker:
         self.count_paused: Callable[[], dict[str, int]] | None = None  # loader-delimited steps counted elsewhere
         self._marks_paused: dict[str, int] = {}  # explicit marks (or optimizer steps) while paused, per mode
         self.counted_optimizer = 0  # paused in an optimizer-delimited loop: the optimizer whose steps are counted
+        # paused in a loop of forward/backward pairs: a counted training step is open, and has had its backward
+        self._pair_open = self._pair_backward = False
         self.on_rate: Callable[[int], None] | None = None
         self._timed = 0  # steps recorded (timed), all modes
         self.several_loaders = False  # a step asked two loaders for batches: steps are not sampled
@@ -176,6 +178,9 @@ class StepTracker:
     # -- phases ---------------------------------------------------------------------------------------
     # The phase methods run a few times per step: the common case (inside a step) is inlined.
     def forward(self, t0: int, t1: int, name: str, grad_enabled: bool) -> None:
+        if self.paused_at is not None and self.source == PAIRS and not self.resume_any \
+                and not self._paused_pair(grad_enabled, t0):
+            return
         step = self._open
         if step is not None and step.updated and not self._optimizing:
             if grad_enabled:
@@ -194,6 +199,8 @@ class StepTracker:
             if not grad_enabled:
                 self._eval_step(name, t0, t1)
                 return
+            if self._pause_pairs(t0):
+                return
             step = self._inferred_step(t0)
         elif step.backward_since_cut and step.mode is None and self.source in (None, PAIRS) \
                 and step.loader is None and not self._optimizing:
@@ -205,6 +212,8 @@ class StepTracker:
                 return
             if self.source == PAIRS:
                 self._close(t0)
+                if self._pause_pairs(t0):
+                    return
                 step = self._inferred_step(t0)
             else:
                 step.cuts.append((t0, len(step.events)))
@@ -278,6 +287,9 @@ class StepTracker:
 
     def _train_phase(self, kind: str, name: str, t0: int, t1: int) -> None:
         """Backward: the step it is in becomes a TRAIN step."""
+        if self.paused_at is not None and self.source == PAIRS and not self.resume_any:
+            self.pair_backward()
+            return
         step = self._open
         if step is not None and step.updated and step.next_at is None:
             step.next_at = t0  # a backward first (the model's call was not seen): as a forward
@@ -412,6 +424,47 @@ class StepTracker:
         tail.first_optimizer = who
         self._open = tail
 
+    def pair_forward(self, grad_enabled: bool) -> None:
+        """Paused in a loop of forward/backward pairs (the model's wrapper and backward's stay on, reduced to this):
+        a top-level forward of the model, counted as the step it begins, if it begins one."""
+        if self.paused_at is not None and self.source == PAIRS:
+            self._paused_pair(grad_enabled, None)
+
+    def pair_backward(self) -> None:
+        """Paused in a loop of forward/backward pairs: a backward. Without a forward counted since the last step
+        ended it is a training step of its own, as when timed."""
+        if self.paused_at is None or self.source != PAIRS:
+            return
+        if not self._pair_open:
+            self._marks_paused[TRAIN] = self._marks_paused.get(TRAIN, 0) + 1
+            self._pair_open = True
+        self._pair_backward = True
+
+    def _pause_pairs(self, t0: int) -> bool:
+        """A forward with gradients on begins a training step in a loop of pairs: when a pause is due, timing
+        pauses here and this step is the first one counted."""
+        if self.source != PAIRS or not self.pause_after_us or t0 < self.pause_after_us or self.listener is not None:
+            return False
+        self._pause(t0)
+        self._marks_paused = {TRAIN: 1}
+        self._pair_open, self._pair_backward = True, False
+        return True
+
+    def _paused_pair(self, grad_enabled: bool, t0: int | None) -> bool:
+        """A top-level forward while paused in a loop of pairs. It begins a step after the open one's backward, or
+        when none is open: a TRAIN step with gradients on, an EVAL step without (as when timed). That step is
+        counted, unless the hooks are back and this call was timed (`t0`): then timing resumes at it, and True
+        says the caller records it as the first timed step's forward."""
+        if self._pair_open and not self._pair_backward:
+            return False  # inside the open step (a second forward, a target computed under no_grad)
+        if t0 is not None and self.rearmed:
+            self.resume(t0)
+            return True
+        mode = TRAIN if grad_enabled else EVAL
+        self._marks_paused[mode] = self._marks_paused.get(mode, 0) + 1
+        self._pair_open, self._pair_backward = grad_enabled, False
+        return False
+
     def resume(self, t: int) -> None:
         """Timing resumes at `t`: the steps counted since the pause get their numbers (they took them in order)
         and are recorded, one `untimed` marker per mode (a second's worth: a job killed outright loses at most
@@ -421,7 +474,8 @@ class StepTracker:
             return
         self.paused_at = None
         self.rearmed = self.resume_any = False
-        if self.source in (EXPLICIT, OPTIMIZER_SOURCE) or self.count_paused is None:
+        self._pair_open = self._pair_backward = False
+        if self.source in (EXPLICIT, OPTIMIZER_SOURCE, PAIRS) or self.count_paused is None:
             counts = self._marks_paused
         else:
             counts = self.count_paused()
