@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -55,50 +56,44 @@ print("loop_s", (clock() - t0) / 1e9, flush=True)
 '''
 
 
-# `--loop optimizer`: no DataLoader, no marks: a training step delimited by optimizer.step() (an RL or in-memory
-# loop). A tiny Linear's forward, backward and SGD step take ~100 µs here, so steps start there.
-JOB_OPTIMIZER = '''
+def _training_job(setup: str, update: str) -> str:
+    """A job without DataLoader or marks: a 1×1 Linear's forward and backward, then `update`, and the busy-wait
+    making each step L µs (forward, backward and update take ~100 µs here, so steps start there)."""
+    body = textwrap.indent(textwrap.dedent(update).strip(), " " * 4)
+    return f'''
 import sys, time
 import torch
 torch.set_num_threads(1)
 step_ns, n = int(float(sys.argv[1]) * 1000), int(sys.argv[2])
 model, x = torch.nn.Linear(1, 1), torch.ones(1)
-opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+{setup}
 clock = time.perf_counter_ns
 t0 = clock()
 for _ in range(n):
     end = clock() + step_ns
     loss = model(x).sum()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+{body}
     while clock() < end:
         pass
 print("loop_s", (clock() - t0) / 1e9, flush=True)
 '''
 
-# `--loop pairs`: no DataLoader, no optimizer: forward/backward pairs with a manual update (PyTorch's "learning with
-# examples" loops); a tiny Linear's forward, backward and update take ~100 µs here.
-JOB_PAIRS = '''
-import sys, time
-import torch
-torch.set_num_threads(1)
-step_ns, n = int(float(sys.argv[1]) * 1000), int(sys.argv[2])
-model, x = torch.nn.Linear(1, 1), torch.ones(1)
-clock = time.perf_counter_ns
-t0 = clock()
-for _ in range(n):
-    end = clock() + step_ns
-    loss = model(x).sum()
+
+# `--loop optimizer`: steps delimited by optimizer.step() alone (an RL or in-memory loop).
+JOB_OPTIMIZER = _training_job("opt = torch.optim.SGD(model.parameters(), lr=1e-6)", """
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+""")
+# `--loop pairs`: no optimizer either: forward/backward pairs with a manual update (PyTorch's "learning with
+# examples" loops).
+JOB_PAIRS = _training_job("", """
     model.zero_grad()
     loss.backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= 1e-6 * p.grad
-    while clock() < end:
-        pass
-print("loop_s", (clock() - t0) / 1e9, flush=True)
-'''
+""")
 JOBS = {"dataloader": JOB, "optimizer": JOB_OPTIMIZER, "pairs": JOB_PAIRS}
 
 FLAGS = {"sampled": [], "every": ["--sample-steps-above", "0"]}  # stallwatch's flags per variant

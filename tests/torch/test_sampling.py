@@ -19,6 +19,12 @@ from stallwatch.store.reader import open_run
 from ..collect._support import stallwatch as run_cli
 from .test_loop_shapes import _phase_sums_fit_their_steps
 
+BUSY = '''def busy(us):
+    end = time.perf_counter() + us / 1e6
+    while time.perf_counter() < end:
+        pass
+'''
+
 # Steps of ~0.3 ms for 1.5-3 s: a few one-second periods of sampling at 500 steps/s, epochs ending while paused.
 LOADER_EPOCHS = '''
 import json, sys, time
@@ -29,11 +35,7 @@ model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.ones(4)
 train, evals = 0, 0
-def busy(us):
-    end = time.perf_counter() + us / 1e6
-    while time.perf_counter() < end:
-        pass
-for epoch in range(4):
+''' + BUSY + '''for epoch in range(4):
     for i in DataLoader(range(1200), batch_size=None):
         loss = model(x).sum()
         opt.zero_grad()
@@ -104,11 +106,7 @@ torch.set_num_threads(1)
 model, target = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
 x = torch.ones(4)
 train, evals = 0, 0
-def busy(us):
-    end = time.perf_counter() + us / 1e6
-    while time.perf_counter() < end:
-        pass
-for i in range(int(sys.argv[2])):
+''' + BUSY + '''for i in range(int(sys.argv[2])):
     y = model(x)
     with torch.no_grad():
         goal = target(x)
