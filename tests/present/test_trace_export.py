@@ -338,6 +338,18 @@ def test_max_events_cuts_time_alike_on_every_node(generated, tmp_path, caplog):
     assert cpu[-1]["ts"] == (SNAPSHOTS - 1) * INTERVAL_US  # the counters still cover the whole run
 
 
+@pytest.mark.parametrize("cap", [1, 37, 500, 10_000_000])
+def test_the_cut_is_the_runs_first_events_over_every_node_read_one_node_at_a_time(generated, cap):
+    """The cut is where the run's `cap`-th event (by start, all nodes together) begins, though each node's starts
+    are read on their own and only the earliest that can still be it are kept."""
+    from stallwatch.present.trace_export import _event_cut
+
+    root, rows = generated
+    starts = sorted(r["start_us"] for r in rows)
+    assert len({r["node"] for r in rows}) > 1
+    assert _event_cut(open_run(str(root)), None, None, cap) == (starts[cap] if cap < len(starts) else None)
+
+
 def test_all_metrics_adds_cores_and_bytes(generated, tmp_path):
     root, _ = generated
     out = tmp_path / "all.json.gz"

@@ -354,20 +354,30 @@ def _other_data(run: Run, info: dict[str, Any], s: TimelineSummary, start_us: in
 
 def _event_cut(run: Run, start_us: int | None, end_us: int | None, cap: int) -> int | None:
     """The time before which at most `cap` framework events of the window start, or None when all fit. Reads
-    the events slice by slice in time order and stops once the cap is passed, so a long run costs only what
-    is kept."""
+    the events' starts slice by slice in time order, a node at a time, and stops once the cap is passed; of a
+    slice it keeps only the earliest starts that can still be the cut (at most `cap`), so a long run of many
+    nodes costs one node's slice of starts and the cap's."""
     slices = [(a, b) for a, b in run.time_slices(_COUNT_SLICE_US, (layout.FRAMEWORK_DIR,))
               if (end_us is None or a < end_us) and (start_us is None or b > start_us)]  # gaps are skipped
+    nodes = sorted(run.ranks())
     seen = 0
     for i, (a, b) in enumerate(slices):
         a = a if start_us is None else max(a, start_us)
         b = b if end_us is None else min(b, end_us)
-        starts = run.framework(start_us=start_us if i == 0 else a, end_us=b)["start_us"].to_numpy()
-        if i:
-            starts = starts[starts >= a]  # the ones that started earlier were counted in an earlier slice
-        if seen + len(starts) > cap:
-            return int(np.sort(starts)[cap - seen])
-        seen += len(starts)
+        need = cap - seen + 1  # the slice's earliest starts up to the cut's
+        earliest, count = np.empty(0, np.int64), 0
+        for node in nodes:
+            starts = run.framework(start_us=start_us if i == 0 else a, end_us=b, nodes=[node],
+                                   fields=["start_us"])["start_us"].to_numpy()
+            if i:
+                starts = starts[starts >= a]  # the ones that started earlier were counted in an earlier slice
+            count += len(starts)
+            earliest = np.concatenate([earliest, starts])
+            if len(earliest) > need:
+                earliest = np.partition(earliest, need - 1)[:need]
+        if seen + count > cap:
+            return int(np.sort(earliest)[cap - seen])
+        seen += count
     return None
 
 
