@@ -783,3 +783,37 @@ def test_fuzz_damaged_files(damage_base, tmp_path_factory, which, how, where, bi
         outside = [r for r in _rows(intact.system()) if not lost.start_us <= r[0] <= lost.end_us]
         assert [r for r in _rows(system) if not lost.start_us <= r[0] <= lost.end_us] == outside
     shutil.rmtree(root.parent)
+
+
+def test_a_run_pinned_for_one_node_lists_only_that_nodes_folders(tmp_path):
+    """A reader of one node of many (info's and the report's per-node statistics, the timeline) lists that node's
+    folders alone, not every file of the run once per node; a node whose name begins another's ("algo-1",
+    "algo-10") sees only its own files, and a name that is not one folder lists nothing."""
+    from stallwatch.records import STEP, TRAIN
+    from tests.analyze.rules._fw_gen import FwGen, write_events
+
+    root = tmp_path / "run"
+    make_run(root, nodes=("algo-1", "algo-10"), seconds=10)
+    gen = FwGen()
+    for node in ("algo-1", "algo-10"):
+        for step in range(3):
+            gen.events(node, 0, STEP, "step", TRAIN, step, T0 + step * S, T0 + step * S + S // 2)
+    write_events(root, gen.table())
+    run = open_run(str(root))
+    listed: list[str] = []
+    real = run.location.list
+
+    def spy(rel_dir: str, recursive: bool = True):
+        listed.append(rel_dir)
+        return real(rel_dir, recursive)
+
+    run.location.list = spy  # type: ignore[method-assign]
+    one = run.pinned(node="algo-1")
+    assert sorted(listed) == ["framework/algo-1", "system/algo-1"]
+    assert {c.node for top in one._listing.values() for c in top} == {"algo-1"}
+    events = one.framework(nodes=["algo-1"])
+    assert events.num_rows == 3 and set(events["node"].to_pylist()) == {"algo-1"}
+    assert one.framework(nodes=["algo-1"]).equals(run.framework(nodes=["algo-1"]))
+    assert one.system_wide("algo-1").equals(run.system_wide("algo-1"))
+    for odd in ("..", "a/b", ""):
+        assert not any(run.pinned(node=odd)._listing.values())

@@ -26,7 +26,7 @@ def node_steps_task(uri: str, node: str, with_stats: bool = True) -> _steps.Node
 def node_steps(run: Run, node: str, with_stats: bool = True) -> _steps.NodeStepSummary:
     """One node's step statistics, step counts per mode and loop span (`steps.StepStatsAccumulator`); without
     `with_stats` only the step events are read (a fifth of them) and `stats` is empty."""
-    run = run.pinned()
+    run = run.pinned(node=node)  # its own folders listed: the node's slices of time, not the whole run's
     acc = _steps.StepStatsAccumulator()
     kinds = [STEP, *_steps.PHASES] if with_stats else [STEP]
     for a, b in run.event_slices(NODE_SLICE_US):
@@ -56,6 +56,7 @@ def node_timeline(run: Run, node: str, *, start_us: int | None, end_us: int | No
                   scale_of: Callable[[str], float | None]) -> NodeTimeline:
     """Events overlapping [start_us, events_end_us) and the columns `scale_of` gives a scale (None: not
     exported) of the snapshots in [start_us, end_us)."""
+    run = run.pinned(node=node, keep_recent=False)  # its own folders listed, once for both reads
     events = run.framework(start_us=start_us, end_us=events_end_us, nodes=[node])
     table = run.system_wide(node, start_us=start_us, end_us=end_us, metrics=metrics)
     counters = []

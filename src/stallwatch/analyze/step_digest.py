@@ -113,7 +113,7 @@ def _remerge(parts: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
 
 def node_step_digest(run: Run, node: str, plan: DigestPlan) -> NodeStepDigest:
     """One node's digest: its step (and, for the grid, data-wait) events read `NODE_SLICE_US` at a time."""
-    run = run.pinned()
+    run = run.pinned(node=node)  # its own folders listed: the node's slices of time, not the whole run's
     acc = StepDigestAccumulator(node, plan)
     kinds = [STEP, DATA_WAIT] if plan.grid is not None else [STEP]
     for a, b in run.event_slices(NODE_SLICE_US):

@@ -359,6 +359,7 @@ def _event_cut(run: Run, start_us: int | None, end_us: int | None, cap: int) -> 
     nodes costs one node's slice of starts and the cap's."""
     slices = [(a, b) for a, b in run.time_slices(_COUNT_SLICE_US, (layout.FRAMEWORK_DIR,))
               if (end_us is None or a < end_us) and (start_us is None or b > start_us)]  # gaps are skipped
+    views = run.pinned_by_node()  # listed once: each node's reads sort and filter its own files only
     nodes = sorted(run.ranks())
     seen = 0
     for i, (a, b) in enumerate(slices):
@@ -367,8 +368,11 @@ def _event_cut(run: Run, start_us: int | None, end_us: int | None, cap: int) -> 
         need = cap - seen + 1  # the slice's earliest starts up to the cut's
         earliest, count = np.empty(0, np.int64), 0
         for node in nodes:
-            starts = run.framework(start_us=start_us if i == 0 else a, end_us=b, nodes=[node],
-                                   fields=["start_us"])["start_us"].to_numpy()
+            view = views.get(node)
+            if view is None:
+                continue
+            starts = view.framework(start_us=start_us if i == 0 else a, end_us=b, nodes=[node],
+                                    fields=["start_us"])["start_us"].to_numpy()
             if i:
                 starts = starts[starts >= a]  # the ones that started earlier were counted in an earlier slice
             count += len(starts)

@@ -437,14 +437,16 @@ class Run:
             return schema.empty_table()
         return pa.concat_tables(tables)
 
-    def pinned(self, *, keep_recent: bool = True) -> "Run":
+    def pinned(self, *, keep_recent: bool = True, node: str | None = None) -> "Run":
         """This run with its file listing taken once and kept: for reading a run in many slices (batch rules)
         without listing the store again for each. Files written after this call are not seen. `keep_recent`:
         keep each stream's last file read (consecutive slices of one node); a reader of every node at once
-        leaves it out, since that would hold a file of every stream of the run."""
+        leaves it out, since that would hold a file of every stream of the run. `node`: only that node's files
+        are listed (and seen): a reader of one node of many lists its own folders, not the whole run."""
         run = Run.__new__(Run)
         run.__dict__.update(self.__dict__)
-        run.__dict__["_listing"] = {top: self._list_chunks(top) for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
+        run.__dict__["_listing"] = {top: self._list_chunks(top, node)
+                                    for top in (layout.SYSTEM_DIR, layout.FRAMEWORK_DIR)}
         run.__dict__.pop("_recent", None)
         if keep_recent:
             run.__dict__["_recent"] = {}  # stream -> ((path, columns), table): see _read_file
@@ -512,11 +514,13 @@ class Run:
             return self.location.derived(f"chunks:{top}", lambda: self._list_chunks(top))
         return self._list_chunks(top)
 
-    def _list_chunks(self, top: str) -> list[layout.Chunk]:
-        chunks = []
-        for e in self.location.list(top):
+    def _list_chunks(self, top: str, node: str | None = None) -> list[layout.Chunk]:
+        chunks: list[layout.Chunk] = []
+        if node is not None and not layout.readable_node(node):
+            return chunks
+        for e in self.location.list(top if node is None else f"{top}/{node}"):
             c = layout.parse_chunk(e.path, e.size)
-            if c is not None and (c := self._checked_chunk(top, c)) is not None:
+            if c is not None and (node is None or c.node == node) and (c := self._checked_chunk(top, c)) is not None:
                 chunks.append(c)
         return layout.live_chunks(chunks)
 

@@ -147,7 +147,8 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     numbers at a time, for the verdict: the same result byte for byte as with every step held, whatever the
     blocks. Planted: a slow rank (or a slow node) from step 200 on a 3-node job; a rank without steps 100–149;
     a node whose steps come 40 s after the others' (a rank that reaches a number late, not in lockstep); a
-    collective of step 300 that starts 4 s after its step; spans of 32 numbers. One straggler's time at stake
+    collective of step 300 that starts 4 s after its step; spans of 32 numbers, blocks of 2 spans or 1 (bound by
+    all ranks, or by one node's). One straggler's time at stake
     comes with the verdict; several stragglers' needs a second pass (the slowest of them at each step), over
     the straggling ranks' nodes only where there are enough ranks for the median of all to be the measure.""" 
     import json
@@ -166,6 +167,8 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     monkeypatch.setattr(straggler, "SPAN", 32)
     monkeypatch.setattr(straggler, "KEEP_BYTES", 0)  # the steps of the first finished rank are let go
     monkeypatch.setattr(straggler, "REPLAY_CELLS", 64 * 6)
+    node_cells = 32 * per_node if wait_in == COLLECTIVE else 1 << 30  # with collectives, a node's ranks bound a block
+    monkeypatch.setattr(straggler, "NODE_CELLS", node_cells)
     nodes = ("algo-1", "algo-2", "algo-3", "algo-4", "algo-5")[:3 if per_node == 2 else 5]
     ranks = [(n, r) for n in nodes for r in range(per_node)]
     table = synchronous(ranks, n=600, extra_ms={key: 12 + 3 * i for i, key in enumerate(slow)}, from_step=200,
@@ -212,7 +215,8 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     replayed = rule.result().to_json()
     assert json.dumps(replayed, sort_keys=True) == json.dumps(memory, sort_keys=True)
     assert len(passes) == (1 if len(slow) == 1 else 2)  # the verdict, then the time at stake of several stragglers
-    per = max(1, 64 * 6 // len(ranks) // 32)  # spans per block
+    per = max(1, min(64 * 6 // len(ranks), node_cells // per_node) // 32)  # spans per block
+    assert per == (1 if wait_in == COLLECTIVE or len(ranks) > 6 else 2)
     assert len(passes[0]) == -(-19 // per) * len(nodes) and {n for n, _, _ in passes[0]} == set(nodes)
     if len(slow) > 1:
         assert {n for n, _, _ in passes[1]} == (set(nodes) if len(ranks) <= 16 else {"algo-2"})

@@ -386,7 +386,8 @@ class _Grid:
             yield a, median, _excess(matrix)
 
 
-REPLAY_CELLS = 1 << 18  # ranks × step numbers read again at once (≈ 200 bytes a cell while they are settled)
+REPLAY_CELLS = 1 << 21  # ranks × step numbers read again at once (16 bytes a cell: the block's two matrices)
+NODE_CELLS = 1 << 17  # one node's ranks × step numbers in a piece (≈ 250 bytes a cell while its rows are read)
 
 
 class _Replayed:
@@ -421,11 +422,12 @@ class _Replayed:
 
     def plan(self) -> list[tuple[int, int, list[tuple[str, int, int]]]]:
         """What a pass reads, in order: (first number, end number, [(node, start µs, end µs)]) per block of
-        spans that hold shared numbers, about REPLAY_CELLS ranks × numbers each."""
+        spans that hold shared numbers, at most REPLAY_CELLS ranks × numbers each, NODE_CELLS of one node's."""
         if not len(self.numbers):
             return []
-        ranks = (self.of or self).ranks  # a pass over a few ranks reads as the first did: its pieces as big
-        per = max(1, REPLAY_CELLS // max(ranks, 1) // SPAN)  # spans per block
+        first = self.of or self  # a pass over a few ranks reads as the first did: its pieces as big
+        most = max((len(numbers) for numbers, _ in first._ranks.values()), default=1)  # ranks of a node
+        per = max(1, min(REPLAY_CELLS // max(first.ranks, 1), NODE_CELLS // most) // SPAN)  # spans per block
         wanted = np.unique(self.numbers // SPAN)
         rows = self._spans[np.isin(self._spans[:, 1], wanted)]
         block = rows[:, 1] // per
@@ -481,10 +483,12 @@ class _Replayed:
                              fields=("kind", "mode", "step", "end_us"))
         columns = _Columns(self, width)
         for lo, hi, pieces in plan:
+            a, b = (int(x) for x in np.searchsorted(self.numbers, [lo, hi]))
+            yield from columns.emit(a)
+            columns.open(a, b)
             for _ in pieces:
                 columns.take(new_events(next(chunks)), lo, hi)
-            columns.settle()
-            yield from columns.emit(int(np.searchsorted(self.numbers, hi)))
+            yield from columns.emit(b)
         yield from columns.emit(len(self.numbers))
 
 
@@ -505,21 +509,25 @@ def _shared(runs: list[np.ndarray]) -> np.ndarray:
 
 
 class _Columns:
-    """One replay pass turned into the columns of `_Grid.blocks`: the rows of a block of step numbers are
-    taken node by node; once every node's are in, each rank's step of each number is settled (its first row's
-    duration, less the waits of that number) and the block's columns are handed out."""
+    """One replay pass turned into the columns of `_Grid.blocks`: a block of step numbers is filled piece by piece
+    (a piece holds all of one node's events of those numbers: each rank's step of each number is settled from it,
+    its first row's duration less the waits of that number), into two ranks × numbers matrices of the block (16
+    bytes a cell, what bounds `REPLAY_CELLS`); once the block's pieces are in, its columns are handed out."""
 
     def __init__(self, grid: _Replayed, width: int) -> None:
         self.grid, self.width = grid, width
-        # as taken (lists of arrays, joined when used): steps (rank, column, start, duration), waits (rank,
-        # column, duration); settled cells (rank, column, time outside waits, step)
-        self.steps: list[tuple[np.ndarray, ...]] = []
-        self.waits: list[tuple[np.ndarray, ...]] = []
-        self.cells: tuple[np.ndarray, ...] | None = None
         self.emitted = 0  # columns [0, emitted) handed out
+        self.base = 0  # the block's first column
+        self.outside = self.steps = np.full((grid.ranks, 0), np.nan)  # the block's: time outside waits, step, µs
+
+    def open(self, a: int, b: int) -> None:
+        """The block of columns [a, b), empty (columns before `a` handed out first)."""
+        self.base = a
+        self.outside = np.full((self.grid.ranks, b - a), np.nan)
+        self.steps = np.full((self.grid.ranks, b - a), np.nan)
 
     def take(self, cols: FrameworkColumns | None, lo: int, hi: int) -> None:
-        """A replay chunk's TRAIN steps and waits of step numbers [lo, hi), of the grid's ranks and columns."""
+        """A piece's TRAIN steps and waits of step numbers [lo, hi), of the grid's ranks and columns, settled."""
         if cols is None:
             return
         g = self.grid
@@ -528,54 +536,40 @@ class _Columns:
         rank = g.rank_rows(cols, rows)
         column = np.searchsorted(g.numbers, step)
         keep = (rank >= 0) & (g.numbers[np.minimum(column, len(g.numbers) - 1)] == step)
-        rows, rank, column = rows[keep], rank[keep].astype(np.int32), column[keep]
+        rows, rank, column = rows[keep], rank[keep], column[keep]
         duration = np.maximum(cols.end[rows] - cols.start[rows], 0)
         kind = cols.kind_is(STEP)[rows]
-        if kind.any():
-            self.steps.append((rank[kind], column[kind], cols.start[rows][kind], duration[kind]))
+        if not kind.any():
+            return
+        key = rank[kind] * len(g.numbers) + column[kind]
+        start, dur = cols.start[rows][kind], duration[kind]
+        order = np.lexsort((start, key))
+        first = order[np.r_[True, np.diff(key[order]) != 0]]  # each rank's first step of each number
+        mine, fs, fd = key[first], start[first], dur[first]  # sorted by rank, then column
+        wait = np.zeros(len(mine), np.int64)
         if g.wait is not None:
             kind = cols.kind_is(g.wait)[rows]
-            if kind.any():
-                self.waits.append((rank[kind], column[kind], duration[kind]))
-
-    def settle(self) -> None:
-        """Every rank's step of every number taken so far, to cells; the rows are let go."""
-        g = self.grid
-        if not self.steps:
-            self.waits = []
-            return
-        rank, column, start, dur = (np.concatenate(c) for c in zip(*self.steps))
-        self.steps = []
-        key = rank.astype(np.int64) * len(g.numbers) + column
-        order = np.lexsort((start, key))
-        first = order[np.r_[True, np.diff(key[order]) != 0]]
-        fr, fc, fs, fd = rank[first], column[first], start[first], dur[first]  # sorted by rank, then column
-        wait = np.zeros(len(fr), np.int64)
-        if g.wait is not None and self.waits:
-            wr, wc, wd = (np.concatenate(c) for c in zip(*self.waits))
-            mine, keys = fr.astype(np.int64) * len(g.numbers) + fc, wr.astype(np.int64) * len(g.numbers) + wc
+            keys = rank[kind] * len(g.numbers) + column[kind]
             pos = np.minimum(np.searchsorted(mine, keys), len(mine) - 1)
             hit = mine[pos] == keys
-            np.add.at(wait, pos[hit], wd[hit])
-        self.waits = []
-        outside = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
+            np.add.at(wait, pos[hit], duration[kind][hit])
+        fr, fc = np.divmod(mine, len(g.numbers))
         np.minimum.at(g.starts, fc, fs)
-        cells = (fr, fc, outside, fd)
-        self.cells = cells if self.cells is None else tuple(np.r_[a, b] for a, b in zip(self.cells, cells))
+        self.outside[fr, fc - self.base] = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
+        self.steps[fr, fc - self.base] = fd
 
     def emit(self, upto: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Hand out columns [emitted, upto), `width` at a time."""
+        """Hand out columns [emitted, upto), `width` at a time: the block's, or none (NaN) before it."""
         g = self.grid
         while self.emitted < upto:
-            a, b = self.emitted, min(upto, self.emitted + self.width)
-            matrix = np.full((g.ranks, b - a), np.nan)  # time outside waits, µs
-            steps = np.full((g.ranks, b - a), np.nan)  # step duration, µs
-            if self.cells is not None:
-                rank, column, outside, step = self.cells
-                block = column < b
-                matrix[rank[block], column[block] - a] = outside[block]
-                steps[rank[block], column[block] - a] = step[block]
-                self.cells = tuple(c[~block] for c in self.cells) if not block.all() else None
+            a = self.emitted
+            inside = self.base <= a < self.base + self.outside.shape[1]
+            b = min(upto, a + self.width, self.base + self.outside.shape[1] if inside else
+                    (self.base if a < self.base else upto))
+            if inside:
+                matrix, steps = self.outside[:, a - self.base:b - self.base], self.steps[:, a - self.base:b - self.base]
+            else:
+                matrix = steps = np.full((g.ranks, b - a), np.nan)
             self.emitted = b
             with warnings.catch_warnings():  # a pass over a few ranks has columns where none of them has a value
                 warnings.simplefilter("ignore", RuntimeWarning)
