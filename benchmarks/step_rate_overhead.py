@@ -3,7 +3,7 @@ process costs meanwhile, against the bare job in paired rounds in one run.
 
 Target (issue 12): <= 2 % slowdown of the job at any step rate.
 
-Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S] [--loop dataloader|optimizer|pairs]
+Run: python benchmarks/step_rate_overhead.py [--rounds N] [--seconds S] [--loop dataloader|optimizer|pairs|scaler]
 
 Method
 ------
@@ -94,7 +94,15 @@ JOB_PAIRS = _training_job("", """
         for p in model.parameters():
             p -= 1e-6 * p.grad
 """)
-JOBS = {"dataloader": JOB, "optimizer": JOB_OPTIMIZER, "pairs": JOB_PAIRS}
+# `--loop scaler`: mixed precision's update: a GradScaler steps the optimizer (and would skip an overflowing one).
+JOB_SCALER = _training_job("""opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+scaler = torch.amp.GradScaler("cpu")""", """
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+""")
+JOBS = {"dataloader": JOB, "optimizer": JOB_OPTIMIZER, "pairs": JOB_PAIRS, "scaler": JOB_SCALER}
 
 FLAGS = {"sampled": [], "every": ["--sample-steps-above", "0"]}  # stallwatch's flags per variant
 
@@ -113,8 +121,8 @@ def main() -> None:
     ap.add_argument("--variants", default="sampled,every",
                     help="sampled (the default config), every (--sample-steps-above 0), or both")
     ap.add_argument("--loop", choices=tuple(JOBS), default="dataloader",
-                    help="what delimits the job's steps: a DataLoader (no_grad forward), optimizer.step() alone, or "
-                         "forward/backward pairs (a manual update)")
+                    help="what delimits the job's steps: a DataLoader (no_grad forward), optimizer.step() alone, "
+                         "forward/backward pairs (a manual update) or a GradScaler's step")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sw-rate-"))
     job = tmp / "job.py"

@@ -127,6 +127,33 @@ train, evals = 0, 0
 json.dump({"train": train, "eval": evals}, open(sys.argv[1], "w"))
 '''
 
+# Mixed precision's loop: a GradScaler steps the optimizer, and skips the update now and then (an overflow); its
+# scaler.step() ends the iteration either way.
+SCALER = '''
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", growth_interval=100)
+x = torch.ones(4)
+n, skipped = 0, 0
+''' + BUSY + '''for i in range(int(sys.argv[2])):
+    loss = model(x).sum()
+    if i % 500 == 7:
+        loss = loss * float("inf")  # an overflow: the scaler skips this update
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    skipped += scaler.get_scale() < scale
+    busy(150)
+    n += 1
+assert skipped >= 10, skipped
+json.dump({"train": n, "eval": 0}, open(sys.argv[1], "w"))
+'''
+
 
 def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
     script = tmp_path / "job.py"
@@ -138,8 +165,9 @@ def _run(tmp_path, source: str, *flags: str, steps: int = 6000):
     return out, json.loads((tmp_path / "ran.json").read_text())
 
 
-@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS, OPTIMIZERS, PAIRS],
-                         ids=["loader-epochs-and-eval", "explicit-marks", "two-optimizers", "forward-backward-pairs"])
+@pytest.mark.parametrize("source", [LOADER_EPOCHS, MARKS, OPTIMIZERS, PAIRS, SCALER],
+                         ids=["loader-epochs-and-eval", "explicit-marks", "two-optimizers", "forward-backward-pairs",
+                              "grad-scaler-skipping-updates"])
 def test_sampled_steps_are_all_counted_with_their_numbers_and_the_timed_ones_are_whole(tmp_path, source):
     out, ran = _run(tmp_path, source, "--sample-steps-above", "500")
     events = open_run(str(out)).framework().to_pylist()
@@ -245,6 +273,29 @@ def test_in_a_loop_of_pairs_the_models_forward_and_backward_stay_and_count(hooks
     assert {(o, n): getattr(o, n) for o, n, _, _ in hooks._hot} == wrapped
 
 
+def test_in_an_optimizer_loop_a_grad_scalers_step_stays_and_counts(hooks):
+    """Paused in a loop the optimizer delimits, a GradScaler's step stays on with the optimizer's hooks: it counts
+    the iteration's update, the ones it skips included; every other per-step hook comes off."""
+    from torch.amp.grad_scaler import GradScaler
+    from torch.utils.data import dataloader as tdl
+
+    _train_loop(8)
+    wrapped = {(owner, name): getattr(owner, name) for owner, name, _, _ in hooks._hot}
+    hooks.disarm(keep_optimizer=True)
+    try:
+        assert GradScaler.step is wrapped[(GradScaler, "step")]
+        loader_next = wrapped[(tdl._BaseDataLoaderIter, "__next__")]
+        assert tdl._BaseDataLoaderIter.__next__ is loader_next.__stallwatch_original__
+    finally:
+        hooks.arm()
+    hooks.disarm()
+    try:
+        assert GradScaler.step is wrapped[(GradScaler, "step")].__stallwatch_original__
+    finally:
+        hooks.arm()
+    assert {(o, n): getattr(o, n) for o, n, _, _ in hooks._hot} == wrapped
+
+
 def test_someone_elses_patch_over_a_hook_is_never_undone(hooks):
     from torch.utils.data import dataloader as tdl
 
@@ -276,10 +327,6 @@ def test_steps_are_sampled_only_where_they_can_be_counted(hooks):
     for source, allowed in [(LOADER, True), (EXPLICIT, True), (OPTIMIZER_SOURCE, True), (PAIRS, True), (None, False)]:
         tracker.source = source
         assert sampling._allowed() is allowed, source
-    tracker.source = OPTIMIZER_SOURCE
-    hooks.scaler_seen = True  # a GradScaler may skip an update: no optimizer step to count it by
-    assert not sampling._allowed()
-    hooks.scaler_seen = False
     tracker.source = LOADER
     tracker.listener = object()  # a profiling window due, a new configuration: every step is needed
     assert not sampling._allowed()

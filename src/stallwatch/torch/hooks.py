@@ -96,10 +96,11 @@ class TorchHooks:
         # (`disarm`): (owner, attribute, original, wrapper), and the optimizer's global hooks, registered again.
         self._hot: list[tuple[Any, str, Any, Any]] = []
         self._pair_hot: set[tuple[Any, str]] = set()  # the model's forward and backward: they count paused pairs
+        self._optim_hot: set[tuple[Any, str]] = set()  # a GradScaler's step: it counts paused optimizer steps
+        self._in_scaler = 0  # paused, inside a GradScaler's step: its optimizer's step is counted by the scaler's
         self._optim_handles: list[Any] = []
         self._optim_hooks: tuple[Any, Any] | None = None
         self.armed = True
-        self.scaler_seen = False  # a GradScaler stepped: optimizer-delimited steps are not sampled
         self._iters_paused: list[tuple[dict[str, Any], int, str]] = []  # (iterator's __dict__, batches before, mode)
 
     # -- install / uninstall --------------------------------------------------------------------------
@@ -148,12 +149,14 @@ class TorchHooks:
     def disarm(self, keep_optimizer: bool = False, keep_pairs: bool = False) -> None:
         """The training thread, at a step boundary: the job runs without per-step hooks from now on. The optimizer's
         hooks stay when they delimit the steps (`keep_optimizer`: they count them, and torch is iterating them);
-        the model's forward and backward stay when forward/backward pairs delimit them (`keep_pairs`: they count)."""
+        the model's forward and backward stay when forward/backward pairs delimit them (`keep_pairs`: they count);
+        a GradScaler's step stays with the optimizer's hooks (it counts the updates it skips, too)."""
         if not self.armed:
             return
         self.armed = False
         for owner, name, original, wrapper in self._hot:
-            if keep_pairs and (owner, name) in self._pair_hot:
+            key = (owner, name)
+            if (keep_pairs and key in self._pair_hot) or (keep_optimizer and key in self._optim_hot):
                 continue
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, original)
@@ -494,7 +497,7 @@ class TorchHooks:
 
         timed_pre = measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt)))
         timed_post = measured(lambda opt, _a, _k: self._optim_post(id(opt), opt))
-        tracker, calls = self.tracker, self._optim_calls
+        tracker, calls, hooks = self.tracker, self._optim_calls, self
 
         # Steps counted, not timed (torch/sampling.py), in a loop the optimizer delimits: these hooks stay (torch
         # iterates them while the pause begins, so they are never removed then) and only count the steps.
@@ -507,6 +510,8 @@ class TorchHooks:
             if tracker.paused_at is not None:
                 if calls:
                     calls.clear()
+                if hooks._in_scaler:  # the scaler's step around it counts it (and the updates it skips)
+                    return None
                 try:
                     tracker.optimizer_counted(id(opt))
                 except Exception as exc:
@@ -536,18 +541,28 @@ class TorchHooks:
     def _patch_grad_scaler(self) -> None:
         """`scaler.step(optimizer)` is the iteration's update even when the scaler skips `optimizer.step()` (the
         gradients overflowed: the first iterations of fp16 training, and now and then later): it counts as that
-        optimizer's step, and the step inside it (when there is one) counts once, as a wrapped optimizer's does."""
+        optimizer's step, and the step inside it (when there is one) counts once, as a wrapped optimizer's does.
+        Between sampled stretches it stays on with the optimizer's hooks and counts that step, skipped or not."""
         try:
             from torch.amp.grad_scaler import GradScaler
         except ImportError:  # an older torch: skipped updates join the next step
             return
-        hooks = self
+        hooks, tracker = self, self.tracker
 
         def build(original, probed):
             def step(scaler, optimizer, *args, **kwargs):
-                hooks.scaler_seen = True  # its skipped steps have no optimizer step to count: never sampled
                 if not hooks.enabled or _compiling():
                     return original(scaler, optimizer, *args, **kwargs)
+                if tracker.paused_at is not None:  # steps counted, not timed: this is the iteration's update
+                    hooks._in_scaler += 1
+                    try:
+                        return original(scaler, optimizer, *args, **kwargs)
+                    finally:
+                        hooks._in_scaler -= 1
+                        try:
+                            tracker.optimizer_counted(id(optimizer))
+                        except Exception as exc:
+                            _failed("optimizer", exc)
                 if probed is not None and hooks.probe.on:
                     return probed(scaler, optimizer, *args, **kwargs)
                 key = ("scaler", id(optimizer))
@@ -559,6 +574,7 @@ class TorchHooks:
             return step
 
         self._patch(GradScaler, "step", lambda original: self.probe.wrap(build, original), hot=True)
+        self._optim_hot.add((GradScaler, "step"))
 
     def _optim_pre(self, key: Any, who: int) -> None:
         """Only the outermost optimizer step is the loop's: one that wraps another (ZeroRedundancyOptimizer,

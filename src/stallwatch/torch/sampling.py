@@ -6,13 +6,13 @@ every PERIOD_S and only counted in between, with the per-step hooks off the clas
   samples about the same step numbers, so Straggler can compare them) and ends at the first boundary TIMED_S on.
 - Counting is exact: a DataLoader's iterator counts its batches itself; explicit marks (`prof.step()`, Keras)
   add one each; in a loop delimited by `optimizer.step()` the optimizer's global hooks stay on, reduced to
-  counting its first optimizer's steps (a forward under no_grad between stretches, which such a loop counts as an
-  evaluation step, is then unseen); in a loop of forward/backward pairs (no optimizer, a manual update) the model's
+  counting its first optimizer's steps (with a GradScaler, its `scaler.step(optimizer)` counts them, the updates it
+  skips included; a forward under no_grad between stretches, which such a loop counts as an evaluation step, is
+  then unseen); in a loop of forward/backward pairs (no optimizer, a manual update) the model's
   forward wrapper and backward's stay on, reduced to counting the steps each top-level forward begins (a TRAIN one
   after a backward, an EVAL one under no_grad outside a training step, as when timed). The counted steps take their
   step numbers in order and are recorded as `untimed` markers.
-- Not sampled: a loop with a
-  GradScaler (a skipped update has no optimizer step to count), one whose steps each take batches from several
+- Not sampled: a loop whose steps each take batches from several
   loaders (`zip(a, b)`: batches would count twice), and none while anything needs each step (a profiling window,
   a new configuration, the model being looked for, DDP's timings) or with a compiled model's hooks.
 - Sampling starts as soon as RATE_EVERY timed steps ran faster than the threshold (a few ms into a fast loop),
@@ -59,8 +59,8 @@ class StepSampling:
 
     def _allowed(self) -> bool:
         t = self.tracker
-        if t.source == OPTIMIZER_SOURCE:  # counted by the optimizer's own hook, unless a scaler may skip its steps
-            source_ok = not self.hooks.scaler_seen  # type: ignore[attr-defined]
+        if t.source == OPTIMIZER_SOURCE:  # counted by the optimizer's own hook, or by a GradScaler's step around it
+            source_ok = True
         else:
             source_ok = t.source in (LOADER, EXPLICIT, PAIRS) and not t.several_loaders
         return source_ok and t.listener is None and self.hooks.can_disarm  # type: ignore[attr-defined]
