@@ -125,3 +125,46 @@ def test_a_local_file_is_read_only_when_its_version_changed(tmp_path, monkeypatc
         assert remote.background and remote._thread is not None  # S3: its own thread, never the sampler's loop
     finally:
         remote.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="inotify: Linux")
+def test_on_linux_the_kernel_says_when_config_json_is_written_and_the_loop_no_longer_looks_every_half_second(
+        tmp_path):
+    """The sampler's loop waits on the watch's descriptor: an edit (in place, or renamed into place) is read as
+    soon as it is written, and looking at the file is left to every REREAD_S (a network file system's writes from
+    another machine are not told). Other files of the run's folder do not make it read; nor does a write still in
+    progress (only its end)."""
+    import select
+
+    from stallwatch.collect import live_config
+
+    running = ProfilerConfig(node="n1", out=str(tmp_path / "run"))
+    location = RunLocation(str(tmp_path / "run"))
+    location.write_atomic("config.json", running.to_json().encode())
+    watcher = ConfigWatcher(location, running)
+    reads = []
+    real_read = location.read
+    location.read = lambda *a, **k: (reads.append(1), real_read(*a, **k))[1]  # type: ignore[method-assign]
+
+    def woken(timeout: float = 2.0) -> list[int]:
+        ready, _, _ = select.select(watcher.fds(), [], [], timeout)
+        watcher.notified(ready)
+        return ready
+
+    try:
+        assert watcher.fds() and watcher.poll_s == live_config.REREAD_S
+        watcher.poll()
+        assert len(reads) == 1 and not woken(0.05)
+        location.write_atomic("run.json", b"{}")  # another file of the folder: told, not read
+        assert woken() and len(reads) == 1
+        path = tmp_path / "run" / "config.json"
+        with open(path, "w") as fh:  # an edit in place: nothing until it is closed
+            fh.write(running.replace(detailed_profiling=ProfilingRange(40, 3)).to_json()[:10])
+            fh.flush()
+            assert not woken(0.05) and len(reads) == 1
+            fh.write(running.replace(detailed_profiling=ProfilingRange(40, 3)).to_json()[10:])
+        assert woken() and len(reads) == 2 and watcher.take().detailed_profiling == ProfilingRange(40, 3)
+        location.write_atomic("config.json", running.to_json().encode())  # renamed into place
+        assert woken() and len(reads) == 3 and watcher.take().detailed_profiling is None
+    finally:
+        watcher.close()

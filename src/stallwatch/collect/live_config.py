@@ -2,7 +2,9 @@
 here and handed to the job's processes; an invalid file is refused with one clear line and the running
 configuration stays in force. On S3, reads happen on a thread of their own: a slow endpoint never delays a
 snapshot. A local file is looked at (without reading it unless it changed) by the sampler's loop itself, at
-wake-ups it has anyway: a thread of its own would wake the sampler twice as often."""
+wake-ups it has anyway: a thread of its own would wake the sampler twice as often. On Linux the kernel also
+says when it was written (`file_watch`: the loop waits on that descriptor too), so the loop then looks only
+every REREAD_S (for a network file system, where another machine's writes are not told)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from stallwatch.collect.file_watch import FileWatch, open_watch
 from stallwatch.config import LIVE_FIELDS, MAX_CONFIG_BYTES, ConfigError, ProfilerConfig
 from stallwatch.log import logger
 from stallwatch.store import layout
@@ -38,6 +41,12 @@ class ConfigWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watch: FileWatch | None = None
+        root = getattr(location, "root", None)
+        if not self.background and not location.remote and isinstance(root, str):
+            self._watch = open_watch(root, layout.CONFIG_JSON)
+            if self._watch is not None and poll_s is None:
+                self.poll_s = REREAD_S  # told of each write: looking is only the network file system's fallback
         if self.background:
             self._thread = threading.Thread(target=self._run, name="stallwatch-config", daemon=True)
             self._thread.start()
@@ -51,6 +60,19 @@ class ConfigWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
+        if self._watch is not None:
+            self._watch.close()
+
+    def fds(self) -> list[int]:
+        """What the owner's loop waits on besides its own: readable once config.json was written (none without a
+        watch)."""
+        return [] if self._watch is None else [self._watch.fileno()]
+
+    def notified(self, ready: list[int]) -> None:
+        """The owner's loop woke with `ready` descriptors: read the file now if the watch says it was written."""
+        if self._watch is not None and self._watch.fileno() in ready and self._watch.changed():
+            self._last_version = None
+            self.poll()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):

@@ -138,6 +138,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     ticks = TickSchedule(interval_s)
     events_every = Periodic(EVENTS_TICK_S)
     config_every = Periodic(watcher.poll_s) if watcher is not None and not watcher.background else None
+    told = watcher.fds() if watcher is not None and config_every is not None else []  # config.json written: told
     while not stop["now"] and not control.eof:
         fds = events.fds()  # no socket (system metrics only): no extra wake-ups
         deadlines = [ticks.next_deadline]
@@ -145,7 +146,9 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             deadlines.append(events_every.deadline)
         if config_every is not None:
             deadlines.append(config_every.deadline)
-        msgs, ready = control.wait(min(deadlines) - time.monotonic(), fds)
+        msgs, ready = control.wait(min(deadlines) - time.monotonic(), [*fds, *told])
+        if told and ready and watcher is not None:
+            watcher.notified(ready)
         events.receive(ready)
         if fds and events_every.due(ticks):
             events.tick(sampler.now_us())
