@@ -386,7 +386,7 @@ class _Grid:
             yield a, median, _excess(matrix)
 
 
-REPLAY_CELLS = 1 << 21  # ranks × step numbers read again at once (16 bytes a cell: the block's two matrices)
+REPLAY_CELLS = 1 << 23  # ranks × step numbers read again at once (16 bytes a cell: the block's two matrices)
 NODE_CELLS = 1 << 17  # one node's ranks × step numbers in a piece (≈ 250 bytes a cell while its rows are read)
 
 
