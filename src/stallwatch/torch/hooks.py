@@ -553,24 +553,28 @@ class TorchHooks:
             def step(scaler, optimizer, *args, **kwargs):
                 if not hooks.enabled or _compiling():
                     return original(scaler, optimizer, *args, **kwargs)
-                if tracker.paused_at is not None:  # steps counted, not timed: this is the iteration's update
-                    hooks._in_scaler += 1
-                    try:
-                        return original(scaler, optimizer, *args, **kwargs)
-                    finally:
-                        hooks._in_scaler -= 1
+                if tracker.paused_at is None:
+                    if probed is not None and hooks.probe.on:
+                        return probed(scaler, optimizer, *args, **kwargs)
+                    key = ("scaler", id(optimizer))
+                    _guard("optimizer", hooks._optim_pre, key, id(optimizer))
+                    if tracker.paused_at is None:
                         try:
-                            tracker.optimizer_counted(id(optimizer))
-                        except Exception as exc:
-                            _failed("optimizer", exc)
-                if probed is not None and hooks.probe.on:
-                    return probed(scaler, optimizer, *args, **kwargs)
-                key = ("scaler", id(optimizer))
-                _guard("optimizer", hooks._optim_pre, key, id(optimizer))
+                            return original(scaler, optimizer, *args, **kwargs)
+                        finally:
+                            _guard("optimizer", hooks._optim_post, key, optimizer)
+                    # The pause began at this update's start: it is the first one counted, and by the scaler (an
+                    # update it skips has no optimizer step to count it).
+                    hooks._optim_calls.clear()
+                hooks._in_scaler += 1  # steps counted, not timed: this is the iteration's update
                 try:
                     return original(scaler, optimizer, *args, **kwargs)
                 finally:
-                    _guard("optimizer", hooks._optim_post, key, optimizer)
+                    hooks._in_scaler -= 1
+                    try:
+                        tracker.optimizer_counted(id(optimizer))
+                    except Exception as exc:
+                        _failed("optimizer", exc)
             return step
 
         self._patch(GradScaler, "step", lambda original: self.probe.wrap(build, original), hot=True)
