@@ -136,12 +136,14 @@ def _drop(table, keep):
     return pa.Table.from_pylist([r for r in table.to_pylist() if keep(r)], schema=table.schema)
 
 
-@pytest.mark.parametrize("wait_in, slow, per_node", [
-    (BACKWARD, [("algo-2", 1)], 2), (COLLECTIVE, [("algo-2", 1)], 2),
-    (BACKWARD, [("algo-2", 0), ("algo-2", 1)], 2),  # 6 ranks: each compared with the median of the others
-    (COLLECTIVE, [("algo-2", r) for r in range(4)], 4)])  # 20 ranks: with the median of all
+@pytest.mark.parametrize("wait_in, slow, per_node, budget", [
+    (BACKWARD, [("algo-2", 1)], 2, "kept"), (COLLECTIVE, [("algo-2", 1)], 2, "kept"),
+    (BACKWARD, [("algo-2", 0), ("algo-2", 1)], 2, "kept"),  # 6 ranks: each compared with the median of the others
+    (COLLECTIVE, [("algo-2", r) for r in range(4)], 4, "kept"),  # 20 ranks: with the median of all
+    (BACKWARD, [("algo-2", 1)], 2, "node"), (COLLECTIVE, [("algo-2", 0), ("algo-2", 1)], 2, "node")])
 def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_of_memory(tmp_path, monkeypatch,
-                                                                                         wait_in, slow, per_node):
+                                                                                         wait_in, slow, per_node,
+                                                                                         budget):
     """Batch evaluation (node by node) keeps of a finished rank only a summary (its step numbers as runs, its
     coverage, where its events of each span of step numbers lie in time) and reads the run again, a block of step
     numbers at a time, for the verdict: the same result byte for byte as with every step held, whatever the
@@ -150,7 +152,9 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     collective of step 300 that starts 4 s after its step; spans of 32 numbers, blocks of 2 spans or 1 (bound by
     all ranks, or by one node's). One straggler's time at stake
     comes with the verdict; several stragglers' needs a second pass (the slowest of them at each step), over
-    the straggling ranks' nodes only where there are enough ranks for the median of all to be the measure.""" 
+    the straggling ranks' nodes only where there are enough ranks for the median of all to be the measure.
+    `budget`: the steps are let go past KEEP_BYTES of finished ranks' steps, or past NODE_BYTES of the node being
+    read (then from the first chunk on, every rank keeps only its step numbers as runs and its spans)."""
     import json
     import pickle
 
@@ -165,7 +169,10 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     from ._fw_gen import write_events
 
     monkeypatch.setattr(straggler, "SPAN", 32)
-    monkeypatch.setattr(straggler, "KEEP_BYTES", 0)  # the steps of the first finished rank are let go
+    if budget == "kept":
+        monkeypatch.setattr(straggler, "KEEP_BYTES", 0)  # the steps of the first finished rank are let go
+    else:
+        monkeypatch.setattr(straggler, "NODE_BYTES", 0)  # … of the first chunk read: only numbers are kept
     monkeypatch.setattr(straggler, "REPLAY_CELLS", 64 * 6)
     node_cells = 32 * per_node if wait_in == COLLECTIVE else 1 << 30  # with collectives, a node's ranks bound a block
     monkeypatch.setattr(straggler, "NODE_CELLS", node_cells)
@@ -205,6 +212,8 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     rule = Straggler()
     for chunk in chunks[:-1]:
         rule.update(chunk)
+        if budget == "node":
+            assert all(r.runs is not None and not r.step.n for r in rule._ranks.values())
     assert not rule._ranks and not rule._done and len(rule._summaries) == len(ranks)  # summaries only
     assert rule._replaying and not len(rule._starts.numbers)
     assert len(pickle.dumps(rule._summaries)) < 1000 * len(ranks)
@@ -223,6 +232,7 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     (through_runner,) = [r.to_json() for r in run_rules([Straggler], iter_run(run, [Straggler]))]
     assert json.dumps(through_runner, sort_keys=True) == json.dumps(memory, sort_keys=True)
     monkeypatch.setattr(straggler, "KEEP_BYTES", 1 << 30)  # the default's case here: the steps are kept, no replay
+    monkeypatch.setattr(straggler, "NODE_BYTES", 1 << 30)
     passes.clear()
     (kept,) = [r.to_json() for r in run_rules([Straggler], iter_run(run, [Straggler]))]
     assert not passes and json.dumps(kept, sort_keys=True) == json.dumps(memory, sort_keys=True)
@@ -236,3 +246,21 @@ def test_shared_numbers_from_runs_are_those_of_two_ranks_or_more():
     expected, seen = np.unique(np.concatenate([a, b, c]), return_counts=True)
     assert numbers.tolist() == expected[seen >= 2].tolist()
     assert not len(_shared([_runs(a)])) and not len(_shared([]))
+
+
+def test_numbers_kept_as_runs_merge_and_overlap_as_sets_of_numbers():
+    """A rank kept as numbers only adds a chunk's numbers (any order, repeated, touching or inside earlier runs) to
+    its runs, and counts the numbers two run lists share, as sets of numbers would."""
+    from stallwatch.analyze.rules.straggler import _numbers_as_runs, _overlap, _union
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        a_parts = [rng.integers(0, 3000, rng.integers(0, 400)) for _ in range(4)]
+        b = rng.integers(0, 3000, rng.integers(1, 900))
+        runs = np.zeros((0, 2), np.int64)
+        for part in a_parts:
+            runs = _union(np.concatenate([runs, _numbers_as_runs(part)]))
+        a = np.unique(np.concatenate(a_parts))
+        assert np.array_equal(runs, _numbers_as_runs(a))
+        if len(a):
+            assert _overlap(runs, _numbers_as_runs(b)) == len(np.intersect1d(a, b))

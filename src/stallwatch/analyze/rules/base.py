@@ -38,9 +38,9 @@ class Chunk:
 
 class Replay(Protocol):
     """The run read again, piece by piece: for each (node, start µs, end µs) of `pieces`, in order, a chunk of
-    that node's framework events of `kinds` that start in [start, end) (node, rank and `fields`)."""
+    that node's framework events of `kinds` (None: all) that start in [start, end) (node, rank and `fields`)."""
 
-    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...],
+    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...] | None,
                  fields: tuple[str, ...]) -> Iterator[Chunk]: ...
 
 

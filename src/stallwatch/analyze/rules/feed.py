@@ -130,11 +130,11 @@ class RunReplay:
     def __init__(self, run: Any, info: dict[str, Any]) -> None:
         self.run, self.info = run, info
 
-    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...],
+    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...] | None,
                  fields: tuple[str, ...]) -> Iterator[Chunk]:
         return _read_ahead(self._chunks(pieces, kinds, fields), 1)
 
-    def _chunks(self, pieces: Iterable[tuple[str, int, int]], kinds: tuple[str, ...],
+    def _chunks(self, pieces: Iterable[tuple[str, int, int]], kinds: tuple[str, ...] | None,
                 fields: tuple[str, ...]) -> Iterator[Chunk]:
         views = self.run.pinned_by_node()
         for node, a, b in pieces:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts
-from stallwatch.analyze.rules.steps import Appendable, new_events, rank_key, unmeasured_waits
+from stallwatch.analyze.rules.steps import Appendable, new_events, rank_key, track_spans, unmeasured_waits
 from stallwatch.records import DATA_WAIT, STEP, TRAIN
 
 DATALOADER = "dataloader"
@@ -33,6 +34,10 @@ class _Rank:
         self.wait_step, self.wait = Appendable(narrow=True), Appendable(narrow=True)
         self.workers: list[float] = []
 
+    @property
+    def nbytes(self) -> int:
+        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.wait_step, self.wait))
+
     def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(numbers, starts, durations, waits) in step-number order (then start); waits summed per step."""
         number, start, dur = self.step.view(), self.start.view(), self.dur.view()
@@ -48,6 +53,60 @@ class _Rank:
 
 
 MIN_SHORT_RUN_STEPS = 20  # after patience: fewer steps than a window are judged as one window from this many
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What a rank's entry is computed from: the same numbers whether its steps were held in memory (`rank_facts`)
+    or its node was read again (`input_stream`)."""
+
+    n: int
+    wait_us: int  # waits summed (each step's capped at the step)
+    step_us: int
+    body: int  # steps before the windows (patience)
+    worst: dict[str, Any] | None  # the window with the largest waiting share
+    above: int  # windows above the threshold (0 for a run too short to judge)
+    stalls: dict[str, Any] | None  # median_wait_ms, stalls, stall_wait_s; None when it never waited
+    named: list[int]  # the longest stalls' step numbers (when they are the cause)
+    stalled: bool  # stalls hold at least STALL_SHARE of the waiting
+
+
+def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
+               patience: int, threshold: float) -> RankFacts:
+    """A rank's facts from its steps in step order (`_Rank.steps()`)."""
+    n = len(number)
+    body = slice(min(patience, n), n)
+    w, d = wait[body], dur[body]
+    above = 0
+    worst = None
+    if len(d) >= 1:
+        k = min(window, len(d))
+        cw, cd = np.r_[0, np.cumsum(w)], np.r_[0, np.cumsum(d)]
+        wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
+        # A run shorter than a window is one window (a 96-step job waiting 99 % of its time is
+        # input-bound), once it has enough steps to say so.
+        judged = len(d) >= window or len(d) >= MIN_SHORT_RUN_STEPS
+        above = int(np.count_nonzero(share > threshold)) if judged else 0
+        i = int(np.argmax(share))
+        a, b = body.start + i, body.start + i + k - 1
+        worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),
+                 "start_us": int(start[a]), "end_us": int(start[b] + dur[b]), "steps": k}
+    stalls, named, stalled = None, [], False
+    waiting = wait[wait > 0]
+    if waiting.size:
+        # a few long stalls (the first steps, where workers start, are start-up, not stalls)
+        median = float(np.median(waiting))
+        is_stall = (wait > STALL_FACTOR * median) & (wait > STALL_STEP_SHARE * np.median(dur))
+        is_stall[:body.start if body.start < n else 0] = False
+        stall_wait = float(wait[is_stall].sum())
+        stalls = {"median_wait_ms": median / 1000.0, "stalls": int(is_stall.sum()), "stall_wait_s": stall_wait / US}
+        if is_stall.any() and stall_wait >= STALL_SHARE * float(wait.sum()):
+            order = np.argsort(-wait[is_stall], kind="stable")[:MAX_NAMED]
+            named, stalled = sorted(int(x) for x in number[is_stall][order]), True
+    return RankFacts(n=n, wait_us=int(wait.sum()), step_us=int(dur.sum()), body=body.start, worst=worst,
+                     above=above, stalls=stalls, named=named, stalled=stalled)
 
 
 class InputBound(Rule):
@@ -83,8 +142,15 @@ class InputBound(Rule):
         self._judged: dict[tuple[str, int, str], dict[str, Any]] = {}  # entries of ranks whose node is complete
         self._events = 0
         self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
+        # Batch feeds (`Chunk.replay`): past step_stream.NODE_BYTES of a node's steps held, its largest ranks are
+        # streamed (a count and duration buckets) and the node read again once complete (input_stream)
+        self._replay: Replay | None = None
+        self._streamed: dict[tuple[str, int, str], Any] = {}  # input_stream.StreamedRank, by rank and phase
+        self._spans: dict[str, dict[str, dict[int, list[int]]]] = {}  # node -> phase -> span -> [first, last start]
+        self._rates: dict[str, list[int]] = {}  # node -> [events, first start, last start]
 
     def update(self, chunk: Chunk) -> None:
+        self._replay = chunk.replay or self._replay
         self._add(chunk)
         for node in chunk.done:
             self._close(node)
@@ -102,16 +168,30 @@ class InputBound(Rule):
         self._events += cols.n
         table = cols.table
         self._unmeasured |= unmeasured_waits(cols, table)
+        replayable = chunk.replay is not None
+        if replayable:
+            track_spans(cols, cols.kind_is(STEP, DATA_WAIT) & (cols.step >= 0), self._spans, self._rates)
         for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0)):
+            self._ranks_per_node.setdefault(node, set()).add(rank)
+            dur = np.maximum(cols.end[rows] - cols.start[rows], 0)
+            streamed = self._streamed.get((node, rank, mode))
+            if streamed is not None:
+                streamed.add_steps(dur)
+                continue
             r = self._ranks.setdefault((node, rank, mode), _Rank())
             r.step.extend(cols.step[rows])
             r.start.extend(cols.start[rows])
-            r.dur.extend(np.maximum(cols.end[rows] - cols.start[rows], 0))
-            self._ranks_per_node.setdefault(node, set()).add(rank)
+            r.dur.extend(dur)
         for (node, rank, mode), rows in cols.groups(cols.kind_is(DATA_WAIT) & (cols.step >= 0)):
+            streamed = self._streamed.get((node, rank, mode))
+            if streamed is not None:
+                streamed.add_waits(np.maximum(cols.end[rows] - cols.start[rows], 0))
+                continue
             r = self._ranks.setdefault((node, rank, mode), _Rank())
             r.wait_step.extend(cols.step[rows])
             r.wait.extend(np.maximum(cols.end[rows] - cols.start[rows], 0))
+        if replayable:
+            self._stream_long_nodes()
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
             for i, text in zip(loaders.tolist(), table["args"].take(loaders).to_pylist()):
@@ -128,6 +208,8 @@ class InputBound(Rule):
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
+        for node in sorted({key[0] for key in self._streamed}):  # a node never said complete (a feed without `done`)
+            self._close(node)
         series = [(k, r) for k, r in self._series() if k[:2] not in self._unmeasured or r.wait.n]
         if not series and not self._judged and self._unmeasured:
             return self.not_applicable("the job's steps do not record their wait for data (Keras on TensorFlow "
@@ -164,65 +246,86 @@ class InputBound(Rule):
 
     def _judge(self, key: tuple[str, int, str], r: _Rank) -> dict[str, Any]:
         """One rank's Details entry (its verdict with it): all `result()` needs of it once its data is complete."""
-        node, rank, mode = key
-        threshold, window, patience = float(self.params["threshold"]), self.params["window"], self.params["patience"]
         number, start, dur, wait = r.steps()
-        n = len(number)
-        entry: dict[str, Any] = {"node": node, "rank": rank, "phase": mode, "steps": n,
-                                 "wait_s": float(wait.sum()) / US, "step_s": float(dur.sum()) / US,
-                                 "wait_share": _pct(wait.sum(), dur.sum())}
-        body = slice(min(patience, n), n)
-        w, d = wait[body], dur[body]
-        above = 0
-        worst = None
-        if len(d) >= 1:
-            k = min(window, len(d))
-            cw, cd = np.r_[0, np.cumsum(w)], np.r_[0, np.cumsum(d)]
-            wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
-            # A run shorter than a window is one window (a 96-step job waiting 99 % of its time is
-            # input-bound), once it has enough steps to say so.
-            judged = len(d) >= window or len(d) >= MIN_SHORT_RUN_STEPS
-            above = int(np.count_nonzero(share > threshold)) if judged else 0
-            i = int(np.argmax(share))
-            a, b = body.start + i, body.start + i + k - 1
-            worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),
-                     "start_us": int(start[a]), "end_us": int(start[b] + dur[b]), "steps": k}
-        entry["worst_window"] = worst
-        entry["windows_above"] = above
-        fires = above > 0
+        return self._entry(key, rank_facts(number, start, dur, wait, window=self.params["window"],
+                                           patience=self.params["patience"],
+                                           threshold=float(self.params["threshold"])))
+
+    def _entry(self, key: tuple[str, int, str], f: RankFacts) -> dict[str, Any]:
+        """A rank's Details entry from its facts (its steps held in memory, or its node read again)."""
+        node, rank, mode = key
+        entry: dict[str, Any] = {"node": node, "rank": rank, "phase": mode, "steps": f.n,
+                                 "wait_s": float(f.wait_us) / US, "step_s": float(f.step_us) / US,
+                                 "wait_share": _pct(f.wait_us, f.step_us)}
+        entry["worst_window"] = f.worst
+        entry["windows_above"] = f.above
+        fires = f.above > 0
         entry["triggered"] = fires
-        cause, evidence, named = self._cause(node, rank, wait, dur, number, warmup=body.start if body.start < n else 0)
+        cause, evidence = self._cause(node, rank, f)
         entry.update(cause=cause if fires else None, **evidence)
-        if named:
-            entry["stall_steps"] = named
+        if f.stalled and f.named:
+            entry["stall_steps"] = f.named
         # what a fix could recover: the waiting itself (a pipeline that keeps up hides it behind compute);
         # for stalls, the stalls' waiting
         entry["time_at_stake_s"] = (evidence.get("stall_wait_s", 0.0) if cause == "stalls"
-                                    else float(wait.sum()) / US) if fires else 0.0
+                                    else float(f.wait_us) / US) if fires else 0.0
         return entry
+
+    def _stream_long_nodes(self) -> None:
+        """Where a node's steps held pass NODE_BYTES, its largest ranks are streamed from now on, until half of that
+        is held."""
+        from stallwatch.analyze.rules import input_stream, step_stream
+
+        held: dict[str, list[tuple[int, tuple[str, int, str]]]] = {}
+        for key, r in self._ranks.items():
+            held.setdefault(key[0], []).append((r.nbytes, key))
+        for sizes in held.values():
+            total = sum(nbytes for nbytes, _ in sizes)
+            if total <= step_stream.NODE_BYTES:
+                continue
+            for nbytes, key in sorted(sizes, key=lambda sk: (-sk[0], sk[1])):
+                if total <= step_stream.NODE_BYTES // 2:
+                    break
+                self._streamed[key] = input_stream.StreamedRank.of(self._ranks.pop(key))
+                total -= nbytes
 
     def _close(self, node: str) -> None:
         """The node's data is complete: judge its ranks now and keep only their entries."""
+        streamed = {}
         for key, r in self._series(node):
-            if key[:2] not in self._unmeasured or r.wait.n:
+            if key[:2] in self._unmeasured and not _waits(r):
+                continue
+            if isinstance(r, _Rank):
                 self._judged[key] = self._judge(key, r)
+            else:
+                streamed[key] = r
+        spans = self._spans.pop(node, {})
+        events, first, last = self._rates.pop(node, [0, 0, 0])
+        if streamed:
+            from stallwatch.analyze.rules import input_stream, step_stream
+
+            assert self._replay is not None  # ranks are streamed only where the run can be read again
+            piece_us = step_stream.PIECE_EVENTS * (last - first + 1) // max(events, 1)
+            facts = input_stream.node_facts(node, streamed, spans, self._replay, self.params,
+                                            steps_of=_Rank.steps, new_rank=_Rank, piece_us=piece_us)
+            for key, f in facts.items():
+                self._judged[key] = self._entry(key, f)
         for key in [key for key in self._ranks if key[0] == node]:
             del self._ranks[key]
+        for key in [key for key in self._streamed if key[0] == node]:
+            del self._streamed[key]
 
-    def _series(self, node: str | None = None) -> list[tuple[tuple[str, int, str], _Rank]]:
-        """Each rank's TRAIN steps, or all its modes' when it has no TRAIN step (of `node` alone when given)."""
-        ranks = {k: s for k, s in self._ranks.items() if node is None or k[0] == node}
-        with_train = {(n, r) for (n, r, m), s in ranks.items() if m == TRAIN and s.step.n}
-        keep = [(k, s) for k, s in ranks.items() if s.step.n and (k[2] == TRAIN or k[:2] not in with_train)]
+    def _series(self, node: str | None = None) -> list[tuple[tuple[str, int, str], Any]]:
+        """Each rank's TRAIN steps, or all its modes' when it has no TRAIN step (of `node` alone when given): held
+        (`_Rank`) or streamed."""
+        ranks = {k: s for k, s in {**self._ranks, **self._streamed}.items() if node is None or k[0] == node}
+        with_train = {(n, r) for (n, r, m), s in ranks.items() if m == TRAIN and _steps(s)}
+        keep = [(k, s) for k, s in ranks.items() if _steps(s) and (k[2] == TRAIN or k[:2] not in with_train)]
         return sorted(keep, key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))
 
-    def _cause(self, node: str, rank: int, wait: np.ndarray, dur: np.ndarray, number: np.ndarray,
-               warmup: int = 0) -> tuple[str, dict[str, Any], list[int]]:
+    def _cause(self, node: str, rank: int, f: RankFacts) -> tuple[str, dict[str, Any]]:
         """Why this rank waits: loading in the main process, fewer workers than its share of the cores, a slow
-        per-batch fetch despite enough workers, or a few long stalls (named; the first `warmup` steps, where
-        workers start, are start-up, not stalls)."""
+        per-batch fetch despite enough workers, or a few long stalls (`f.stalled`)."""
         evidence: dict[str, Any] = {}
         workers = self._loaders.get((node, rank))
         num_workers = float(np.median(workers)) if workers else None
@@ -230,29 +333,20 @@ class InputBound(Rule):
         ranks = max(len(self._ranks_per_node.get(node, ())), 1)
         free = max(cores // ranks - 1, 1) if cores else None  # one core per rank trains
         evidence.update(num_workers=num_workers, cores=cores, ranks_on_node=ranks, free_cores_per_rank=free)
-        named: list[int] = []
-        waiting = wait[wait > 0]
-        if waiting.size:
-            median = float(np.median(waiting))
-            stalls = (wait > STALL_FACTOR * median) & (wait > STALL_STEP_SHARE * np.median(dur))
-            stalls[:warmup] = False
-            stall_wait = float(wait[stalls].sum())
-            evidence.update(median_wait_ms=median / 1000.0, stalls=int(stalls.sum()),
-                            stall_wait_s=stall_wait / US)
-            if stalls.any() and stall_wait >= STALL_SHARE * float(wait.sum()):
-                order = np.argsort(-wait[stalls], kind="stable")[:MAX_NAMED]
-                named = sorted(int(x) for x in number[stalls][order])
-                return "stalls", evidence, named
+        if f.stalls is not None:
+            evidence.update(f.stalls)
+            if f.stalled:
+                return "stalls", evidence
         keras = self._keras.get((node, rank))
         if keras is not None:
             evidence.update(input=keras.get("input"), worker_threads=keras.get("worker_threads"))
             if keras.get("worker_threads"):  # threads of the training process, under one interpreter lock
-                return "threads", evidence, named
+                return "threads", evidence
         if num_workers is not None and num_workers == 0:
-            return "main_process", evidence, named
+            return "main_process", evidence
         if num_workers is not None and free is not None and num_workers < free:
-            return "too_few_workers", evidence, named
-        return "slow_fetch", evidence, named
+            return "too_few_workers", evidence
+        return "slow_fetch", evidence
 
     def _advice(self, fired: dict[str, dict[str, Any]]) -> str:
         lines = []
@@ -339,6 +433,15 @@ def _workers(text: str) -> float | None:
 def _cores(info: dict[str, Any]) -> int | None:
     cores = info.get("cpu_cores_logical")
     return int(cores) if isinstance(cores, (int, float)) and not isinstance(cores, bool) and cores > 0 else None
+
+
+def _steps(r: Any) -> int:
+    """Steps of a rank held (`_Rank`) or streamed."""
+    return r.step.n if isinstance(r, _Rank) else r.n
+
+
+def _waits(r: Any) -> int:
+    return r.wait.n if isinstance(r, _Rank) else r.waits
 
 
 def _pct(part: float, whole: float) -> float:

@@ -68,6 +68,11 @@ class Distribution:
         self._pending_n = 0
         self._tail: np.ndarray | None = None  # the pending values, sorted (cached until the next add)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (its arrays)."""
+        return int(self._counts.nbytes + self._sorted.nbytes + sum(p.nbytes for p in self._pending))
+
     def _taken(self, values: np.ndarray) -> np.ndarray:
         """`values` without NaN, in `dtype`, counted in `n`."""
         v = np.asarray(values, dtype=self.dtype)
@@ -184,13 +189,8 @@ class Distribution:
         n = self.n if upto is None else upto
         if n <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float64)
-        first, last = self.kth(0), self.kth(n - 1)
-        if first == last:  # numpy widens an empty range by 0.5 each way
-            first, last = first - 0.5, last + 0.5
-        edges = np.linspace(first, last, bins + 1, endpoint=True)
-        below = np.minimum(self.counts_below(edges[:-1], side="left"), n)  # larger values are not counted
-        counts = np.diff(np.append(below, n))  # the last bin holds its right edge
-        return counts.astype(np.int64), edges
+        edges = histogram_edges(self.kth(0), self.kth(n - 1), bins)
+        return histogram_counts(self.counts_below(edges[:-1], side="left"), n), edges
 
     def percentiles(self, qs: Iterable[float]) -> list[float]:
         """numpy's default (linear) percentiles of the values; NaN for each when there are none."""
@@ -199,12 +199,8 @@ class Distribution:
             if self.n == 0:
                 out.append(math.nan)
                 continue
-            virtual = (self.n - 1) * (float(q) / 100.0)
-            lo = min(int(math.floor(virtual)), self.n - 1)
-            gamma = virtual - lo
-            a = self.kth(lo)
-            b = self.kth(min(lo + 1, self.n - 1))
-            out.append(_lerp(a, b, gamma))
+            lo, hi, gamma = linear_ranks(self.n, q)
+            out.append(lerp(self.kth(lo), self.kth(hi), gamma))
         return out
 
     def min(self) -> float:
@@ -252,7 +248,28 @@ class Frozen:
         return dict(self._box)
 
 
-def _lerp(a: float, b: float, t: float) -> float:
+def linear_ranks(n: int, q: float) -> tuple[int, int, float]:
+    """numpy's linear percentile `q` of `n` values: the ranks (0-based) of the two values it lies between, and
+    how far between."""
+    virtual = (n - 1) * (float(q) / 100.0)
+    lo = min(int(math.floor(virtual)), n - 1)
+    return lo, min(lo + 1, n - 1), virtual - lo
+
+
+def histogram_edges(first: float, last: float, bins: int) -> np.ndarray:
+    """np.histogram's edges for values from `first` to `last`."""
+    if first == last:  # numpy widens an empty range by 0.5 each way
+        first, last = first - 0.5, last + 0.5
+    return np.linspace(first, last, bins + 1, endpoint=True)
+
+
+def histogram_counts(below: np.ndarray, n: int) -> np.ndarray:
+    """np.histogram's counts of the `n` smallest values from how many values lie below each left edge."""
+    below = np.minimum(below, n)  # larger values are not counted
+    return np.diff(np.append(below, n)).astype(np.int64)  # the last bin holds its right edge
+
+
+def lerp(a: float, b: float, t: float) -> float:
     """numpy's interpolation between neighbours, in its order of operations (so results match it exactly)."""
     diff = b - a
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t

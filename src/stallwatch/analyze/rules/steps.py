@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_non_negative
 from stallwatch.analyze.rules.stats import Distribution
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, MODES, OPTIMIZER, STEP
@@ -349,6 +349,12 @@ class _Series:
         self.totals[:_RECORDED] += ctx.sum(axis=0)
         self.totals[_RECORDED] += int(np.maximum(d - ctx.sum(axis=1), 0).sum())
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: its columns (with their room to grow), dense tables and durations."""
+        return int(sum(c._data.nbytes for c in (self.step, self.start, self.dur)) + self.ctx.nbytes + self.occ.nbytes
+                   + self.first.nbytes + self.durations.nbytes)
+
     def context_of(self, rows: np.ndarray) -> np.ndarray:
         """steps (rows of the arrival-order columns) × context kinds, µs, outside_phases last."""
         numbers, durs = self.step.view()[rows], self.dur.view()[rows]
@@ -373,6 +379,51 @@ def _sum_squares(values: np.ndarray) -> int:
     sq = (v[small] * v[small]).astype(np.uint64)
     total = (int((sq >> np.uint64(32)).sum()) << 32) + int((sq & np.uint64(0xFFFFFFFF)).sum())
     return total + sum(int(x) * int(x) for x in v[~small].tolist())
+
+
+@dataclass(frozen=True)
+class SeriesFacts:
+    """What a (node, rank, phase) series' verdict is computed from, given its outlier threshold: the same numbers
+    whether its steps were held in memory (`series_facts`) or the node was read again (`step_stream`)."""
+
+    n: int
+    s1: int  # µs, summed
+    s2: int  # µs², summed
+    normal: int  # steps at or under the threshold
+    outlier_us: int  # the outliers' durations, summed
+    percentiles: tuple[float, float, float]  # p99, p95, p50 (µs)
+    min_us: float
+    max_us: float
+    histogram: tuple[np.ndarray, np.ndarray]  # counts and edges (µs) of the normal steps
+    listed_steps: np.ndarray  # the slowest outliers (at most MAX_LISTED), by step number then start
+    listed_us: np.ndarray
+    listed_starts: np.ndarray
+    outlier_context: np.ndarray  # µs per context kind over the outliers
+    context_totals: np.ndarray  # … over every step
+
+
+def listed(rows: np.ndarray, durs: np.ndarray) -> np.ndarray:
+    """Of outlier `rows` (in step-then-start order), the MAX_LISTED slowest, in the same order (ties: the first)."""
+    if rows.size <= MAX_LISTED:
+        return rows
+    return rows[np.sort(np.argsort(-durs[rows], kind="stable")[:MAX_LISTED])]
+
+
+def series_facts(s: _Series, limit_us: float) -> SeriesFacts:
+    """A series' facts from its steps held in memory."""
+    normal = s.durations.count_le(limit_us)
+    durs = s.dur.view()
+    out_rows = np.flatnonzero(durs > limit_us)
+    out_rows = out_rows[np.lexsort((s.start.view()[out_rows], s.step.view()[out_rows]))]  # step, then start
+    out_sums = s.context_of(out_rows).sum(axis=0)
+    shown = listed(out_rows, durs)
+    return SeriesFacts(
+        n=s.n, s1=s.s1, s2=s.s2, normal=normal, outlier_us=int(durs[out_rows].sum()),
+        percentiles=tuple(s.durations.percentiles((99, 95, 50))),  # type: ignore[arg-type]
+        min_us=s.durations.min(), max_us=s.durations.max(),
+        histogram=s.durations.histogram(HISTOGRAM_BINS, upto=normal),
+        listed_steps=s.step.view()[shown], listed_us=durs[shown], listed_starts=s.start.view()[shown],
+        outlier_context=out_sums, context_totals=s.context_totals())
 
 
 class StepOutlier(Rule):
@@ -416,8 +467,16 @@ class StepOutlier(Rule):
         self._series: dict[tuple[str, int, str], _Series] = {}
         self._judged: dict[tuple[str, int, str], _Judged] = {}  # series of nodes whose data is complete
         self._events = 0
+        # Batch feeds (`Chunk.replay`): a node whose steps pass step_stream.NODE_BYTES is streamed (its series
+        # reduced to sums and counts) and read again once complete; per node and phase, where each span of step
+        # numbers lies in time, tracked from its first chunk.
+        self._replay: Replay | None = None
+        self._streamed: dict[tuple[str, int, str], Any] = {}  # step_stream.StreamedSeries, by series
+        self._spans: dict[str, dict[str, dict[int, list[int]]]] = {}  # node -> phase -> span -> [first, last start]
+        self._rates: dict[str, list[int]] = {}  # node -> [events, first start, last start]: how long a piece to read
 
     def update(self, chunk: Chunk) -> None:
+        self._replay = chunk.replay or self._replay
         self._add(chunk)
         for node in chunk.done:
             self._close(node)
@@ -427,9 +486,26 @@ class StepOutlier(Rule):
         if cols is None:
             return
         self._events += cols.n
+        if chunk.replay is not None:
+            track_spans(cols, cols.mode_is(self._modes) & (cols.step >= 0), self._spans, self._rates)
+
+        def series_of(key: tuple[str, int, str]) -> Any:
+            s = self._streamed.get(key)
+            if s is None:
+                s = self._series.get(key)
+            if s is None:
+                s = self._series[key] = _Series()
+            return s
+
+        self.add_events(cols, series_of)
+        if chunk.replay is not None:
+            self._stream_long_nodes()
+
+    def add_events(self, cols: FrameworkColumns, series_of: Any) -> None:
+        """Hand each (node, rank, phase)'s events of `cols` to `series_of(key)` (skipped where it gives None): their
+        time per context kind, then their steps (a step arriving with its events then adds their time once)."""
         in_mode = cols.mode_is(self._modes)
         is_step = cols.kind_is(STEP)
-        # context first: a step arriving with its events then adds their time to the totals once
         ctx = in_mode & ~is_step & (cols.step >= 0)
         if ctx.any():
             kind_code = np.full(len(cols.kinds), _OTHER, np.int64)
@@ -437,45 +513,63 @@ class StepOutlier(Rule):
                 if k in CONTEXT_KINDS:
                     kind_code[i] = CONTEXT_KINDS.index(k)
             for key, rows in cols.groups(ctx):
-                self._series.setdefault(key, _Series()).add_context(
-                    cols.step[rows], kind_code[cols.kind[rows]], np.maximum(cols.end[rows] - cols.start[rows], 0))
+                s = series_of(key)
+                if s is not None:
+                    s.add_context(cols.step[rows], kind_code[cols.kind[rows]],
+                                  np.maximum(cols.end[rows] - cols.start[rows], 0))
         for key, rows in cols.groups(is_step & in_mode):
-            self._series.setdefault(key, _Series()).add_steps(cols.step[rows], cols.start[rows],
-                                                              cols.end[rows] - cols.start[rows])
+            s = series_of(key)
+            if s is not None:
+                s.add_steps(cols.step[rows], cols.start[rows], cols.end[rows] - cols.start[rows])
+
+    def _stream_long_nodes(self) -> None:
+        """Where a node's steps held in memory pass NODE_BYTES, its largest series are streamed from now on, until
+        half of that is held (a phase whose series are all held is not read again)."""
+        from stallwatch.analyze.rules import step_stream
+
+        held: dict[str, list[tuple[int, tuple[str, int, str]]]] = {}
+        for key, s in self._series.items():
+            held.setdefault(key[0], []).append((s.nbytes, key))
+        for sizes in held.values():
+            total = sum(nbytes for nbytes, _ in sizes)
+            if total <= step_stream.NODE_BYTES:
+                continue
+            for nbytes, key in sorted(sizes, key=lambda sk: (-sk[0], sk[1])):
+                if total <= step_stream.NODE_BYTES // 2:
+                    break
+                self._streamed[key] = step_stream.StreamedSeries.of(self._series.pop(key))
+                total -= nbytes
+
+    def limit_us(self, n: int, s1: int, s2: int) -> tuple[float, float, float]:
+        """Mean, population std and outlier threshold (µs) from a series' exact sums."""
+        mean_us = s1 / n
+        std_us = math.sqrt(max(n * s2 - s1 * s1, 0) / (n * n))
+        return mean_us, std_us, mean_us + float(self.params["stddev"]) * std_us
 
     def _judge(self, key: tuple[str, int, str], s: _Series) -> _Judged:
         """One series' verdict and Details entry: all that `result()` needs of it once its data is complete."""
+        return self.judged(key, series_facts(s, self.limit_us(s.n, s.s1, s.s2)[2]))
+
+    def judged(self, key: tuple[str, int, str], f: SeriesFacts) -> _Judged:
+        """The verdict and Details entry of a series from its facts (held in memory or read again)."""
         node, rank, mode = key
-        k = float(self.params["stddev"])
         limit = self.params["n_outliers"]
         min_excess = float(self.params["min_excess_pct"])
-        n = s.n
-        mean_us = s.s1 / n
-        std_us = math.sqrt(max(n * s.s2 - s.s1 * s.s1, 0) / (n * n))
-        limit_us = mean_us + k * std_us
-        normal = s.durations.count_le(limit_us)
+        n, normal = f.n, f.normal
+        mean_us, std_us, limit_us = self.limit_us(n, f.s1, f.s2)
         n_out = n - normal
-        durs = s.dur.view()
-        out_rows = np.flatnonzero(durs > limit_us)
-        p99, p95, p50 = (x / US for x in s.durations.percentiles((99, 95, 50)))
+        p99, p95, p50 = (x / US for x in f.percentiles)
         # what the outliers cost over a typical step: a few stalls in a short loop matter, thousands of
         # sub-millisecond jitter outliers among millions of steps do not
-        excess_us = max(int(durs[out_rows].sum()) - n_out * p50 * US, 0.0)
-        excess_pct = 100.0 * excess_us / s.s1 if s.s1 > 0 else 0.0
+        excess_us = max(f.outlier_us - n_out * p50 * US, 0.0)
+        excess_pct = 100.0 * excess_us / f.s1 if f.s1 > 0 else 0.0
         fires = n_out > limit and excess_pct >= min_excess
-        out_rows = out_rows[np.lexsort((s.start.view()[out_rows], s.step.view()[out_rows]))]  # step, then start
-        out_ctx = s.context_of(out_rows)
-        out_sums = out_ctx.sum(axis=0)
-        listed = out_rows
-        if listed.size > MAX_LISTED:
-            keep = np.sort(np.argsort(-durs[listed], kind="stable")[:MAX_LISTED])
-            listed = listed[keep]
-        counts, edges = s.durations.histogram(HISTOGRAM_BINS, upto=normal)
+        counts, edges = f.histogram
         entry = {
             "node": node, "rank": rank, "phase": mode,
             "steps": int(n),
-            "step_stats": {"mean": mean_us / US, "max": s.durations.max() / US, "p99": p99, "p95": p95,
-                           "p50": p50, "min": s.durations.min() / US},
+            "step_stats": {"mean": mean_us / US, "max": f.max_us / US, "p99": p99, "p95": p95,
+                           "p50": p50, "min": f.min_us / US},
             "number_of_outliers": n_out,
             "excess_s": excess_us / US,
             "excess_pct": excess_pct,
@@ -484,16 +578,16 @@ class StepOutlier(Rule):
             "triggered": bool(fires),
             "probs": (counts / counts.sum()).tolist() if normal else [],
             "binedges": (edges / US).tolist() if normal else [],
-            "step_numbers": s.step.view()[listed].tolist(),
-            "outliers": (durs[listed] / US).tolist(),
-            "outlier_start_us": s.start.view()[listed].tolist(),
-            "outliers_listed": int(listed.size),
+            "step_numbers": f.listed_steps.tolist(),
+            "outliers": (f.listed_us / US).tolist(),
+            "outlier_start_us": f.listed_starts.tolist(),
+            "outliers_listed": int(f.listed_steps.size),
             "framework_context": {
-                "outlier_steps": _mean_per_kind(out_sums, n_out),
-                "normal_steps": _mean_per_kind(s.context_totals() - out_sums, normal),
+                "outlier_steps": _mean_per_kind(f.outlier_context, n_out),
+                "normal_steps": _mean_per_kind(f.context_totals - f.outlier_context, normal),
             },
         }
-        return _Judged(entry, bool(fires), int(n), int(n_out), int(durs[out_rows].sum()), out_sums)
+        return _Judged(entry, bool(fires), int(n), int(n_out), int(f.outlier_us), f.outlier_context)
 
     def _close(self, node: str) -> None:
         """The node's data is complete: judge its series now and keep only their verdicts."""
@@ -501,11 +595,25 @@ class StepOutlier(Rule):
             s = self._series.pop(key)
             if s.n:
                 self._judged[key] = self._judge(key, s)
+        streamed = {key: self._streamed.pop(key) for key in [key for key in self._streamed if key[0] == node]}
+        spans = self._spans.pop(node, {})
+        events, first, last = self._rates.pop(node, [0, 0, 0])
+        if streamed:
+            from stallwatch.analyze.rules import step_stream
+
+            assert self._replay is not None  # series are streamed only where the run can be read again
+            piece_us = step_stream.PIECE_EVENTS * (last - first + 1) // max(events, 1)
+            facts = step_stream.node_facts(node, streamed, spans, self._replay,
+                                           lambda s: self.limit_us(s.n, s.s1, s.s2)[2], self.add_events, piece_us)
+            for key, f in facts.items():
+                self._judged[key] = self.judged(key, f)
 
     def result(self) -> RuleResult:
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
+        for node in sorted({key[0] for key in self._streamed}):  # a node never said complete (a feed without `done`)
+            self._close(node)
         series = {key: s for key, s in self._series.items() if s.n}
         if not series and not self._judged:
             which = f"{self.params['mode']} " if self.params["mode"] else ""
@@ -555,6 +663,42 @@ class _Judged:
     outliers: int
     outlier_us: int  # summed durations of its outlier steps
     context_us: np.ndarray  # µs per context kind over its outlier steps
+
+
+def track_spans(cols: FrameworkColumns, numbered: np.ndarray, spans: dict[str, dict[str, dict[int, list[int]]]],
+                rates: dict[str, list[int]]) -> None:
+    """What reading a node again needs (batch feeds): per node and phase, where each span of step numbers of the
+    `numbered` rows lies in time (`step_stream.widen`); per node, its events and their first and last start (the
+    rate it is read at)."""
+    from stallwatch.analyze.rules import step_stream
+
+    for (node, mode), rows in _by_node_and_mode(cols, numbered):
+        step_stream.widen(spans.setdefault(node, {}).setdefault(mode, {}), cols.step[rows], cols.start[rows])
+    for node, rows in _by_node(cols):
+        lo, hi = int(cols.start[rows].min()), int(cols.start[rows].max())
+        seen = rates.setdefault(node, [0, lo, hi])
+        seen[0] += len(rows)
+        seen[1], seen[2] = min(seen[1], lo), max(seen[2], hi)
+
+
+def _by_node(cols: FrameworkColumns) -> list[tuple[str, np.ndarray]]:
+    """Each node's rows."""
+    if len(cols.nodes) == 1:
+        return [(cols.nodes[0], np.arange(cols.n))]
+    return [(cols.nodes[k], np.flatnonzero(cols.node == k)) for k in np.unique(cols.node).tolist()]
+
+
+def _by_node_and_mode(cols: FrameworkColumns, mask: np.ndarray) -> list[tuple[tuple[str, str], np.ndarray]]:
+    """Rows under `mask` per (node, phase), in table order within each."""
+    rows = np.flatnonzero(mask)
+    if not rows.size:
+        return []
+    key = cols.node[rows] * max(len(cols.modes), 1) + cols.mode[rows]
+    out = []
+    for k in np.unique(key).tolist():
+        n, m = divmod(k, max(len(cols.modes), 1))
+        out.append(((cols.nodes[n], cols.modes[m]), rows[key == k]))
+    return out
 
 
 def _mean_per_kind(sums: np.ndarray, steps: int) -> dict[str, float]:

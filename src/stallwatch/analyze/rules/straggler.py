@@ -30,6 +30,43 @@ class _Rank:
         self.coll_step, self.coll = Appendable(narrow=True), Appendable(narrow=True)
         self.bwd_step, self.bwd = Appendable(narrow=True), Appendable(narrow=True)
         self.spans: dict[int, list[int]] | None = {} if replayable else None  # span -> [first, last start]
+        # once the run will be read again (`Straggler._replaying`), only what its `_Summary` needs: the step
+        # numbers of its steps, collectives and backward passes, as runs (the columns above stay empty)
+        self.runs: dict[str, np.ndarray] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.coll_step, self.coll, self.bwd_step,
+                                            self.bwd))
+
+    @property
+    def has_steps(self) -> bool:
+        return bool(self.step.n) if self.runs is None else bool(len(self.runs[STEP]))
+
+    def keep_numbers_only(self) -> None:
+        """From now on only the step numbers (as runs): the columns are let go."""
+        self.runs = {STEP: _numbers_as_runs(self.step.view()), COLLECTIVE: _numbers_as_runs(self.coll_step.view()),
+                     BACKWARD: _numbers_as_runs(self.bwd_step.view())}
+        for name in ("step", "start", "dur", "coll_step", "coll", "bwd_step", "bwd"):
+            setattr(self, name, Appendable(narrow=True))
+
+    def add_numbers(self, kind: str, numbers: np.ndarray) -> None:
+        assert self.runs is not None
+        self.runs[kind] = _union(np.concatenate([self.runs[kind], _numbers_as_runs(numbers)]))
+
+    def summary(self) -> _Summary:
+        """`_summary` of a rank kept as numbers only."""
+        assert self.runs is not None
+        steps = self.runs[STEP]
+        total = int(steps[:, 1].sum())
+
+        def covered(kind: str) -> bool:
+            other = self.runs[kind]  # type: ignore[index]
+            return bool(len(other)) and _overlap(steps, other) >= COVERED * total
+
+        spans = sorted((self.spans or {}).items())
+        rows = np.array([[k, a, b] for k, (a, b) in spans], np.int64).reshape(-1, 3)
+        return _Summary(steps, covered(COLLECTIVE), covered(BACKWARD), rows)
 
     def widen(self, steps: np.ndarray, starts: np.ndarray) -> None:
         """Spans of step numbers reach out to these events (a few spans per chunk)."""
@@ -59,6 +96,7 @@ class _Summary:
 
 SPAN = 1024  # step numbers per span of a rank's `_Summary`
 KEEP_BYTES = 128 << 20  # kept steps of finished ranks (≈ 8 bytes a rank-step) beyond which they are let go
+NODE_BYTES = 64 << 20  # … and the columns of the node being read (≈ 25 bytes a rank-step) beyond which likewise
 
 
 @dataclass(frozen=True)
@@ -95,6 +133,37 @@ class _Steps:
         k = np.searchsorted(firsts, values, side="right") - 1
         inside = np.clip(values - firsts[np.maximum(k, 0)], 0, lengths[np.maximum(k, 0)])
         return np.where(k < 0, 0, offsets[np.maximum(k, 0)] + inside)
+
+
+def _numbers_as_runs(numbers: np.ndarray) -> np.ndarray:
+    """Any step numbers as runs of their sorted distinct values."""
+    return _runs(np.unique(np.asarray(numbers, np.int64)))
+
+
+def _union(runs: np.ndarray) -> np.ndarray:
+    """Runs (rows of first, length; any order, overlapping) as the sorted, disjoint runs of the same numbers."""
+    runs = runs.reshape(-1, 2)
+    if not len(runs):
+        return np.zeros((0, 2), np.int64)
+    order = np.argsort(runs[:, 0], kind="stable")
+    first, end = runs[order, 0], runs[order, 0] + runs[order, 1]
+    reach = np.maximum.accumulate(end)
+    heads = np.flatnonzero(np.r_[True, first[1:] > reach[:-1]])  # a run that neither overlaps nor touches the last
+    ends = np.maximum.reduceat(end, heads)
+    return np.stack([first[heads], ends - first[heads]], axis=1).astype(np.int64)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> int:
+    """How many numbers the disjoint sorted runs `a` and `b` share."""
+    firsts, lengths = a[:, 0], a[:, 1]
+    before = np.r_[0, np.cumsum(lengths)]
+
+    def below(t: np.ndarray) -> np.ndarray:  # numbers of `a` smaller than each t
+        k = np.searchsorted(firsts, t, side="left")
+        part = np.where(k > 0, np.minimum(lengths[np.maximum(k - 1, 0)], t - firsts[np.maximum(k - 1, 0)]), 0)
+        return np.where(k > 0, before[np.maximum(k - 1, 0)] + part, 0)
+
+    return int((below(b[:, 0] + b[:, 1]) - below(b[:, 0])).sum())
 
 
 def _runs(number: np.ndarray) -> np.ndarray:
@@ -212,7 +281,10 @@ class Straggler(Rule):
         for node in chunk.done:
             for key in [key for key in self._ranks if key[0] == node]:
                 r = self._ranks.pop(key)
-                if not r.step.n:
+                if not r.has_steps:
+                    continue
+                if r.runs is not None:
+                    self._summaries[key] = r.summary()
                     continue
                 steps, numbers, starts = _compact(r)
                 if r.spans is not None:
@@ -222,8 +294,14 @@ class Straggler(Rule):
                 self._done[key], self._starts = steps, self._starts.merged(numbers, starts)
                 self._kept += _kept_bytes(steps)
                 if r.spans is not None and self._kept + self._starts.nbytes > KEEP_BYTES:
-                    # past what is worth holding: let the steps go, the result reads the run again
-                    self._replaying, self._done, self._starts = True, {}, _Starts()
+                    self._let_steps_go()
+
+    def _let_steps_go(self) -> None:
+        """Past what is worth holding: the result reads the run again; of every rank from now on, only its summary."""
+        self._replaying, self._done, self._starts = True, {}, _Starts()
+        for r in self._ranks.values():
+            if r.spans is not None and r.runs is None:
+                r.keep_numbers_only()
 
     def _add(self, chunk: Chunk) -> None:
         cols = new_events(chunk)
@@ -234,17 +312,33 @@ class Straggler(Rule):
         duration = np.maximum(cols.end - cols.start, 0)
         replayable = chunk.replay is not None
         for (node, rank), rows in cols.groups(cols.kind_is(STEP) & train, by_mode=False):
-            r = self._ranks.setdefault((node, rank), _Rank(replayable))
-            r.step.extend(cols.step[rows])
-            r.start.extend(cols.start[rows])
-            r.dur.extend(duration[rows])
+            r = self._rank((node, rank), replayable)
+            if r.runs is not None:
+                r.add_numbers(STEP, cols.step[rows])
+            else:
+                r.step.extend(cols.step[rows])
+                r.start.extend(cols.start[rows])
+                r.dur.extend(duration[rows])
             r.widen(cols.step[rows], cols.start[rows])
         for kind, attr in ((COLLECTIVE, "coll"), (BACKWARD, "bwd")):
             for (node, rank), rows in cols.groups(cols.kind_is(kind) & train, by_mode=False):
-                r = self._ranks.setdefault((node, rank), _Rank(replayable))
-                getattr(r, f"{attr}_step").extend(cols.step[rows])
-                getattr(r, attr).extend(duration[rows])
+                r = self._rank((node, rank), replayable)
+                if r.runs is not None:
+                    r.add_numbers(kind, cols.step[rows])
+                else:
+                    getattr(r, f"{attr}_step").extend(cols.step[rows])
+                    getattr(r, attr).extend(duration[rows])
                 r.widen(cols.step[rows], cols.start[rows])
+        if replayable and not self._replaying and sum(r.nbytes for r in self._ranks.values()) > NODE_BYTES:
+            self._let_steps_go()  # a node too long to hold its steps while it is read: read it again instead
+
+    def _rank(self, key: tuple[str, int], replayable: bool) -> _Rank:
+        r = self._ranks.get(key)
+        if r is None:
+            r = self._ranks[key] = _Rank(replayable)
+            if replayable and self._replaying:
+                r.keep_numbers_only()
+        return r
 
     def result(self) -> RuleResult:
         if self._events == 0:
@@ -252,7 +346,10 @@ class Straggler(Rule):
                                        "`stallwatch run` with PyTorch?)")
         compact, starts, summaries = dict(self._done), self._starts, dict(self._summaries)
         for key, r in self._ranks.items():  # ranks of nodes still being read (live evaluation)
-            if not r.step.n:
+            if not r.has_steps:
+                continue
+            if r.runs is not None:  # a batch feed that never said the node was complete
+                summaries[key] = r.summary()
                 continue
             compact[key], kept, kept_starts = _compact(r)
             starts = starts.merged(kept, kept_starts)
