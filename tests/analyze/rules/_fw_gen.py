@@ -186,3 +186,19 @@ def write_events(root, table: pa.Table) -> None:
                                          r["pid"] or 1, r["args"] or ""))
             writer.tick(r["end_us"])
         writer.close()
+
+
+def spy_replays(monkeypatch: Any) -> list[tuple[list[tuple[str, int, int]], Any]]:
+    """Every reading of the run again by a batch feed (`feed.RunReplay`), as it happens: its pieces and kinds."""
+    from stallwatch.analyze.rules import feed
+
+    reads: list[tuple[list[tuple[str, int, int]], Any]] = []
+    real = feed.RunReplay.__call__
+
+    def counted(self: Any, pieces: Iterable[tuple[str, int, int]], **kw: Any) -> Any:
+        pieces = list(pieces)
+        reads.append((pieces, kw.get("kinds")))
+        return real(self, pieces, **kw)
+
+    monkeypatch.setattr(feed.RunReplay, "__call__", counted)
+    return reads

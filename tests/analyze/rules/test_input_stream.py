@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from stallwatch.analyze.rules import feed, input_stream, step_stream
+from stallwatch.analyze.rules import input_stream, step_stream
 from stallwatch.analyze.rules.feed import iter_run, read_run
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.rules.runner import evaluate as run_rules
@@ -17,7 +17,7 @@ from stallwatch.records import DATA_WAIT, EVAL, TRAIN
 from stallwatch.store.reader import open_run
 
 from ...run_builder import make_run
-from ._fw_gen import MS, T0, FwGen, S, evaluate, write_events
+from ._fw_gen import MS, T0, FwGen, S, evaluate, spy_replays, write_events
 
 STALLS = [100 + 75 * i for i in range(12)]
 
@@ -60,15 +60,7 @@ def test_a_long_node_read_again_gives_the_entries_of_every_step_held(tmp_path, m
     monkeypatch.setattr(step_stream, "NODE_BYTES", 0)  # every rank streamed from its node's first chunk
     monkeypatch.setattr(step_stream, "BLOCK_STEPS", block_steps)
     monkeypatch.setattr(step_stream, "SPAN", span)
-    reads = []
-    real = feed.RunReplay.__call__
-
-    def counted(self, pieces, **kw):
-        pieces = list(pieces)
-        reads.append(pieces)
-        return real(self, pieces, **kw)
-
-    monkeypatch.setattr(feed.RunReplay, "__call__", counted)
+    reads = spy_replays(monkeypatch)
     settled = []
     settle = input_stream._Scan.settle
 
@@ -91,10 +83,10 @@ def test_a_long_node_read_again_gives_the_entries_of_every_step_held(tmp_path, m
     # algo-1 is read again once per phase (TRAIN, EVAL), and TRAIN once more for ranks 3 and 1, whose settled waits
     # (four recorded waits a step; a restarted loop's waits summed into the first loop's steps) put the median wait
     # away from where their recorded waits said
-    assert len([r for r in reads if r[0][0] == "algo-1"]) == 3
+    assert len([pieces for pieces, _ in reads if pieces[0][0] == "algo-1"]) == 3
     assert sorted(settled)[-4:] == [(300, False), (400, True), (780, True), (1000, False)]
     if block_steps == 64:
-        assert max(len(r) for r in reads) > 3
+        assert max(len(pieces) for pieces, _ in reads) > 3
 
     (through_runner,) = [r.to_json() for r in run_rules([InputBound], iter_run(run, [InputBound]))]
     assert json.dumps(through_runner, sort_keys=True) == json.dumps(memory, sort_keys=True)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stallwatch.analyze.rules import feed, step_stream
+from stallwatch.analyze.rules import step_stream
 from stallwatch.analyze.rules.feed import iter_run, read_run
 from stallwatch.analyze.rules.runner import evaluate as run_rules
 from stallwatch.analyze.rules.steps import StepOutlier
@@ -19,7 +19,7 @@ from stallwatch.records import COLLECTIVE, EVAL, TRAIN
 from stallwatch.store.reader import open_run
 
 from ...run_builder import make_run
-from ._fw_gen import MS, T0, FwGen, S, evaluate, write_events
+from ._fw_gen import MS, T0, FwGen, S, evaluate, spy_replays, write_events
 
 
 def _run(tmp_path):
@@ -58,15 +58,7 @@ def test_a_long_node_read_again_gives_the_result_of_every_step_held(tmp_path, mo
     monkeypatch.setattr(step_stream, "TOP", top)  # 8: the largest normal step is found by a second read
     monkeypatch.setattr(step_stream, "BLOCK_STEPS", block_steps)
     monkeypatch.setattr(step_stream, "SPAN", span)
-    reads = []
-    real = feed.RunReplay.__call__
-
-    def counted(self, pieces, **kw):
-        pieces = list(pieces)
-        reads.append((pieces, kw["kinds"]))
-        return real(self, pieces, **kw)
-
-    monkeypatch.setattr(feed.RunReplay, "__call__", counted)
+    reads = spy_replays(monkeypatch)
     chunks = list(iter_run(run, [StepOutlier], slice_us=5 * S))
     rule = StepOutlier()
     for chunk in chunks[:-1]:

@@ -11,7 +11,7 @@ import pytest
 from stallwatch.analyze.rules.straggler import Straggler
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, STEP, TRAIN
 
-from ._fw_gen import MS, T0, FwGen, assert_chunk_invariant, evaluate, whole
+from ._fw_gen import MS, T0, FwGen, assert_chunk_invariant, evaluate, spy_replays, whole
 
 
 def synchronous(ranks: list[tuple[str, int]], *, n: int = 400, extra_ms: dict[tuple[str, int], float] | None = None,
@@ -160,7 +160,7 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
 
     import pyarrow as pa
 
-    from stallwatch.analyze.rules import feed, straggler
+    from stallwatch.analyze.rules import straggler
     from stallwatch.analyze.rules.feed import iter_run, read_run
     from stallwatch.analyze.rules.runner import evaluate as run_rules
     from stallwatch.store.reader import open_run
@@ -199,15 +199,7 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     assert memory["Details"]["ranks_fired"] == [f"{n}/{r}" for n, r in slow]
     assert memory["Details"]["straggling_nodes"] == (["algo-2"] if len(slow) == per_node else [])
 
-    passes = []
-    real = feed.RunReplay.__call__
-
-    def counted(self, pieces, **kw):
-        pieces = list(pieces)
-        passes.append(pieces)
-        return real(self, pieces, **kw)
-
-    monkeypatch.setattr(feed.RunReplay, "__call__", counted)
+    reads = spy_replays(monkeypatch)  # (pieces, kinds) of each reading of the run again
     chunks = list(iter_run(run, [Straggler], slice_us=5_000_000))
     rule = Straggler()
     for chunk in chunks[:-1]:
@@ -223,19 +215,19 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
     rule.update(chunks[-1])
     replayed = rule.result().to_json()
     assert json.dumps(replayed, sort_keys=True) == json.dumps(memory, sort_keys=True)
-    assert len(passes) == (1 if len(slow) == 1 else 2)  # the verdict, then the time at stake of several stragglers
+    assert len(reads) == (1 if len(slow) == 1 else 2)  # the verdict, then the time at stake of several stragglers
     per = max(1, min(64 * 6 // len(ranks), node_cells // per_node) // 32)  # spans per block
     assert per == (1 if wait_in == COLLECTIVE or len(ranks) > 6 else 2)
-    assert len(passes[0]) == -(-19 // per) * len(nodes) and {n for n, _, _ in passes[0]} == set(nodes)
+    assert len(reads[0][0]) == -(-19 // per) * len(nodes) and {n for n, _, _ in reads[0][0]} == set(nodes)
     if len(slow) > 1:
-        assert {n for n, _, _ in passes[1]} == (set(nodes) if len(ranks) <= 16 else {"algo-2"})
+        assert {n for n, _, _ in reads[1][0]} == (set(nodes) if len(ranks) <= 16 else {"algo-2"})
     (through_runner,) = [r.to_json() for r in run_rules([Straggler], iter_run(run, [Straggler]))]
     assert json.dumps(through_runner, sort_keys=True) == json.dumps(memory, sort_keys=True)
     monkeypatch.setattr(straggler, "KEEP_BYTES", 1 << 30)  # the default's case here: the steps are kept, no replay
     monkeypatch.setattr(straggler, "NODE_BYTES", 1 << 30)
-    passes.clear()
+    reads.clear()
     (kept,) = [r.to_json() for r in run_rules([Straggler], iter_run(run, [Straggler]))]
-    assert not passes and json.dumps(kept, sort_keys=True) == json.dumps(memory, sort_keys=True)
+    assert not reads and json.dumps(kept, sort_keys=True) == json.dumps(memory, sort_keys=True)
 
 
 def test_shared_numbers_from_runs_are_those_of_two_ranks_or_more():

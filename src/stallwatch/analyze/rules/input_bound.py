@@ -276,18 +276,8 @@ class InputBound(Rule):
         is held."""
         from stallwatch.analyze.rules import input_stream, step_stream
 
-        held: dict[str, list[tuple[int, tuple[str, int, str]]]] = {}
-        for key, r in self._ranks.items():
-            held.setdefault(key[0], []).append((r.nbytes, key))
-        for sizes in held.values():
-            total = sum(nbytes for nbytes, _ in sizes)
-            if total <= step_stream.NODE_BYTES:
-                continue
-            for nbytes, key in sorted(sizes, key=lambda sk: (-sk[0], sk[1])):
-                if total <= step_stream.NODE_BYTES // 2:
-                    break
-                self._streamed[key] = input_stream.StreamedRank.of(self._ranks.pop(key))
-                total -= nbytes
+        for key in step_stream.too_long(self._ranks):
+            self._streamed[key] = input_stream.StreamedRank.of(self._ranks.pop(key))
 
     def _close(self, node: str) -> None:
         """The node's data is complete: judge its ranks now and keep only their entries."""

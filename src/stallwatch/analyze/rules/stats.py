@@ -111,15 +111,7 @@ class Distribution:
         return codes.astype(np.int64)
 
     def _count(self, codes: np.ndarray) -> None:
-        lo, hi = int(codes.min()), int(codes.max())
-        if self._counts.size == 0:
-            self._lo, self._counts = lo, np.zeros(hi - lo + 1, np.int64)
-        elif lo < self._lo or hi >= self._lo + self._counts.size:
-            new_lo = min(lo, self._lo)
-            grown = np.zeros(max(hi, self._lo + self._counts.size - 1) - new_lo + 1, np.int64)
-            grown[self._lo - new_lo: self._lo - new_lo + self._counts.size] = self._counts
-            self._lo, self._counts = new_lo, grown
-        self._counts += np.bincount(codes - self._lo, minlength=self._counts.size)
+        self._lo, self._counts = count_into(self._lo, self._counts, codes)
         self._cum = None
 
     def _grid_values(self, codes: np.ndarray) -> np.ndarray:
@@ -246,6 +238,23 @@ class Frozen:
 
     def box_stats(self) -> dict[str, float]:
         return dict(self._box)
+
+
+def count_into(lo: int, counts: np.ndarray, codes: np.ndarray) -> tuple[int, np.ndarray]:
+    """`codes` (integers) counted into `counts` (counts[i] is how often lo + i came), grown to hold them: the
+    new lo and counts."""
+    if not codes.size:
+        return lo, counts
+    c_lo, c_hi = int(codes.min()), int(codes.max())
+    if counts.size == 0:
+        lo, counts = c_lo, np.zeros(c_hi - c_lo + 1, np.int64)
+    elif c_lo < lo or c_hi >= lo + counts.size:
+        new_lo = min(c_lo, lo)
+        grown = np.zeros(max(c_hi, lo + counts.size - 1) - new_lo + 1, np.int64)
+        grown[lo - new_lo: lo - new_lo + counts.size] = counts
+        lo, counts = new_lo, grown
+    counts += np.bincount(codes - lo, minlength=counts.size)
+    return lo, counts
 
 
 def linear_ranks(n: int, q: float) -> tuple[int, int, float]:

@@ -16,7 +16,14 @@ import numpy as np
 
 from stallwatch.analyze.rules import steps
 from stallwatch.analyze.rules.base import Replay
-from stallwatch.analyze.rules.stats import ValueCounts, histogram_counts, histogram_edges, lerp, linear_ranks
+from stallwatch.analyze.rules.stats import (
+    ValueCounts,
+    count_into,
+    histogram_counts,
+    histogram_edges,
+    lerp,
+    linear_ranks,
+)
 from stallwatch.analyze.rules.steps import (
     _RECORDED,
     HISTOGRAM_BINS,
@@ -56,17 +63,7 @@ class _Buckets:
         self.counts = np.zeros(0, np.int64)
 
     def add(self, buckets: np.ndarray) -> None:
-        if not buckets.size:
-            return
-        lo, hi = int(buckets.min()), int(buckets.max())
-        if self.counts.size == 0:
-            self.lo, self.counts = lo, np.zeros(hi - lo + 1, np.int64)
-        elif lo < self.lo or hi >= self.lo + self.counts.size:
-            new_lo = min(lo, self.lo)
-            grown = np.zeros(max(hi, self.lo + self.counts.size - 1) - new_lo + 1, np.int64)
-            grown[self.lo - new_lo: self.lo - new_lo + self.counts.size] = self.counts
-            self.lo, self.counts = new_lo, grown
-        self.counts += np.bincount(buckets - self.lo, minlength=self.counts.size)
+        self.lo, self.counts = count_into(self.lo, self.counts, np.asarray(buckets, np.int64))
 
     def locate(self, ranks: list[int]) -> list[tuple[int, int]]:
         """(bucket, rank within it) of each rank (0-based) of the sorted durations."""
@@ -140,6 +137,25 @@ class StreamedSeries:
         if self.cut > limit_us:  # one trimmed away may be under the threshold and above those kept
             return None
         return float(max(self.cut, int(under.max()) if under.size else self.cut))
+
+
+def too_long(held: dict[tuple, Any]) -> list[tuple]:
+    """Of the series held in memory (keyed by node first, each with `nbytes`), those to stream from now on: where a
+    node's pass NODE_BYTES, its largest until half of that is held."""
+    sizes: dict[str, list[tuple[int, tuple]]] = {}
+    for key, series in held.items():
+        sizes.setdefault(key[0], []).append((series.nbytes, key))
+    out = []
+    for node_sizes in sizes.values():
+        total = sum(nbytes for nbytes, _ in node_sizes)
+        if total <= NODE_BYTES:
+            continue
+        for nbytes, key in sorted(node_sizes, key=lambda sk: (-sk[0], sk[1])):
+            if total <= NODE_BYTES // 2:
+                break
+            out.append(key)
+            total -= nbytes
+    return out
 
 
 def widen(spans: dict[int, list[int]], numbers: np.ndarray, starts: np.ndarray) -> None:

@@ -527,18 +527,8 @@ class StepOutlier(Rule):
         half of that is held (a phase whose series are all held is not read again)."""
         from stallwatch.analyze.rules import step_stream
 
-        held: dict[str, list[tuple[int, tuple[str, int, str]]]] = {}
-        for key, s in self._series.items():
-            held.setdefault(key[0], []).append((s.nbytes, key))
-        for sizes in held.values():
-            total = sum(nbytes for nbytes, _ in sizes)
-            if total <= step_stream.NODE_BYTES:
-                continue
-            for nbytes, key in sorted(sizes, key=lambda sk: (-sk[0], sk[1])):
-                if total <= step_stream.NODE_BYTES // 2:
-                    break
-                self._streamed[key] = step_stream.StreamedSeries.of(self._series.pop(key))
-                total -= nbytes
+        for key in step_stream.too_long(self._series):
+            self._streamed[key] = step_stream.StreamedSeries.of(self._series.pop(key))
 
     def limit_us(self, n: int, s1: int, s2: int) -> tuple[float, float, float]:
         """Mean, population std and outlier threshold (µs) from a series' exact sums."""
