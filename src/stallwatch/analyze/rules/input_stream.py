@@ -64,15 +64,18 @@ class StreamedRank:
         self.durations.add(bucket_of(durs))
 
 
-def _kth(buckets: _Buckets, values: np.ndarray, r: int) -> int:
-    """The r-th smallest value (0-based) from bucket counts and the sorted values gathered from its bucket."""
+def _kth(buckets: _Buckets, gathered: _Gather, r: int) -> int:
+    """The r-th smallest value (0-based) from bucket counts and the values gathered from its bucket."""
     (bucket, at), = buckets.locate([r])
-    return int(values[bucket_of(values) == bucket][at])
+    values, counts = gathered.distinct()
+    mine = bucket_of(values) == bucket
+    return int(values[mine][int(np.searchsorted(np.cumsum(counts[mine]), at, side="right"))])
 
 
-def _median(buckets: _Buckets, values: np.ndarray, n: int) -> float:
-    """np.median of n values known by bucket counts, from the sorted values gathered from the middle buckets."""
-    return float(np.median(np.array([_kth(buckets, values, (n - 1) // 2), _kth(buckets, values, n // 2)], np.int64)))
+def _median(buckets: _Buckets, gathered: _Gather, n: int) -> float:
+    """np.median of n values known by bucket counts, from the values gathered from the middle buckets."""
+    return float(np.median(np.array([_kth(buckets, gathered, (n - 1) // 2), _kth(buckets, gathered, n // 2)],
+                                    np.int64)))
 
 
 def _middle(buckets: _Buckets, n: int) -> np.ndarray:
@@ -81,21 +84,40 @@ def _middle(buckets: _Buckets, n: int) -> np.ndarray:
 
 
 class _Gather:
-    """The values that fall in some buckets, every one kept (sorted when read): a bucket holds few distinct
-    values where many steps are alike, and few steps where the values are spread (it is 0.4 % wide)."""
+    """The values that fall in some buckets, as distinct values and how often each came: a bucket is 0.4 % wide,
+    so it holds at most that many distinct µs values (≈ 400 at 100 ms), however many steps fall in it."""
 
     def __init__(self, buckets: np.ndarray) -> None:
         self.buckets = buckets
+        self.values, self.counts = np.empty(0, np.int64), np.empty(0, np.int64)
         self.parts: list[np.ndarray] = []
+        self.pending = 0
 
     def add(self, values: np.ndarray) -> None:
         if self.buckets.size and values.size:
             picked = values[np.isin(bucket_of(values), self.buckets)]
             if picked.size:
-                self.parts.append(picked)
+                self.parts.append(picked.astype(np.int64))
+                self.pending += picked.size
+                if self.pending > max(1 << 16, len(self.values)):
+                    self.distinct()
 
-    def values(self) -> np.ndarray:
-        return np.sort(np.concatenate(self.parts)) if self.parts else np.empty(0, np.int64)
+    def distinct(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct values and their counts."""
+        if self.parts:
+            new, counts = np.unique(np.concatenate(self.parts), return_counts=True)
+            values = np.concatenate([self.values, new])
+            self.values, where = np.unique(values, return_inverse=True)
+            self.counts = np.bincount(where, weights=np.concatenate([self.counts, counts]),
+                                      minlength=len(self.values)).astype(np.int64)
+            self.parts, self.pending = [], 0
+        return self.values, self.counts
+
+    def above(self, threshold: float) -> tuple[int, int]:
+        """How many of the values are above `threshold`, and their sum."""
+        values, counts = self.distinct()
+        over = values > threshold
+        return int(counts[over].sum()), int((values[over] * counts[over]).sum())
 
 
 class _Scan:
@@ -187,13 +209,13 @@ class _Scan:
     def settle(self) -> bool:
         """After the first read: the exact median step; True when the median wait or the stall threshold is not
         where the first read gathered, and so a second read must gather there."""
-        self.median_d = _median(self.s.durations, self.durs.values(), self.s.n)
+        self.median_d = _median(self.s.durations, self.durs, self.s.n)
         positives = int(self.positive.counts.sum())
         if not positives:
             return False
         middle = _middle(self.positive, positives)
         if np.isin(middle, self.waits.buckets).all():
-            threshold = max(STALL_FACTOR * _median(self.positive, self.waits.values(), positives),
+            threshold = max(STALL_FACTOR * _median(self.positive, self.waits, positives),
                             STALL_STEP_SHARE * self.median_d)
             at = bucket_of(np.array([int(np.floor(threshold)), int(np.ceil(threshold))], np.int64))
             if np.isin(at, self.candidates.buckets).all():
@@ -224,10 +246,8 @@ class _Scan:
         stalled = False
         positives = int(self.positive.counts.sum())
         if positives:
-            median = _median(self.positive, self.waits.values(), positives)
-            values = self.candidates.values()
-            exact = values[(values > STALL_FACTOR * median) & (values > STALL_STEP_SHARE * self.median_d)]
-            count, total = int(exact.size), int(exact.sum())
+            median = _median(self.positive, self.waits, positives)
+            count, total = self.candidates.above(max(STALL_FACTOR * median, STALL_STEP_SHARE * self.median_d))
             for bucket, c in zip(range(self.late.lo, self.late.lo + len(self.late.counts)), self.late.counts.tolist()):
                 if bucket > self.late_last and c:  # every wait of these buckets is above the threshold
                     count += c

@@ -658,37 +658,16 @@ class _Judged:
 def track_spans(cols: FrameworkColumns, numbered: np.ndarray, spans: dict[str, dict[str, dict[int, list[int]]]],
                 rates: dict[str, list[int]]) -> None:
     """What reading a node again needs (batch feeds): per node and phase, where each span of step numbers of the
-    `numbered` rows lies in time (`step_stream.widen`); per node, its events and their first and last start (the
-    rate it is read at)."""
+    `numbered` rows lies in time (`step_stream.widen`, a rank's rows at a time); per node, how many of them there
+    are between their first and last start (the rate it is read at)."""
     from stallwatch.analyze.rules import step_stream
 
-    for (node, mode), rows in _by_node_and_mode(cols, numbered):
+    for (node, _, mode), rows in cols.groups(numbered):
         step_stream.widen(spans.setdefault(node, {}).setdefault(mode, {}), cols.step[rows], cols.start[rows])
-    for node, rows in _by_node(cols):
         lo, hi = int(cols.start[rows].min()), int(cols.start[rows].max())
         seen = rates.setdefault(node, [0, lo, hi])
         seen[0] += len(rows)
         seen[1], seen[2] = min(seen[1], lo), max(seen[2], hi)
-
-
-def _by_node(cols: FrameworkColumns) -> list[tuple[str, np.ndarray]]:
-    """Each node's rows."""
-    if len(cols.nodes) == 1:
-        return [(cols.nodes[0], np.arange(cols.n))]
-    return [(cols.nodes[k], np.flatnonzero(cols.node == k)) for k in np.unique(cols.node).tolist()]
-
-
-def _by_node_and_mode(cols: FrameworkColumns, mask: np.ndarray) -> list[tuple[tuple[str, str], np.ndarray]]:
-    """Rows under `mask` per (node, phase), in table order within each."""
-    rows = np.flatnonzero(mask)
-    if not rows.size:
-        return []
-    key = cols.node[rows] * max(len(cols.modes), 1) + cols.mode[rows]
-    out = []
-    for k in np.unique(key).tolist():
-        n, m = divmod(k, max(len(cols.modes), 1))
-        out.append(((cols.nodes[n], cols.modes[m]), rows[key == k]))
-    return out
 
 
 def _mean_per_kind(sums: np.ndarray, steps: int) -> dict[str, float]:
