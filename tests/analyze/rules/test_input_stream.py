@@ -101,3 +101,13 @@ def test_bucket_bounds_hold_their_values():
     for v, b in zip(values.tolist(), input_stream.bucket_of(values).tolist()):
         lo, hi = input_stream.bucket_bounds(b)
         assert lo <= v < hi
+
+
+def test_gathered_waits_are_held_as_distinct_values_however_many_steps_fall_in_their_bucket():
+    """A node-day of equal waits puts every step in the median's bucket: the gathered values stay one per µs value."""
+    gather = input_stream._Gather(input_stream.bucket_of(np.array([1000, 1003], np.int64)))
+    for _ in range(40):
+        gather.add(np.r_[np.full(50_000, 1000), np.full(50_000, 1003), np.arange(5000, 6000)].astype(np.int64))
+    values, counts = gather.distinct()
+    assert values.tolist() == [1000, 1003] and counts.tolist() == [2_000_000, 2_000_000]
+    assert gather.above(1000.5) == (2_000_000, 2_006_000_000)
