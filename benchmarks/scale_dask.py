@@ -1,10 +1,13 @@
 """The Dask engine against the local one on one generated run (benchmarks/report_gen.py, 8 GPUs and 8 ranks a
-node, framework events at --steps-per-s per rank): the rules over the run's slices, the per-node step
-statistics, the timeline export — each with the local engine, then with a LocalCluster of 1 and 2 worker
-processes (one thread each). Checks that every engine gives identical results, and prints per engine: seconds,
-speed-up over local, the caller's peak RSS, each worker's peak RSS, tasks and bytes sent back to the caller.
+node, framework events at --steps-per-s per rank): the rules, the per-node step statistics, the timeline export —
+each with the local engine, then with a LocalCluster of 1 and 2 worker processes (one thread each). On Dask the rules
+are measured both ways: fed node by node on the workers and merged (`rules/by_node.py`, what `--engine dask` does),
+and fed in the caller the slices the workers read (the way before it, "rules, slices"). Checks that every engine
+and way gives identical results, and prints per engine: seconds, speed-up over local, the caller's peak RSS, each
+worker's peak RSS, tasks and bytes sent back to the caller.
 
 Run: python benchmarks/scale_dask.py --data DIR [--nodes 8] [--hours 1] [--steps-per-s 10] [--workers 1,2]
+     [--jobs rules,steps,timeline]
 Each engine is measured in a fresh Python process (the caller's VmHWM is its own).
 """
 
@@ -23,13 +26,14 @@ import _common  # noqa: E402
 import report_gen  # noqa: E402
 
 
-def one(run: str, spec: str, workers: int, out: str) -> dict:
-    """In this process: the three jobs on `spec`; their digests, seconds and the engine's statistics."""
+def one(run: str, spec: str, workers: int, out: str, jobs: set[str]) -> dict:
+    """In this process: the jobs on `spec`; their digests, seconds and the engine's statistics."""
     import gzip
     import hashlib
 
     from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.analyze.engine import open_engine
+    from stallwatch.analyze.rules.by_node import evaluate_run
     from stallwatch.analyze.rules.feed import iter_run
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.analyze.rules.runner import evaluate
@@ -41,18 +45,30 @@ def one(run: str, spec: str, workers: int, out: str) -> dict:
     row: dict = {"engine": spec if spec == "local" else f"dask × {workers}", "start_s": time.perf_counter() - t0}
     try:
         r = open_run(run)
-        t = time.perf_counter()
-        results = evaluate(builtin_rules(), iter_run(r, builtin_rules(), engine=engine))
-        row["rules_s"] = time.perf_counter() - t
-        row["rules_digest"] = _digest(json.dumps([x.to_json() for x in results], sort_keys=True, default=str))
-        t = time.perf_counter()
-        stats = RunAnalysis(r, engine=engine).step_stats()
-        row["steps_s"] = time.perf_counter() - t
-        row["steps_digest"] = _digest(repr(stats))
-        t = time.perf_counter()
-        export_timeline(r, out, engine=engine)
-        row["timeline_s"] = time.perf_counter() - t
-        row["timeline_digest"] = hashlib.sha256(gzip.open(out).read()).hexdigest()[:12]
+        row.update(rules_s=0.0, slices_s=0.0, steps_s=0.0, timeline_s=0.0)
+        if "rules" in jobs:
+            caller = _time_the_caller() if spec != "local" else {}
+            t = time.perf_counter()
+            results = evaluate_run(r, builtin_rules(), engine=engine)
+            row["rules_s"] = time.perf_counter() - t
+            row["merge_s"], row["final_s"] = caller.get("merge", 0.0), caller.get("final", 0.0)
+            row["rules_digest"] = _digest(json.dumps([x.to_json() for x in results], sort_keys=True, default=str))
+            if spec != "local":
+                t = time.perf_counter()
+                results = evaluate(builtin_rules(), iter_run(r, builtin_rules(), engine=engine))
+                row["slices_s"] = time.perf_counter() - t
+                row["slices_digest"] = _digest(json.dumps([x.to_json() for x in results], sort_keys=True,
+                                                          default=str))
+        if "steps" in jobs:
+            t = time.perf_counter()
+            stats = RunAnalysis(r, engine=engine).step_stats()
+            row["steps_s"] = time.perf_counter() - t
+            row["steps_digest"] = _digest(repr(stats))
+        if "timeline" in jobs:
+            t = time.perf_counter()
+            export_timeline(r, out, engine=engine)
+            row["timeline_s"] = time.perf_counter() - t
+            row["timeline_digest"] = hashlib.sha256(gzip.open(out).read()).hexdigest()[:12]
         row["tasks"] = engine.stats.tasks
         row["bytes"] = engine.stats.result_bytes
         row["workers_rss"] = list(engine.worker_peak_rss().values()) if spec != "local" else []  # type: ignore[attr-defined]
@@ -60,6 +76,34 @@ def one(run: str, spec: str, workers: int, out: str) -> dict:
         engine.close()
     row["caller_rss"] = _common.peak_rss()
     return row
+
+
+def _time_the_caller() -> dict[str, float]:
+    """Seconds the caller spends merging the workers' rules and feeding the merged rules the final chunk (the
+    serial part of the rules on Dask), summed into the returned dict as the rules run."""
+    from stallwatch.analyze.rules import by_node
+    from stallwatch.analyze.rules.registry import builtin_rules
+
+    spent = {"merge": 0.0, "final": 0.0}
+    feed = by_node.feed
+
+    def timed_feed(rules, chunk, failed):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        feed(rules, chunk, failed)
+        if chunk.final:
+            spent["final"] += time.perf_counter() - t
+
+    def timed(merge):  # type: ignore[no-untyped-def]
+        def run(self, other, node):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            merge(self, other, node)
+            spent["merge"] += time.perf_counter() - t
+        return run
+
+    by_node.feed = timed_feed  # type: ignore[assignment]
+    for cls in builtin_rules():
+        cls.merge = timed(cls.merge)  # type: ignore[method-assign]
+    return spent
 
 
 def _digest(text: str) -> str:
@@ -75,11 +119,12 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--steps-per-s", type=float, default=10.0)
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--jobs", default="rules,steps,timeline")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # run spec workers: one engine, in this process
     a = ap.parse_args()
     if a.child:
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(one(a.child[0], a.child[1], int(a.child[2]), f"{tmp}/t.json.gz")))
+            print(json.dumps(one(a.child[0], a.child[1], int(a.child[2]), f"{tmp}/t.json.gz", set(a.jobs.split(",")))))
         return
     shape = report_gen.Shape(nodes=a.nodes, hours=a.hours, step_s=1.0 / a.steps_per_s)
     run, summary = report_gen.dataset(a.data / f"n{a.nodes}-h{a.hours:g}-s{a.steps_per_s:g}", shape)
@@ -88,24 +133,30 @@ def main() -> None:
     rows = []
     for spec, workers in [("local", 0)] + [("dask", int(w)) for w in a.workers.split(",")]:
         proc = subprocess.run([sys.executable, __file__, "--data", str(a.data), "--child", str(run), spec,
-                               str(workers)], capture_output=True, text=True)
+                               str(workers), "--jobs", a.jobs], capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(proc.stderr[-3000:])
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
     base = rows[0]
-    same = all(r[k] == base[k] for r in rows for k in ("rules_digest", "steps_digest", "timeline_digest"))
+    digests = [k for k in ("rules_digest", "steps_digest", "timeline_digest") if k in base]
+    same = all(r.get(k) == base[k] for r in rows for k in digests)
+    same = same and all(r.get("slices_digest", base.get("rules_digest")) == base.get("rules_digest") for r in rows)
     table = []
     for r in rows:
         total = r["rules_s"] + r["steps_s"] + r["timeline_s"]
         base_total = base["rules_s"] + base["steps_s"] + base["timeline_s"]
-        table.append([r["engine"], f"{r['start_s']:.1f}", f"{r['rules_s']:.1f}", f"{r['steps_s']:.1f}",
+        table.append([r["engine"], f"{r['start_s']:.1f}", f"{r['rules_s']:.1f}",
+                      f"{r['slices_s']:.1f}" if r["slices_s"] else "-", f"{r['steps_s']:.1f}",
                       f"{r['timeline_s']:.1f}", f"{base_total / total:.2f}×", f"{r['caller_rss'] / 1e6:,.0f}",
                       ", ".join(f"{w / 1e6:,.0f}" for w in r["workers_rss"]) or "-", str(r["tasks"]),
                       f"{r['bytes'] / 1e6:,.0f}"])
     print()
-    print(_common.table(["engine", "start s", "rules s", "step stats s", "timeline s", "speed-up", "caller MB",
-                         "workers MB", "tasks", "MB to caller"], table))
+    print("the caller's serial part of the rules on Dask: " + "; ".join(
+        f"{r['engine']}: merging {r['merge_s']:.1f} s, final chunk {r['final_s']:.1f} s" for r in rows[1:]
+        if "merge_s" in r))
+    print(_common.table(["engine", "start s", "rules s", "rules, slices s", "step stats s", "timeline s",
+                         "speed-up (w/o slices)", "caller MB", "workers MB", "tasks", "MB to caller"], table))
     print(f"identical results: {'yes' if same else 'NO'}")
     if not same:
         sys.exit(1)

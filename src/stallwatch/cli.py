@@ -587,10 +587,10 @@ def cmd_rules(args: argparse.Namespace) -> int:
     """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary.
     Custom rules run only when named here (`--custom-rule`): never because the run's config names them."""
     from stallwatch.analyze.rules.base import ParameterError
-    from stallwatch.analyze.rules.feed import count_slices, iter_run
+    from stallwatch.analyze.rules.by_node import evaluate_run
+    from stallwatch.analyze.rules.feed import count_slices
     from stallwatch.analyze.rules.live import follow
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.present.progress import Progress
     from stallwatch.present.rules_table import rules_table
 
@@ -615,8 +615,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
             try:
                 slices = count_slices(run)
                 with Progress("rules", unit="slices") as bar:
-                    results = evaluate(classes, iter_run(run, classes, engine=engine), params,
-                                       progress=lambda done: bar.update(done, slices))
+                    results = evaluate_run(run, classes, params, engine=engine,
+                                           progress=lambda done: bar.update(done, slices))
             finally:
                 engine.close()
     except ParameterError as exc:

@@ -13,6 +13,7 @@ import pytest
 from stallwatch.analyze import engine as engine_mod
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.engine import EngineError, LocalEngine, open_engine, parse_engine
+from stallwatch.analyze.rules.by_node import evaluate_run
 from stallwatch.analyze.rules.feed import iter_run
 from stallwatch.analyze.rules.registry import builtin_rules
 from stallwatch.analyze.rules.runner import evaluate
@@ -55,6 +56,17 @@ def test_rules_on_dask_equal_the_local_engine(run_dir, dask_engine):
     outliers = next(r for r in local if r["RuleName"] == "StepOutlier")
     assert outliers["RuleTriggered"] == 4  # the planted slow steps, seen across slices, on every rank
     assert outliers["Details"]["step_details"]["algo-2/1/TRAIN"]["step_numbers"] == sorted(SLOW)
+
+
+def test_rules_fed_node_by_node_on_dask_equal_the_local_engine(run_dir, dask_engine):
+    """The rules that merge run on the workers, one task per node, and are merged here (rules/by_node.py)."""
+    local = _rules(run_dir, LocalEngine())
+    tasks, sent = dask_engine.stats.tasks, dask_engine.stats.result_bytes
+    remote = [r.to_json() for r in evaluate_run(open_run(str(run_dir)), builtin_rules(), engine=dask_engine,
+                                                  slice_us=SLICE_US)]
+    assert json.dumps(remote, sort_keys=True, default=str) == json.dumps(local, sort_keys=True, default=str)
+    assert dask_engine.stats.tasks - tasks == 2  # one task per node
+    assert dask_engine.stats.result_bytes - sent < 2 * 5 * 100_000  # the rules' summaries, not the slices
 
 
 def test_step_statistics_and_summary_on_dask_equal_the_local_engine(run_dir, dask_engine):

@@ -234,10 +234,9 @@ class RunAnalysis:
 
     def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
-        from stallwatch.analyze.rules.feed import iter_run
-        from stallwatch.analyze.rules.runner import evaluate
+        from stallwatch.analyze.rules.by_node import evaluate_run
 
-        return evaluate(rule_classes, iter_run(self.run, rule_classes, engine=self.engine), self._params)
+        return evaluate_run(self.run, rule_classes, self._params, engine=self.engine)
 
     def stored_rule_results(self) -> dict[str, RuleResult] | None:
         """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a

@@ -76,6 +76,18 @@ class Rule:
     def result(self) -> RuleResult:
         raise NotImplementedError
 
+    def merge(self, other: Rule, node: str) -> None:
+        """Fold in `other`, this rule with the same parameters fed from new only `node`'s chunks of a batch feed
+        (every other node present in them with no rows; the last with `done={node}`), so that this rule is as if
+        it had been fed them itself after what it was fed. Lets the nodes be fed on an engine's workers
+        (`by_node`); a rule that does not implement it is fed every chunk in the calling process."""
+        raise NotImplementedError
+
+    @classmethod
+    def merges(cls) -> bool:
+        """Whether this rule implements `merge`."""
+        return cls.merge is not Rule.merge
+
     def make_result(self, *, triggered: int, violations: int, datapoints: int, details: dict[str, Any],
                     status: str = OK, message: str = "", recommendation: str | None = None) -> RuleResult:
         return RuleResult(self.name, int(triggered), int(violations), int(datapoints), dict(self.params),

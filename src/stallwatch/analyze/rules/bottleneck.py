@@ -126,6 +126,13 @@ class _Context:
                 if us:
                     self.phases[code] = self.phases.get(code, 0) + int(us)
 
+    def recode(self, codes: np.ndarray) -> None:
+        """Renumber kind and mode codes (old code `c` becomes `codes[c]`): a worker's rule numbered them in its
+        own table, the merging rule's differs."""
+        self.kinds = {int(codes[k]): us for k, us in self.kinds.items()}
+        self.phases = {int(codes[m]): us for m, us in self.phases.items()}
+        self.waiting = [(codes[k], codes[m], s, e, r) for k, m, s, e, r in self.waiting]
+
     def _covered(self, t: np.ndarray) -> np.ndarray:
         """µs of bottleneck periods before each time in `t`."""
         starts, ends = self.starts.view(), self.ends.view()
@@ -259,6 +266,18 @@ class _Bottleneck(Rule):
                 st.ranges.append([int(ts[s]), int(ts[e]), int(e - s + 1)])
         if bad.size:
             st.in_run = bool(bad[-1])
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Take `node`'s state from `other` (all state is per node, and this rule has seen no row of `node`), its
+        codes renumbered as this rule numbers the names `other` met, in the order it met them (the feed's)."""
+        assert isinstance(other, _Bottleneck) and type(other) is type(self)
+        codes = np.array([self._code(name) for name in other._names], np.int64)
+        for name, st in other._nodes.items():
+            if name == node:
+                st.context.recode(codes)
+                self._nodes[name] = st
+            else:  # seen there with no rows (or only named by an event table): as fresh as the feed would make it
+                self._nodes.setdefault(name, _Node())
 
     # -- result ---------------------------------------------------------------------------------------
 

@@ -23,7 +23,8 @@ US = 1_000_000
 _SETTINGS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last",
              "timeout", "sampler", "multiprocessing_context", "dataset",
              # a Keras job's input (stallwatch.keras): PyDataset, generator, tf.data, arrays or a DataLoader
-             "framework", "input", "loop", "worker_threads", "use_multiprocessing", "max_queue_size", "prefetch", "in_memory")
+             "framework", "input", "loop", "worker_threads", "use_multiprocessing", "max_queue_size", "prefetch",
+             "in_memory")
 
 
 class Dataloader(Rule):
@@ -105,6 +106,51 @@ class Dataloader(Rule):
             self._step_share_train.pop(key, None)
             self._step_share_other.pop(key, None)
 
+    def merge(self, other: Rule, node: str) -> None:
+        """`other` was fed only `node`'s rows: its per-node and per-(node, rank) entries are that node's (kept as
+        they are, or combined as later chunks of the same node would be), and the whole-run waits add up."""
+        assert isinstance(other, Dataloader)
+        self._run = other._run or self._run
+        self._events += other._events
+        self._info.update(other._info)  # every chunk carries every node's record: the same values
+        for name, alive in other._alive.items():  # a node not yet closed (never after its `done`)
+            if name in self._alive:
+                self._alive[name].merge(alive)
+            else:
+                self._alive[name] = alive
+        for name, (lo, hi) in other._span.items():
+            span = self._span.setdefault(name, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        for name, ranks in other._ranks.items():
+            self._ranks.setdefault(name, set()).update(ranks)
+        for key, entry in other._loaders.items():
+            mine = self._loaders.get(key)
+            if mine is None:
+                self._loaders[key] = entry
+            elif entry["first_us"] < mine["first_us"]:  # an earlier iterator's settings win; ties: the first fed
+                self._loaders[key] = dict(entry, iterators=mine["iterators"] + entry["iterators"])
+            else:
+                mine["iterators"] += entry["iterators"]
+        for rank, workers in other._rank_workers.items():
+            self._rank_workers.setdefault(rank, []).extend(workers)
+        self._waits_train.merge(other._waits_train)
+        self._waits_other.merge(other._waits_other)
+        for shares, theirs in ((self._share_train, other._share_train), (self._share_other, other._share_other)):
+            for rank, (wait, steps) in theirs.items():
+                acc = shares.setdefault(rank, [0, 0])
+                acc[0] += wait
+                acc[1] += steps
+        for dists, their_dists in ((self._step_share_train, other._step_share_train),
+                                   (self._step_share_other, other._step_share_other)):
+            for rank, dist in their_dists.items():  # open ranks only: a closed node's are in _typical_done
+                if rank in dists:
+                    dists[rank].merge(dist)
+                else:
+                    dists[rank] = dist
+        self._workers_done.update(other._workers_done)
+        self._typical_done.update(other._typical_done)
+        self._unmeasured |= other._unmeasured
+
     def _add(self, chunk: Chunk) -> None:
         self._run = chunk.run or self._run
         for node, frame in chunk.system.items():
@@ -145,8 +191,8 @@ class Dataloader(Rule):
         for mask, dists in ((in_train, self._step_share_train), (~in_train, self._step_share_other)):
             waits_by_rank = dict(cols.groups(cols.kind_is(DATA_WAIT) & mask & (cols.step >= 0), by_mode=False))
             for key, rows in cols.groups(cols.kind_is(STEP) & mask & (cols.step >= 0), by_mode=False):
-                shares = _step_shares(cols.step[rows], duration[rows], cols.step, duration, waits_by_rank.get(key))
-                dists.setdefault(key, Distribution(2, np.float64)).add(shares)
+                step_shares = _step_shares(cols.step[rows], duration[rows], cols.step, duration, waits_by_rank.get(key))
+                dists.setdefault(key, Distribution(2, np.float64)).add(step_shares)
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
             args = table["args"].take(loaders).to_pylist()
@@ -250,7 +296,8 @@ class Dataloader(Rule):
             "num_workers": main.get("num_workers"),
             "pin_memory": all(bool(e.get("pin_memory")) for e in loaders),
             "prefetch": any(bool(e.get("prefetch")) if e.get("framework") == "keras"
-                            else (e.get("num_workers") or 0) > 0 and (e.get("prefetch_factor") or 0) > 0 for e in loaders),
+                            else (e.get("num_workers") or 0) > 0 and (e.get("prefetch_factor") or 0) > 0
+                            for e in loaders),
             "keras": any(e.get("framework") == "keras" for e in loaders),
             "prefetch_factor": main.get("prefetch_factor"),
             "batch_size": main.get("batch_size"),
@@ -350,9 +397,9 @@ class Dataloader(Rule):
                              f"num_workers={e['suggested_num_workers']}{per_rank}.")
             else:
                 lines.append(f"Node {node} ran {workers} data-loader workers in parallel on {e['cores']} CPU cores "
-                             f"({e['percent']:.0f} %, above {_num(self.params['max_threshold'])} %){waited}: they compete "
-                             f"with the training processes for the CPU; try num_workers={e['suggested_num_workers']}"
-                             f"{per_rank}.")
+                             f"({e['percent']:.0f} %, above {_num(self.params['max_threshold'])} %){waited}: they "
+                             "compete with the training processes for the CPU; try "
+                             f"num_workers={e['suggested_num_workers']}{per_rank}.")
         gpu_nodes = any(self._has_gpus(n) for n in nodes)
         if details["keras"]:
             return " ".join(lines)
@@ -367,8 +414,9 @@ class Dataloader(Rule):
 
 def _keras_line(e: dict[str, Any], details: dict[str, Any]) -> str:
     """The Dataloader advice for a Keras input: PyDataset workers and processes, tf.data's own parallelism."""
-    main = next((x for x in details["loaders"] if x.get("framework") == "keras" and x.get("loop") != "test"),
-                None) or next((x for x in details["loaders"] if x.get("framework") == "keras"), {})
+    keras = [x for x in details["loaders"] if x.get("framework") == "keras"]
+    fit: dict[str, Any] | None = next((x for x in keras if x.get("loop") != "test"), None)
+    main: dict[str, Any] = fit or next(iter(keras), {})
     kind, cores = main.get("input"), e.get("cores")
     suggest = e.get("suggested_num_workers") or 2
     if kind == "tf_data":
@@ -425,6 +473,10 @@ class _SpanMedian:
             self._ordered = False
         self.ts.extend(ts)
         self.values.extend(values.astype(np.float64))
+
+    def merge(self, other: _SpanMedian) -> None:
+        """`other`'s snapshots after these, as if added here (an out-of-order join is noticed by `add`)."""
+        self.add(other.ts.view(), other.values.view())
 
     def within(self, span: list[int] | None) -> Distribution:
         """The values of the snapshots within `span` (all of them when it is None or holds none)."""

@@ -112,7 +112,7 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
         chunk = Chunk(system, events, info, done=node_done(planned, i), replay=replay)
         framework_columns(chunk)  # the rules' shared view, made here: on the read-ahead thread when there is one
         yield chunk
-    yield _empty_chunk(run, info, replay)
+    yield empty_chunk(run, info, replay)
 
 
 def node_done(planned: list[tuple[str, int, int]], i: int) -> frozenset[str]:
@@ -158,7 +158,7 @@ def _event_nodes(run: Any) -> list[str]:
     return sorted(set(run.nodes) | set(run.ranks()))
 
 
-def _empty_chunk(run: Any, info: dict[str, Any], replay: RunReplay) -> Chunk:
+def empty_chunk(run: Any, info: dict[str, Any], replay: RunReplay) -> Chunk:
     nodes = info.get("nodes", {})
     return Chunk({node: node_frame(node, pa.table({TIMESTAMP: pa.array([], pa.int64())}), nodes.get(node))
                   for node in run.nodes}, framework_schema().empty_table(), info, final=True, replay=replay)
@@ -201,7 +201,7 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
         chunk = Chunk(system, cols.table, info, done=node_done(planned, i), replay=replay)
         attach_columns(chunk, cols)  # decoded on the worker: the rules' shared view as it is
         yield chunk
-    yield _empty_chunk(run, info, replay)
+    yield empty_chunk(run, info, replay)
 
 
 _WORKER_RUNS: dict[str, Any] = {}  # on a worker: the pinned run of the evaluation in progress, by token
@@ -212,22 +212,29 @@ def slice_task(uri: str, token: str, metrics: set[str] | None, nodes: dict[str, 
                where: tuple[str, int, int]) -> tuple[dict[str, NodeFrame], FrameworkColumns]:
     """On a worker: one node's slice of the run at `uri`, decoded as the rules read it (its NodeFrames and the
     shared framework columns, whose `table` is the slice's events)."""
+    node, a, b = where
+    run = worker_run(uri, token, node)
+    run, system, events = read_slice(run, node, a, b, metrics, nodes)
+    _WORKER_RUNS[token] = run
+    # A slice of a cached file shares the file's buffers, and pickling sends whole buffers: copy just the rows.
+    events = events.take(pa.array(np.arange(events.num_rows)))
+    return system, FrameworkColumns(events)
+
+
+def worker_run(uri: str, token: str, node: str) -> Any:
+    """On a worker: the run at `uri` as pinned once for the evaluation `token` (listed again for a later one),
+    its cached files of another node forgotten when `node` is not the one it read last."""
     from stallwatch.store.reader import open_run
 
     run = _WORKER_RUNS.get(token)
     if run is None:
         _WORKER_RUNS.clear()
         run = _WORKER_RUNS[token] = open_run(uri).pinned()
-    node, a, b = where
     if _WORKER_NODE.get(token) != node:
         run.forget_recent()
         _WORKER_NODE.clear()
         _WORKER_NODE[token] = node
-    run, system, events = read_slice(run, node, a, b, metrics, nodes)
-    _WORKER_RUNS[token] = run
-    # A slice of a cached file shares the file's buffers, and pickling sends whole buffers: copy just the rows.
-    events = events.take(pa.array(np.arange(events.num_rows)))
-    return system, FrameworkColumns(events)
+    return run
 
 
 _DONE = object()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +42,7 @@ class OverallFrameworkMetrics(Rule):
     recommendation = ("Check the phase that dominates: much time between steps (\"others\") points to work outside the "
                       "training loop (evaluation, checkpointing, logging), a large share of waiting for data to the "
                       "input pipeline, and the most expensive operators to where the model itself can be optimized.")
-    defaults: dict[str, Any] = {}
+    defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -104,6 +104,29 @@ class OverallFrameworkMetrics(Rule):
                 entry = self._names.setdefault((cols.kinds[kc], names[nc]), [0, 0])
                 entry[0] += c
                 entry[1] += s
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Integer sums per key add up; a key new here goes after this rule's, in `other`'s order, as when fed
+        after it (a rank's `untimed_us` order reaches the JSON)."""
+        assert isinstance(other, OverallFrameworkMetrics)
+        self._events += other._events
+        for key, theirs in other._ranks.items():
+            if key not in self._ranks:
+                self._ranks[key] = theirs
+                continue
+            r = self._ranks[key]
+            if theirs["first"] is not None:
+                r["first"] = theirs["first"] if r["first"] is None else min(r["first"], theirs["first"])
+                r["last"] = theirs["last"] if r["last"] is None else max(r["last"], theirs["last"])
+            r["steps"] += theirs["steps"]
+            for field in ("step_us", "kind_us", "untimed_us"):
+                for k, v in theirs[field].items():
+                    r[field][k] = r[field].get(k, 0) + v
+        for name, (count, us) in other._names.items():
+            entry = self._names.setdefault(name, [0, 0])
+            entry[0] += count
+            entry[1] += us
+        self._operators.update(other._operators)  # de-duplicated by key: later rows replace, as fed
 
     def _add_operators(self, rows: Any) -> None:
         if rows is None:
@@ -198,7 +221,7 @@ def _pick(values: dict[str, int], keys: tuple[str, ...]) -> dict[str, int]:
     return {k: values[k] for k in keys if values.get(k)}
 
 
-def _percent(values: dict[str, float]) -> dict[str, float]:
+def _percent(values: Mapping[str, float]) -> dict[str, float]:
     """Each value's share of their sum, in %, largest first (the report's pie charts read the first key)."""
     total = sum(values.values())
     if total <= 0:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -84,7 +84,7 @@ def rounded(stats: dict[str, float], digits: int = 4) -> dict[str, float]:
     return {k: round(float(v), digits) for k, v in stats.items()}
 
 
-def plain_float(x: float, digits: int = 4) -> float | None:
+def plain_float(x: float | None, digits: int = 4) -> float | None:
     """A JSON number (None for NaN)."""
     return None if x is None or not math.isfinite(x) else round(float(x), digits)
 
@@ -229,6 +229,18 @@ def all_not_applicable(rule: Rule, nodes: dict[str, Any], what: str = "GPU data"
                                         if nodes else {}})
 
 
+def take_node(mine: dict[str, Any], theirs: dict[str, Any], node: str, seen: Callable[[Any], int]) -> None:
+    """`merge` for a rule whose state is all per node (no run-wide accumulator): `node`'s state from `theirs` (a
+    rule fed only that node's chunks, the others as empty frames) replaces `mine`'s, which saw at most empty
+    frames of it. Its windows and patience count from the node's first snapshot, so they cannot be joined to
+    rows `mine` already had: that is refused, not guessed. `seen(state)`: the node's snapshots so far."""
+    if node not in theirs:
+        return
+    if node in mine and seen(mine[node]):
+        raise ValueError(f"node {node} was fed to both rules: its windows cannot be joined")
+    mine[node] = theirs[node]  # a key already there keeps its place
+
+
 MAX_WINDOWS = 100  # flagged windows listed per node in Details (all are counted)
 
 
@@ -346,6 +358,11 @@ class LowGPUUtilization(Rule):
                 self._judge(st, block, t95, t5)
             if done:
                 st.freeze()
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Every statistic here is per node and the result orders nodes by name: `node`'s state is taken whole."""
+        assert isinstance(other, LowGPUUtilization)
+        take_node(self._nodes, other._nodes, node, lambda st: st.windows.seen)
 
     def _judge(self, st: _LowNode, block: Block, t95: float, t5: float) -> None:
         """The windows `block` completes on one node."""
@@ -490,6 +507,11 @@ class BatchSize(Rule):
                 self._judge(st, block)
             if done:
                 st.freeze()
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Every statistic here is per node and the result orders nodes by name: `node`'s state is taken whole."""
+        assert isinstance(other, BatchSize)
+        take_node(self._nodes, other._nodes, node, lambda st: st.windows.seen)
 
     def _judge(self, st: _BatchNode, block: Block) -> None:
         """The windows `block` completes on one node."""
@@ -636,6 +658,11 @@ class GPUMemoryIncrease(Rule):
                 self._judge(st, block, inc)
             if done:
                 st.freeze()
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Every statistic here is per node and the result orders nodes by name: `node`'s state is taken whole."""
+        assert isinstance(other, GPUMemoryIncrease)
+        take_node(self._nodes, other._nodes, node, lambda st: st.windows.seen)
 
     def _judge(self, st: _MemNode, block: Block, inc: float) -> None:
         """The windows `block` completes on one node."""
@@ -798,6 +825,11 @@ class LoadBalancing(Rule):
                     acc.counts += np.bincount(idx, minlength=_BINS)
                     acc.total += float(v.sum())
 
+    def merge(self, other: Rule, node: str) -> None:
+        """Every statistic here is per node and the result orders nodes by name: `node`'s state is taken whole."""
+        assert isinstance(other, LoadBalancing)
+        take_node(self._nodes, other._nodes, node, lambda st: st.seen)
+
     def result(self) -> RuleResult:
         nodes = {n: s for n, s in self._nodes.items() if s.has_gpu}
         if not nodes:
@@ -813,7 +845,7 @@ class LoadBalancing(Rule):
             gpus = [g for g in ordered_columns(st.gpus) if st.gpus[g].counts.sum() > 0]
             means = {g: plain_float(st.gpus[g].total / st.gpus[g].counts.sum(), 2) for g in gpus}
             distances: dict[str, dict[str, float]] = {}
-            imbalanced = []
+            imbalanced: list[list[Any]] = []
             for i, a in enumerate(gpus):
                 for b in gpus[i + 1:]:
                     d = js_distance(st.gpus[a].counts.astype(float), st.gpus[b].counts.astype(float))

@@ -155,6 +155,39 @@ class InputBound(Rule):
         for node in chunk.done:
             self._close(node)
 
+    def merge(self, other: Rule, node: str) -> None:
+        """Fold in `other`, fed only `node`'s chunks: its entries for `node`'s ranks (judged at its `done`: nothing
+        in them depends on another node), what the causes of later entries read of `node`, and the run-wide counts."""
+        assert isinstance(other, InputBound)
+        self._events += other._events
+        self._unmeasured |= {key for key in other._unmeasured if key[0] == node}
+        if node in other._info:
+            self._info[node] = other._info[node]
+        if node in other._ranks_per_node:
+            self._ranks_per_node.setdefault(node, set()).update(other._ranks_per_node[node])
+        for key, workers in other._loaders.items():
+            if key[0] == node:
+                self._loaders.setdefault(key, []).extend(workers)
+        for key, facts in other._keras.items():  # the rule of `_add`: a training loop's facts replace another's
+            if key[0] == node and (key not in self._keras or
+                                   facts.get("loop") == "train" != self._keras[key].get("loop")):
+                self._keras[key] = facts
+        self._judged.update((key, e) for key, e in other._judged.items() if key[0] == node)  # sorted by `result()`
+        # A node the worker was not told is complete (a feed without `done`): its steps as held or streamed there,
+        # and where to read it again, for `result()` to judge as the single feed would.
+        self._ranks.update((key, r) for key, r in other._ranks.items() if key[0] == node)
+        self._streamed.update((key, s) for key, s in other._streamed.items() if key[0] == node)
+        if node in other._spans:
+            self._spans[node] = other._spans[node]
+        if node in other._rates:
+            self._rates[node] = other._rates[node]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a worker's rule sent back) without the run it reads again: the caller's rule has its own."""
+        state = self.__dict__.copy()
+        state["_replay"] = None
+        return state
+
     def _add(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
             if frame.info:

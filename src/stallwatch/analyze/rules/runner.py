@@ -17,19 +17,34 @@ def evaluate(rule_classes: Iterable[type[Rule]], chunks: Iterable[Chunk],
     """Feed every chunk to every rule (in order, one chunk at a time: `chunks` may be a lazy reader) and
     collect the results. A rule that raises is left out of the later chunks and reports the error.
     `progress(chunks done)` after each chunk."""
-    params = params or {}
-    rules = [cls(**params.get(cls.name, {})) for cls in rule_classes]  # a bad parameter raises before any work
+    rules = make_rules(rule_classes, params)
     failed: dict[int, RuleResult] = {}
     for done, chunk in enumerate(chunks, 1):
-        for i, rule in enumerate(rules):
-            if i in failed:
-                continue
-            try:
-                rule.update(chunk)
-            except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
-                failed[i] = failed_result(rule, exc)
+        feed(rules, chunk, failed)
         if progress is not None:
             progress(done)
+    return results_of(rules, failed)
+
+
+def make_rules(rule_classes: Iterable[type[Rule]], params: dict[str, dict[str, Any]] | None) -> list[Rule]:
+    """One instance of each rule with its parameters: a bad parameter raises before any work."""
+    params = params or {}
+    return [cls(**params.get(cls.name, {})) for cls in rule_classes]
+
+
+def feed(rules: list[Rule], chunk: Chunk, failed: dict[int, RuleResult]) -> None:
+    """`chunk` to each rule not in `failed`; a rule that raises joins `failed` (by its index)."""
+    for i, rule in enumerate(rules):
+        if i in failed:
+            continue
+        try:
+            rule.update(chunk)
+        except Exception as exc:  # one broken rule (a custom one, say) never hides the others' results
+            failed[i] = failed_result(rule, exc)
+
+
+def results_of(rules: list[Rule], failed: dict[int, RuleResult]) -> list[RuleResult]:
+    """Each rule's result, or its failure."""
     results = []
     for i, rule in enumerate(rules):
         if i in failed:

@@ -132,6 +132,18 @@ class Distribution:
             self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, tail), tail) if self._sorted.size else tail
             self._pending, self._pending_n, self._tail = [], 0, None
 
+    def merge(self, other: Distribution) -> None:
+        """Fold in `other`'s values (a Distribution of the same decimals and dtype): the statistics are then those of
+        both series' values together, as if they had been added here (they are a multiset: order does not matter)."""
+        if other.n == 0:
+            return
+        other._merge()
+        values = [other._sorted]
+        if other._counts.size:
+            present = np.flatnonzero(other._counts)
+            values.append(np.repeat(other._grid_values(present + other._lo), other._counts[present]))
+        self.add(np.concatenate(values).astype(other.dtype))
+
     def kth(self, r: int) -> float:
         """The r-th smallest value (0-based)."""
         if self._scale is not None:
@@ -313,6 +325,16 @@ class ValueCounts(Distribution):
         self._values, inverse = np.unique(values, return_inverse=True)
         self._vcounts = np.bincount(inverse, weights=weights, minlength=len(self._values)).astype(np.int64)
         self._pending, self._pending_n, self._vcum = [], 0, None
+
+    def merge(self, other: Distribution) -> None:
+        assert isinstance(other, ValueCounts)
+        other._merge()
+        self._merge()
+        self.n += other.n
+        values, inverse = np.unique(np.concatenate([self._values, other._values]), return_inverse=True)
+        weights = np.concatenate([self._vcounts, other._vcounts])
+        self._vcounts = np.bincount(inverse, weights=weights, minlength=len(values)).astype(np.int64)
+        self._values, self._vcum = values, None
 
     def _cumulative(self) -> np.ndarray:
         self._merge()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -598,6 +598,25 @@ class StepOutlier(Rule):
             for key, f in facts.items():
                 self._judged[key] = self.judged(key, f)
 
+    def merge(self, other: Rule, node: str) -> None:
+        """`node`'s verdicts (its series, were it never said complete) and event count: every series is one node's,
+        judged on that node's steps alone, and `result()` orders them by key, so the feed's order does not show."""
+        assert isinstance(other, StepOutlier)
+        self._events += other._events
+        self._judged.update(_of_node(other._judged, node))
+        self._series.update(_of_node(other._series, node))
+        self._streamed.update(_of_node(other._streamed, node))
+        if node in other._spans:
+            self._spans[node] = other._spans[node]
+        if node in other._rates:
+            self._rates[node] = other._rates[node]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a worker's rule sent back) without the run read again: the caller's rule has its own."""
+        state = dict(self.__dict__)
+        state["_replay"] = None
+        return state
+
     def result(self) -> RuleResult:
         if self._events == 0:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
@@ -640,6 +659,14 @@ class StepOutlier(Rule):
                               f"{' …' if len(fired) > 10 else ''}.{extra}")
         return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints,
                                 details=result_details, recommendation=recommendation)
+
+
+_V = TypeVar("_V")
+
+
+def _of_node(by_series: dict[tuple[str, int, str], _V], node: str) -> dict[tuple[str, int, str], _V]:
+    """The entries of `node`'s series (a merged worker's rule brings only its own node's)."""
+    return {key: value for key, value in by_series.items() if key[0] == node}
 
 
 @dataclass(frozen=True)
@@ -753,6 +780,18 @@ class MaxInitializationTime(Rule):
             t = int(cols.start[rows].min())
             self._node_first[node] = min(self._node_first.get(node, t), t)
 
+    def merge(self, other: Rule, node: str) -> None:
+        assert isinstance(other, MaxInitializationTime)
+        self._run = other._run or self._run
+        self._final = self._final or other._final
+        self._events += other._events
+        self._steps += other._steps
+        self._first_step = _least(self._first_step, other._first_step)
+        self._last_step_end = _most(self._last_step_end, other._last_step_end)
+        self._node_first.update(other._node_first)
+        self._data_min = _least(self._data_min, other._data_min)
+        self._data_max = _most(self._data_max, other._data_max)
+
     def result(self) -> RuleResult:
         run = self._run
         job_start = run.get("start_us")
@@ -801,6 +840,14 @@ class MaxInitializationTime(Rule):
                               f"started (threshold {self.params['threshold']} minutes). " + self.recommendation)
         return self.make_result(triggered=int(fires), violations=int(fires), datapoints=self._steps,
                                 details=details, message=message, recommendation=recommendation)
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _node_starts(run: dict[str, Any], first_steps: dict[str, int]) -> dict[str, dict[str, Any]]:

@@ -243,9 +243,10 @@ class Straggler(Rule):
     the step minus its collectives where they are recorded per step (explicit torch.distributed calls), else
     the step minus its backward pass (DDP reduces gradients inside backward, so a fast rank's backward grows by
     its wait and the straggler's does not). Per step number shared by at least two ranks, each rank's excess
-    over the median of the other ranks (of all ranks beyond 16); over every window of `window` consecutive shared steps, a rank whose mean
-    excess is above `threshold` % of the median step and above `min_excess_ms` is a straggler. A node all of
-    whose ranks are stragglers (with other nodes in the job) is named as the straggling node.
+    over the median of the other ranks (of all ranks beyond 16); over every window of `window` consecutive shared
+    steps, a rank whose mean excess is above `threshold` % of the median step and above `min_excess_ms` is a
+    straggler. A node all of whose ranks are stragglers (with other nodes in the job) is named as the straggling
+    node.
 
     Evaluation points: each window position of each rank. RuleTriggered = straggling ranks; Violations = window
     positions above the thresholds; Datapoints = rank-steps compared. Silent on a single rank."""
@@ -295,6 +296,30 @@ class Straggler(Rule):
                 self._kept += _kept_bytes(steps)
                 if r.spans is not None and self._kept + self._starts.nbytes > KEEP_BYTES:
                     self._let_steps_go()
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Take `node`'s finished ranks from `other`: their summaries always, their kept steps and starts unless
+        either side has let steps go; kept steps past KEEP_BYTES together are let go, as `update` would."""
+        assert isinstance(other, Straggler)
+        self._events += other._events
+        self._summaries.update(other._summaries)
+        self._ranks.update(other._ranks)  # none: the feed says the node is complete
+        if self._replaying or other._replaying:  # past a budget here, or with the node alone: so is the whole feed
+            self._let_steps_go()  # (again: only the summaries are kept)
+            return
+        if not other._done:
+            return
+        self._done.update(other._done)
+        self._starts = self._starts.merged(other._starts.numbers, other._starts.starts)
+        self._kept += other._kept
+        # `update` checks after each replayable rank; kept bytes and starts only grow, so once after the node is
+        # the same (its ranks are replayable when their summaries are kept)
+        if other._summaries and self._kept + self._starts.nbytes > KEEP_BYTES:
+            self._let_steps_go()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the replay (a worker's reader of the run): the caller's rule gets its own from the final chunk."""
+        return {**self.__dict__, "_replay": None}
 
     def _let_steps_go(self) -> None:
         """Past what is worth holding: the result reads the run again; of every rank from now on, only its summary."""

@@ -150,6 +150,14 @@ class OverallSystemUsage(Rule):
             if node in self._nodes:
                 self._done[node] = _summary(self._nodes.pop(node))
 
+    def merge(self, other: Rule, node: str) -> None:
+        assert isinstance(other, OverallSystemUsage)
+        if node in other._done:
+            self._nodes.pop(node, None)
+            self._done[node] = other._done[node]
+        elif node in other._nodes:
+            self._nodes[node] = other._nodes[node]
+
     @staticmethod
     def _device_keys(frame: NodeFrame) -> list[tuple[str, str]]:
         keys = [(d, CPU_UTIL) for d in frame.devices(CPU, CPU_UTIL)]
