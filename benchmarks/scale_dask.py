@@ -52,11 +52,13 @@ def one(run: str, spec: str, workers: int, out: str, jobs: set[str]) -> dict:
             results = evaluate_run(r, builtin_rules(), engine=engine)
             row["rules_s"] = time.perf_counter() - t
             row["merge_s"], row["final_s"] = caller.get("merge", 0.0), caller.get("final", 0.0)
+            row["rules_tasks"], row["rules_bytes"] = engine.stats.tasks, engine.stats.result_bytes
             row["rules_digest"] = _digest(json.dumps([x.to_json() for x in results], sort_keys=True, default=str))
             if spec != "local":
                 t = time.perf_counter()
                 results = evaluate(builtin_rules(), iter_run(r, builtin_rules(), engine=engine))
                 row["slices_s"] = time.perf_counter() - t
+                row["slices_bytes"] = engine.stats.result_bytes - row["rules_bytes"]
                 row["slices_digest"] = _digest(json.dumps([x.to_json() for x in results], sort_keys=True,
                                                           default=str))
         if "steps" in jobs:
@@ -152,9 +154,10 @@ def main() -> None:
                       ", ".join(f"{w / 1e6:,.0f}" for w in r["workers_rss"]) or "-", str(r["tasks"]),
                       f"{r['bytes'] / 1e6:,.0f}"])
     print()
-    print("the caller's serial part of the rules on Dask: " + "; ".join(
-        f"{r['engine']}: merging {r['merge_s']:.1f} s, final chunk {r['final_s']:.1f} s" for r in rows[1:]
-        if "merge_s" in r))
+    print("the rules on Dask: " + "; ".join(
+        f"{r['engine']}: {r['rules_tasks']} tasks, {r['rules_bytes'] / 1e6:,.1f} MB to the caller (the slices' way: "
+        f"{r['slices_bytes'] / 1e6:,.0f} MB), the caller merging {r['merge_s']:.1f} s and feeding the final chunk "
+        f"{r['final_s']:.1f} s" for r in rows[1:] if "slices_bytes" in r))
     print(_common.table(["engine", "start s", "rules s", "rules, slices s", "step stats s", "timeline s",
                          "speed-up (w/o slices)", "caller MB", "workers MB", "tasks", "MB to caller"], table))
     print(f"identical results: {'yes' if same else 'NO'}")

@@ -8,11 +8,12 @@ from __future__ import annotations
 import uuid
 from functools import partial
 from itertools import groupby
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 from stallwatch.analyze.rules.feed import (
     RunReplay,
+    ahead_of,
     empty_chunk,
     iter_run,
     plan,
@@ -22,6 +23,7 @@ from stallwatch.analyze.rules.feed import (
     worker_run,
 )
 from stallwatch.analyze.rules.runner import evaluate, failed_result, feed, make_rules, results_of
+from stallwatch.analyze.rules.steps import framework_columns
 
 NodeWork = tuple[str, list[tuple[int, int]]]  # a node and its time slices, in order
 
@@ -96,16 +98,24 @@ def node_task(uri: str, token: str, rules: list[tuple[type[Rule], dict[str, Any]
     """On a worker: fresh rules fed one node's slices of the run at `uri` (the last marked done), as the batch
     feed hands them; the rules (None for one that failed) and the failures, by index."""
     node, slices = work
-    run = worker_run(uri, token, node)
     fresh = [cls(**p) for cls, p in rules]
     failed: dict[int, RuleResult] = {}
+    for chunk in ahead_of(_node_chunks(worker_run(uri, token, node), node, slices, metrics, info), 1):
+        feed(fresh, chunk, failed)
+    return [None if i in failed else rule for i, rule in enumerate(fresh)], failed
+
+
+def _node_chunks(run: Any, node: str, slices: list[tuple[int, int]], metrics: set[str] | None,
+                 info: dict[str, Any]) -> Iterator[Chunk]:
+    """The batch feed's chunks of one node (the last marked done), decoded on the read-ahead thread as
+    `iter_run`'s are, so a worker reads the next slice while its rules work on this one."""
     replay = RunReplay(run, info)
     for k, (a, b) in enumerate(slices):
         run, system, events = read_slice(run, node, a, b, metrics, info.get("nodes", {}))
         chunk = Chunk(system, events, info, done=frozenset((node,)) if k == len(slices) - 1 else frozenset(),
                       replay=replay)
-        feed(fresh, chunk, failed)
-    return [None if i in failed else rule for i, rule in enumerate(fresh)], failed
+        framework_columns(chunk)
+        yield chunk
 
 
 def _shared(uri: str) -> str:

@@ -92,7 +92,7 @@ def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slic
     if read_ahead <= 0:
         yield from slices
         return
-    yield from _read_ahead(slices, read_ahead)
+    yield from ahead_of(slices, read_ahead)
 
 
 def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) -> Iterator[Chunk]:
@@ -132,7 +132,7 @@ class RunReplay:
 
     def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...] | None,
                  fields: tuple[str, ...]) -> Iterator[Chunk]:
-        return _read_ahead(self._chunks(pieces, kinds, fields), 1)
+        return ahead_of(self._chunks(pieces, kinds, fields), 1)
 
     def _chunks(self, pieces: Iterable[tuple[str, int, int]], kinds: tuple[str, ...] | None,
                 fields: tuple[str, ...]) -> Iterator[Chunk]:
@@ -240,7 +240,7 @@ def worker_run(uri: str, token: str, node: str) -> Any:
 _DONE = object()
 
 
-def _read_ahead(chunks: Iterator[Chunk], depth: int) -> Iterator[Chunk]:
+def ahead_of(chunks: Iterator[Chunk], depth: int) -> Iterator[Chunk]:
     """`chunks` produced on a thread, at most `depth` ahead of the consumer; an error there is raised here,
     and a consumer that stops early stops the thread."""
     out: queue.Queue[Any] = queue.Queue(maxsize=depth)
