@@ -7,7 +7,7 @@ and way gives identical results, and prints per engine: seconds, speed-up over l
 worker's peak RSS, tasks and bytes sent back to the caller.
 
 Run: python benchmarks/scale_dask.py --data DIR [--nodes 8] [--hours 1] [--steps-per-s 10] [--workers 1,2]
-     [--jobs rules,steps,timeline]
+     [--jobs rules,slices,steps,timeline]   (slices: the rules also fed the slices in the caller, the old way)
 Each engine is measured in a fresh Python process (the caller's VmHWM is its own).
 """
 
@@ -52,9 +52,11 @@ def one(run: str, spec: str, workers: int, out: str, jobs: set[str]) -> dict:
             results = evaluate_run(r, builtin_rules(), engine=engine)
             row["rules_s"] = time.perf_counter() - t
             row["merge_s"], row["final_s"] = caller.get("merge", 0.0), caller.get("final", 0.0)
+            row["result_s"] = caller.get("result", 0.0)
             row["rules_tasks"], row["rules_bytes"] = engine.stats.tasks, engine.stats.result_bytes
+            row["rules_rss"] = _common.peak_rss()  # the caller's peak so far: the rules fed by node (or locally)
             row["rules_digest"] = _digest(json.dumps([x.to_json() for x in results], sort_keys=True, default=str))
-            if spec != "local":
+            if spec != "local" and "slices" in jobs:
                 t = time.perf_counter()
                 results = evaluate(builtin_rules(), iter_run(r, builtin_rules(), engine=engine))
                 row["slices_s"] = time.perf_counter() - t
@@ -81,13 +83,19 @@ def one(run: str, spec: str, workers: int, out: str, jobs: set[str]) -> dict:
 
 
 def _time_the_caller() -> dict[str, float]:
-    """Seconds the caller spends merging the workers' rules and feeding the merged rules the final chunk (the
-    serial part of the rules on Dask), summed into the returned dict as the rules run."""
+    """Seconds the caller spends merging the workers' rules, feeding the merged rules the final chunk and making
+    their results (the serial part of the rules on Dask), summed into the returned dict as the rules run."""
     from stallwatch.analyze.rules import by_node
     from stallwatch.analyze.rules.registry import builtin_rules
 
-    spent = {"merge": 0.0, "final": 0.0}
-    feed = by_node.feed
+    spent = {"merge": 0.0, "final": 0.0, "result": 0.0}
+    feed, results_of = by_node.feed, by_node.results_of
+
+    def timed_results(rules, failed):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        out = results_of(rules, failed)
+        spent["result"] += time.perf_counter() - t
+        return out
 
     def timed_feed(rules, chunk, failed):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
@@ -103,6 +111,7 @@ def _time_the_caller() -> dict[str, float]:
         return run
 
     by_node.feed = timed_feed  # type: ignore[assignment]
+    by_node.results_of = timed_results  # type: ignore[assignment]
     for cls in builtin_rules():
         cls.merge = timed(cls.merge)  # type: ignore[method-assign]
     return spent
@@ -121,7 +130,7 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--steps-per-s", type=float, default=10.0)
     ap.add_argument("--workers", default="1,2")
-    ap.add_argument("--jobs", default="rules,steps,timeline")
+    ap.add_argument("--jobs", default="rules,slices,steps,timeline")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)  # run spec workers: one engine, in this process
     a = ap.parse_args()
     if a.child:
@@ -156,8 +165,9 @@ def main() -> None:
     print()
     print("the rules on Dask: " + "; ".join(
         f"{r['engine']}: {r['rules_tasks']} tasks, {r['rules_bytes'] / 1e6:,.1f} MB to the caller (the slices' way: "
-        f"{r['slices_bytes'] / 1e6:,.0f} MB), the caller merging {r['merge_s']:.1f} s and feeding the final chunk "
-        f"{r['final_s']:.1f} s" for r in rows[1:] if "slices_bytes" in r))
+        f"{r.get('slices_bytes', 0) / 1e6:,.0f} MB), the caller merging {r['merge_s']:.1f} s and feeding the final "
+        f"chunk {r['final_s']:.1f} s, their results {r['result_s']:.1f} s, its peak by then "
+        f"{r['rules_rss'] / 1e6:,.0f} MB" for r in rows[1:] if "rules_rss" in r))
     print(_common.table(["engine", "start s", "rules s", "rules, slices s", "step stats s", "timeline s",
                          "speed-up (w/o slices)", "caller MB", "workers MB", "tasks", "MB to caller"], table))
     print(f"identical results: {'yes' if same else 'NO'}")

@@ -122,3 +122,21 @@ def test_an_unreachable_scheduler_is_one_line(run_dir, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("stallwatch rules: cannot reach the Dask scheduler at tcp://127.0.0.1:9")
     assert "\n" not in err and "Traceback" not in err
+
+
+def test_the_rules_command_on_dask_writes_the_local_engines_files(run_dir, dask_engine, tmp_path, monkeypatch):
+    """`stallwatch rules RUN --engine dask=ADDRESS`, the user's way in: the same rules/*.json as without it."""
+    import shutil
+
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "handlers", [logging.NullHandler()])
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "propagate", logging.getLogger("stallwatch").propagate)
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "level", logging.getLogger("stallwatch").level)
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    shutil.copytree(run_dir, local)
+    shutil.copytree(run_dir, remote)
+    address = dask_engine.client.scheduler.address
+    assert main(["rules", str(local)]) == 0
+    assert main(["rules", str(remote), "--engine", f"dask={address}"]) == 0
+    written = sorted(p.name for p in (local / "rules").glob("*.json"))
+    assert len(written) == len(builtin_rules())
+    assert all((remote / "rules" / name).read_bytes() == (local / "rules" / name).read_bytes() for name in written)
