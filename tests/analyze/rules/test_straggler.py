@@ -256,3 +256,16 @@ def test_numbers_kept_as_runs_merge_and_overlap_as_sets_of_numbers():
         assert np.array_equal(runs, _numbers_as_runs(a))
         if len(a):
             assert _overlap(runs, _numbers_as_runs(b)) == len(np.intersect1d(a, b))
+
+
+@pytest.mark.parametrize("keys, starts", [(5, 3), (10**6, 10**9), (2**40, 2**50), (2**20, 2**45)])
+def test_the_replays_one_key_sort_is_lexsorts_order(keys, starts):
+    """Ties of both kept in row order (a rank's first step of a number is its first row), whether the two fit in
+    one int64 (the usual case) or not (the two-key sort)."""
+    from stallwatch.analyze.rules.straggler import _by_key_then_start
+
+    rng = np.random.default_rng(keys % 97)
+    for m in (0, 1, 2000):
+        key = rng.integers(0, keys, m).astype(np.int64)
+        start = rng.integers(0, starts, m).astype(np.int64) + 1_700_000_000_000_000
+        assert np.array_equal(_by_key_then_start(key, start), np.lexsort((start, key)))

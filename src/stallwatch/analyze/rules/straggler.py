@@ -13,6 +13,7 @@ import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts, check_non_negative
+from stallwatch.analyze.rules.stats import column_medians
 from stallwatch.analyze.rules.steps import Appendable, FrameworkColumns, new_events
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
 
@@ -504,7 +505,7 @@ class _Grid:
                 ok = (pos < len(numbers)) & (numbers[np.minimum(pos, len(numbers) - 1)] == num)
                 matrix[i, pos[ok]], steps[i, pos[ok]] = out[ok], dur[ok]
             with np.errstate(all="ignore"):
-                median = np.nanmedian(steps, axis=0)
+                median = column_medians(steps)
             yield a, median, _excess(matrix)
 
 
@@ -569,14 +570,22 @@ class _Replayed:
         """The grid's row of each of `rows`' (node, rank), -1 for a rank it does not compare."""
         out = np.full(len(rows), -1, np.int64)
         node, rank = cols.node[rows], cols.rank[rows]
-        for code in np.unique(node).tolist():
-            mine = node == code
+        # a replayed piece is one node's: one code, no grouping (finding the codes cost as much as the rest)
+        codes = range(len(cols.nodes)) if len(cols.nodes) == 1 else np.unique(node).tolist()
+        for code in codes:
+            mine = slice(None) if len(cols.nodes) == 1 else node == code
             ranks = self._ranks.get(cols.nodes[code])
             if ranks is None:
                 continue
             numbers, where = ranks
-            pos = np.minimum(np.searchsorted(numbers, rank[mine]), len(numbers) - 1)
-            out[mine] = np.where(numbers[pos] == rank[mine], where[pos], -1)
+            theirs = rank[mine]
+            if 0 <= numbers[0] and numbers[-1] < 1 << 16:  # ranks numbered as usual: a table lookup
+                table = np.full(int(numbers[-1]) + 2, -1, np.int64)  # the last entry: any rank past the table
+                table[numbers] = where
+                out[mine] = table[np.clip(theirs, -1, len(table) - 1)]  # -1 (also the last entry): not compared
+            else:
+                pos = np.minimum(np.searchsorted(numbers, theirs), len(numbers) - 1)
+                out[mine] = np.where(numbers[pos] == theirs, where[pos], -1)
         return out
 
     def excess(self, matrix: np.ndarray, a: int) -> np.ndarray:
@@ -586,7 +595,7 @@ class _Replayed:
             return _excess(matrix)
         b = a + matrix.shape[1]
         if self.of is None:
-            self.centers[a:b] = np.nanmedian(matrix, axis=0)
+            self.centers[a:b] = column_medians(matrix)
         return matrix - self.centers[a:b]
 
     def stake(self, fired: list[tuple[tuple[str, int], _Summary]], basis: str, width: int) -> float:
@@ -612,6 +621,18 @@ class _Replayed:
                 columns.take(new_events(next(chunks)), lo, hi)
             yield from columns.emit(b)
         yield from columns.emit(len(self.numbers))
+
+
+def _by_key_then_start(key: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """`np.lexsort((start, key))`: one stable sort of a single int64 made of both where they fit in one (the
+    replay's pieces: a block's cells and a few hours of µs), ≈ 8× faster than two sorts."""
+    if not len(key):
+        return np.empty(0, np.intp)
+    k, t = key - key.min(), start - start.min()
+    shift = int(t.max()).bit_length()
+    if int(k.max()).bit_length() + shift > 62:
+        return np.lexsort((start, key))
+    return np.argsort(k << shift | t, kind="stable")
 
 
 def _shared(runs: list[np.ndarray]) -> np.ndarray:
@@ -653,19 +674,29 @@ class _Columns:
         if cols is None:
             return
         g = self.grid
+        block = g.numbers[self.base:self.base + self.outside.shape[1]]  # the block's numbers: those in [lo, hi)
+        if not len(block):
+            return
         rows = np.flatnonzero(cols.mode_is([TRAIN]) & (cols.step >= lo) & (cols.step < hi))
         step = cols.step[rows]
         rank = g.rank_rows(cols, rows)
-        column = np.searchsorted(g.numbers, step)
-        keep = (rank >= 0) & (g.numbers[np.minimum(column, len(g.numbers) - 1)] == step)
-        rows, rank, column = rows[keep], rank[keep], column[keep]
-        duration = np.maximum(cols.end[rows] - cols.start[rows], 0)
+        if int(block[-1]) - int(block[0]) == len(block) - 1:  # consecutive numbers (the usual case): an offset
+            column = step - block[0]
+            keep = (rank >= 0) & (column >= 0) & (column < len(block))
+        else:
+            column = np.searchsorted(block, step)  # within the block: a search that stays in cache
+            keep = (rank >= 0) & (block[np.minimum(column, len(block) - 1)] == step)
+        column += self.base
+        if not keep.all():
+            rows, rank, column = rows[keep], rank[keep], column[keep]
+        start = cols.start[rows]
+        duration = np.maximum(cols.end[rows] - start, 0)
         kind = cols.kind_is(STEP)[rows]
         if not kind.any():
             return
         key = rank[kind] * len(g.numbers) + column[kind]
-        start, dur = cols.start[rows][kind], duration[kind]
-        order = np.lexsort((start, key))
+        start, dur = start[kind], duration[kind]
+        order = _by_key_then_start(key, start)
         first = order[np.r_[True, np.diff(key[order]) != 0]]  # each rank's first step of each number
         mine, fs, fd = key[first], start[first], dur[first]  # sorted by rank, then column
         wait = np.zeros(len(mine), np.int64)
@@ -674,7 +705,8 @@ class _Columns:
             keys = rank[kind] * len(g.numbers) + column[kind]
             pos = np.minimum(np.searchsorted(mine, keys), len(mine) - 1)
             hit = mine[pos] == keys
-            np.add.at(wait, pos[hit], duration[kind][hit])
+            if hit.any():  # µs sums far below 2**53: exact in the float64 weights
+                wait += np.bincount(pos[hit], weights=duration[kind][hit], minlength=len(mine)).astype(np.int64)
         fr, fc = np.divmod(mine, len(g.numbers))
         np.minimum.at(g.starts, fc, fs)
         self.outside[fr, fc - self.base] = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
@@ -695,7 +727,7 @@ class _Columns:
             self.emitted = b
             with warnings.catch_warnings():  # a pass over a few ranks has columns where none of them has a value
                 warnings.simplefilter("ignore", RuntimeWarning)
-                median = np.nanmedian(steps, axis=0)
+                median = column_medians(steps)
                 excess = g.excess(matrix, a)
             yield a, median, excess
 
@@ -767,8 +799,8 @@ def _excess(matrix: np.ndarray) -> np.ndarray:
     for small jobs (with two ranks the median of both would halve the difference), of all ranks for large ones."""
     with np.errstate(all="ignore"):
         if len(matrix) > LEAVE_ONE_OUT_UP_TO:
-            return matrix - np.nanmedian(matrix, axis=0)
-        return np.stack([matrix[i] - np.nanmedian(np.delete(matrix, i, axis=0), axis=0) for i in range(len(matrix))])
+            return matrix - column_medians(matrix)
+        return np.stack([matrix[i] - column_medians(np.delete(matrix, i, axis=0)) for i in range(len(matrix))])
 
 
 def _basis(covered: list[tuple[bool, bool]]) -> str:
