@@ -20,6 +20,7 @@ from stallwatch.analyze.rules.runner import evaluate
 from stallwatch.cli import main
 from stallwatch.present.trace_export import export_timeline
 from stallwatch.store.reader import open_run
+from tests.analyze.rules._fw_gen import spy_replays
 from tests.present.generated_run import training_run
 
 pytest.importorskip("distributed")
@@ -67,6 +68,21 @@ def test_rules_fed_node_by_node_on_dask_equal_the_local_engine(run_dir, dask_eng
     assert json.dumps(remote, sort_keys=True, default=str) == json.dumps(local, sort_keys=True, default=str)
     assert dask_engine.stats.tasks - tasks == 2  # one task per node
     assert dask_engine.stats.result_bytes - sent < 2 * 5 * 100_000  # the rules' summaries, not the slices
+
+
+def test_straggler_merged_past_its_budget_reads_the_run_again_in_the_caller(run_dir, dask_engine, monkeypatch):
+    """The workers keep their node's steps (their budget is the default); the caller's, set to nothing here, is
+    passed when it merges them, so it lets them go and reads the run again for its result: still the local JSON."""
+    from stallwatch.analyze.rules import straggler
+    from stallwatch.analyze.rules.straggler import Straggler
+
+    local = _rules(run_dir, LocalEngine())
+    monkeypatch.setattr(straggler, "KEEP_BYTES", 0)
+    replays = spy_replays(monkeypatch)
+    remote = evaluate_run(open_run(str(run_dir)), [Straggler], engine=dask_engine, slice_us=SLICE_US)
+    assert replays, "the merged Straggler did not read the run again"
+    assert json.dumps(remote[0].to_json(), sort_keys=True, default=str) == \
+        json.dumps(next(r for r in local if r["RuleName"] == "Straggler"), sort_keys=True, default=str)
 
 
 def test_step_statistics_and_summary_on_dask_equal_the_local_engine(run_dir, dask_engine):
