@@ -285,9 +285,10 @@ class Run:
         schema = framework_schema() if fields is None else pa.schema(
             [f for f in framework_schema() if f.name in {"node", "rank", *fields}])
         node_set = None if nodes is None else ({nodes} if isinstance(nodes, str) else set(nodes))
-        # Chosen, then sorted: sorting every file of the run for one node's slice made a feed of N nodes cost N² sorts.
-        chunks = [c for c in self._chunks(layout.FRAMEWORK_DIR) if (node_set is None or c.node in node_set)
-                  and c.rank is not None and c.path not in skip_files and c.overlaps(start_us, end_us)]
+        # Chosen, then sorted, and a node's files found by node: sorting (or even looking at) every file of the run
+        # for one node's slice made a feed of N nodes cost N² — the rules' time was not linear in the run.
+        chunks = [c for c in self._framework_chunks(node_set) if c.rank is not None and c.path not in skip_files
+                  and c.overlaps(start_us, end_us)]
         chunks.sort(key=lambda c: (c.node, _rank_key(c.rank or ""), c.start_us))
         key = None if columns is None else tuple(columns)
 
@@ -307,6 +308,20 @@ class Run:
         if not tables:
             return schema.empty_table()
         return pa.concat_tables(tables)
+
+    def _framework_chunks(self, nodes: set[str] | None) -> list[layout.Chunk]:
+        """The framework files of `nodes` (all: None), in listing order, through an index by node kept with the
+        listing it was made from (a pinned run's, read slice by slice)."""
+        chunks = self._chunks(layout.FRAMEWORK_DIR)
+        if nodes is None:
+            return chunks
+        index = self.__dict__.get("_framework_index")
+        if index is None or index[0] is not chunks:
+            by_node: dict[str, list[layout.Chunk]] = {}
+            for c in chunks:
+                by_node.setdefault(c.node, []).append(c)
+            index = self.__dict__["_framework_index"] = (chunks, by_node)
+        return [c for node in nodes for c in index[1].get(node, ())]
 
     # -- profiling windows ------------------------------------------------------------------------------
     def profiles(self, layer: str | None = None) -> list[dict[str, Any]]:
