@@ -11,7 +11,9 @@ Method
 * The job is a real tiny PyTorch training run (20 steps of a linear model, DataLoader over a tensor). It
   prints the wall-clock time as its very first statement (before importing torch), and again as its last.
 * Variants, interleaved in rounds (each round starts with another one): the bare job; `stallwatch run`
-  (default: the report is built before it returns); `stallwatch run --report background` (a detached
+  with its output not on a terminal (so the default, `--report auto`, builds the report before it returns,
+  as for scripts, CI, schedulers and containers started for the job); `stallwatch run --report background`
+  (what `auto` does for a person at a terminal: report.html is a page that reloads itself and a detached
   process builds the report; its CPU is not counted here, it runs after the job).
 * Per run: first-line delay = the job's first timestamp - the moment the command was started; after-job
   time = the moment the command returned - the job's last timestamp; wall; CPU of the command and its
@@ -67,9 +69,10 @@ def main() -> None:
     sw = [sys.executable, "-m", "stallwatch", "--quiet", "run"]
     variants = {
         "bare job": lambda i: [sys.executable, str(job)],
-        "stallwatch run": lambda i: [*sw, "--out", str(tmp / f"w{i}"), "--", sys.executable, str(job)],
-        "stallwatch run --report background": lambda i: [*sw, "--report", "background", "--out",
-                                                         str(tmp / f"b{i}"), "--", sys.executable, str(job)],
+        "stallwatch run (default, no terminal: waits)": lambda i: [
+            *sw, "--out", str(tmp / f"w{i}"), "--", sys.executable, str(job)],
+        "stallwatch run --report background (= auto at a terminal)": lambda i: [
+            *sw, "--report", "background", "--out", str(tmp / f"b{i}"), "--", sys.executable, str(job)],
     }
     names = list(variants)
     results: dict[str, list[dict[str, float]]] = {n: [] for n in names}

@@ -286,8 +286,6 @@ def test_an_unreachable_s3_endpoint_is_one_line(run_stallwatch, tmp_path, comman
 def test_the_report_can_be_left_to_a_detached_process_or_skipped(run_stallwatch, tmp_path):
     """`--report background` returns the job's status without waiting for the report, which a detached
     `stallwatch report` writes from the stored rule results; `--report off` writes none."""
-    import time
-
     off = tmp_path / "off"
     p = run_stallwatch("run", "--report", "off", "--out", str(off), "--", *_job(tmp_path))
     assert p.returncode == 0 and (off / "findings.json").exists() and not (off / "report.html").exists()
@@ -295,8 +293,62 @@ def test_the_report_can_be_left_to_a_detached_process_or_skipped(run_stallwatch,
     p = run_stallwatch("run", "--report", "background", "--out", str(bg), "--", sys.executable, "-c",
                        "import sys; sys.exit(3)")
     assert p.returncode == 3
-    assert f"report {bg / 'report.html'} (being written in the background)" in p.stderr
+    assert f"report {bg / 'report.html'} (being written in the background" in p.stderr
+    assert (bg / "report.html").exists()  # the page that reloads itself, or already the report
+    _wait_for_the_report(bg)
+
+
+def _wait_for_the_report(run: Path) -> None:
+    import time
+
     deadline = time.monotonic() + 120
-    while not (bg / "report.html").exists() and time.monotonic() < deadline:
+    while "being written" in (text := (run / "report.html").read_text())[:2000] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert "<html" in (bg / "report.html").read_text()[:2000].lower()
+    assert "<title>stallwatch profiling report</title>" in text[:3000]
+
+
+def test_at_a_terminal_the_default_follows_where_a_detached_process_survives(tmp_path):
+    """`--report auto` (the default) with stallwatch's output on a real terminal (a pty): where nothing ends a
+    detached process with the command (judged here as the command will judge it), the job's status comes back
+    with the report still being written; in a container started for the job, or a scheduler's job, the
+    report is there when the command returns. The job's own exit status either way."""
+    import pty
+    import threading
+
+    from stallwatch.present.report_timing import AUTO, BACKGROUND, choose
+
+    expected = choose(AUTO, interactive=True).mode
+    out = tmp_path / "run"
+    primary, secondary = pty.openpty()
+    seen: list[bytes] = []
+    reader = threading.Thread(target=lambda: _drain(primary, seen), daemon=True)
+    reader.start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "stallwatch", "run", "--out", str(out), "--", sys.executable,
+                            "-c", "import sys; sys.exit(5)"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=secondary, timeout=180)
+    finally:
+        os.close(secondary)
+        reader.join(10)
+        os.close(primary)
+    terminal = b"".join(seen).decode(errors="replace")
+    assert p.returncode == 5, terminal
+    assert (out / "report.html").exists(), terminal
+    if expected == BACKGROUND:
+        assert "being written in the background" in terminal, terminal
+        _wait_for_the_report(out)
+    else:
+        assert "being written" not in terminal, terminal
+        assert "being written" not in (out / "report.html").read_text()[:2000]
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    """Read a pty until it closes (a full pty would block the writer)."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        into.append(chunk)

@@ -11,6 +11,7 @@ from typing import Any
 
 from stallwatch.config import LIVE_FIELDS, ConfigError, ProfilerConfig, ProfilingRange
 from stallwatch.log import configure_cli_logging, logger
+from stallwatch.present import report_timing
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
 
@@ -169,7 +170,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on
     live = LiveRules(config)
-    if getattr(args, "report", "wait") == "wait":
+    timing = report_timing.choose(getattr(args, "report", report_timing.AUTO), interactive=_at_a_terminal())
+    logger.debug("the report after the job: %s (%s)", timing.mode, timing.why)
+    if timing.mode == report_timing.WAIT:
         from stallwatch.present.report.warm import warm_in_background
 
         warm_in_background()
@@ -192,10 +195,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_run_summary(result, config)
         results = _finish_rules(live, uri)
         _print_findings(uri, results)
-    mode = getattr(args, "report", "wait")
-    if mode == "wait":
+    if timing.mode == report_timing.WAIT:
         _write_run_report(uri, results)
-    elif mode == "background":
+    elif timing.mode == report_timing.BACKGROUND:
         _start_report_builder(uri)
     _stop_dashboard(dashboard)
     return result.exit_code
@@ -227,24 +229,46 @@ def _stop_dashboard(proc: Any) -> None:
         proc.wait()
 
 
+def _at_a_terminal() -> bool:
+    """Whether a person is watching: stallwatch's own output (stderr) goes to a terminal."""
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (ValueError, OSError):  # closed or odd
+        return False
+
+
 def _start_report_builder(uri: str) -> None:
-    """`--report background`: `stallwatch report RUN` in its own session, detached from this terminal and
-    its pipes (a pipeline reading this command's output ends when the job's status is returned). The rules'
-    results are in the run already: it renders them, it does not evaluate them again."""
+    """`--report background` (and `auto` at a terminal): `stallwatch report RUN` in its own session, detached
+    from this terminal and its pipes (a pipeline reading this command's output ends when the job's status is
+    returned). The rules' results are in the run already: it renders them, it does not evaluate them again.
+    Until it is done, report.html is a page that reloads itself, so the printed path opens at once."""
     import subprocess
 
+    from stallwatch.present.report.placeholder import placeholder_html
+    from stallwatch.store import layout, run_files
+    from stallwatch.store.location import RunLocation
+
+    location = RunLocation(uri)
+    try:  # before the builder starts: its report must never be replaced by this page
+        run_files.write_report(location, placeholder_html(uri).encode("utf-8"))
+        placeholder = True
+    except Exception as exc:
+        logger.debug("no placeholder report (%s: %s)", type(exc).__name__, exc)
+        placeholder = False
     try:
         subprocess.Popen([sys.executable, "-m", "stallwatch", "report", "--quiet", uri], stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
+        if placeholder:
+            try:
+                location.delete(layout.REPORT_HTML)
+            except Exception:
+                pass
         print(f"stallwatch: the report could not be started ({exc.strerror or exc}); `stallwatch report {uri}` "
               "writes it", file=sys.stderr)
         return
-    from stallwatch.store import run_files
-    from stallwatch.store.location import RunLocation
-
-    print(f"stallwatch: report {run_files.report_uri(RunLocation(uri))} (being written in the background)",
-          file=sys.stderr)
+    print(f"stallwatch: report {run_files.report_uri(location)} (being written in the background; it opens now and "
+          "shows the report once it is there)", file=sys.stderr)
 
 
 def _port(text: str) -> int:
@@ -818,10 +842,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard", nargs="?", const=8050, type=_port, metavar="PORT",
                    help="serve the live dashboard of this run on 127.0.0.1:PORT (default 8050) while it runs, in a "
                         "process of its own")
-    p.add_argument("--report", choices=["wait", "background", "off"], default="wait",
-                   help="the HTML report after the job: built before returning (default: it exists when the "
-                        "command returns), built by a detached process (returns the job's status at once), or "
-                        "not built (`stallwatch report RUN` later)")
+    p.add_argument("--report", choices=list(report_timing.MODES), default=report_timing.AUTO,
+                   help="the HTML report after the job: auto (default) = background at a terminal, wait elsewhere "
+                        "(scripts, CI, Slurm, containers); wait = built before returning (it exists when the command "
+                        "returns); background = a detached process builds it and the job's status returns at once "
+                        "(report.html reloads itself until it is there); off = not built (`stallwatch report RUN`)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("rules", help="evaluate the profiler rules on a run and write rules/<RuleName>.json")
