@@ -168,3 +168,28 @@ def test_on_linux_the_kernel_says_when_config_json_is_written_and_the_loop_no_lo
         assert woken() and len(reads) == 3 and watcher.take().detailed_profiling is None
     finally:
         watcher.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="inotify: Linux")
+def test_a_sampler_started_before_its_run_folder_exists_is_still_told_of_edits(tmp_path):
+    """`stallwatch.torch.profile()` starts the sampler on a run folder nobody made yet: the watch is set once the
+    sampler's first write made it, so the loop is told of edits instead of looking at config.json every 0.5 s."""
+    import subprocess
+    import sys
+
+    from stallwatch.collect.sampler_process import StartMessage
+
+    run = tmp_path / "not-yet" / "run"
+    start = StartMessage(run=str(run), node="n1", sample_interval_ms=500, flush_interval_s=5.0,
+                         max_storage_bytes=1 << 30, gpu=False, config=ProfilerConfig(node="n1", out=str(run)).to_dict())
+    proc = subprocess.Popen([sys.executable, "-m", "stallwatch.collect.sampler_process"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc.stdin.write((start.to_json() + "\n").encode())
+        proc.stdin.flush()
+        assert b"ready" in proc.stdout.readline()
+        links = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+        assert "anon_inode:inotify" in links, links
+    finally:
+        proc.stdin.close()
+        proc.wait(30)

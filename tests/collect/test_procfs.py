@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -26,6 +27,35 @@ def test_cpu_rows_match_psutil_per_core() -> None:
         assert iowait / procfs.CLOCK_TICKS == pytest.approx(t.iowait, abs=0.5)
         psutil_total = t.user + t.nice + t.system + t.idle + t.iowait + t.irq + t.softirq + t.steal
         assert total / procfs.CLOCK_TICKS == pytest.approx(psutil_total, abs=0.5)
+
+
+class _Text:
+    """A /proc/stat of another machine, served as a kept-open file would."""
+
+    def __init__(self, text: bytes) -> None:
+        self.text = text
+
+    def read(self) -> bytes:
+        return self.text
+
+
+@pytest.mark.parametrize("cores, fields", [(96, 10), (3, 10), (2, 7), (1, 4), (192, 8)])
+def test_cpu_rows_of_any_machine_equal_a_line_by_line_reading(cores, fields) -> None:
+    """Many cores, newer and older kernels' field counts: (total, idle + iowait, iowait) of the first 8 fields."""
+    rng = np.random.default_rng(cores)
+    lines = [b"cpu  " + b" ".join(b"%d" % v for v in rng.integers(0, 10**9, fields))]
+    table = rng.integers(0, 10**9, (cores, fields))
+    lines += [b"cpu%d " % i + b" ".join(b"%d" % v for v in row) for i, row in enumerate(table)]
+    lines += [b"intr 1 2 3", b"ctxt 4", b""]
+    got = [list(row) for row in procfs.cpu_rows(_Text(b"\n".join(lines)))]
+    padded = np.pad(table[:, :8], ((0, 0), (0, max(0, 8 - fields))))
+    assert got == [[int(r.sum()), int(r[3] + r[4]), int(r[4])] for r in padded]
+
+
+def test_cpu_rows_of_uneven_lines_are_each_read_whole() -> None:
+    text = b"cpu  1 2 3 4\ncpu0 1 2 3 4 5\ncpu1 5 6 7 8\nintr 5\n"
+    assert [list(row) for row in procfs.cpu_rows(_Text(text))] == [[15, 9, 5], [26, 8, 0]]
+    assert len(procfs.cpu_rows(_Text(b"cpu 1 2\nintr 4\n"))) == 0
 
 
 def test_memory_matches_psutil() -> None:
@@ -122,6 +152,26 @@ def test_a_kept_open_file_reads_fresh_and_whole_content_each_time(monkeypatch) -
     finally:
         meminfo.close()
         stat.close()
+
+
+@pytest.mark.parametrize("path", [procfs.STAT, procfs.MEMINFO, "/proc/self/stat"])
+def test_a_file_made_as_one_record_is_read_in_one_system_call_and_whole(monkeypatch, path) -> None:
+    """/proc/stat, /proc/meminfo and /proc/<pid>/stat are made whole at each read: a read shorter than asked is
+    the end (no second read per file per snapshot); one longer than a read still comes back whole."""
+    calls = []
+    real = os.pread
+    monkeypatch.setattr(procfs.os, "pread", lambda fd, n, off: calls.append(off) or real(fd, n, off))
+    source = procfs.ProcFile(path, one_record=True)
+    try:
+        text = source.read()
+        assert calls == [0] and text.count(b"\n") >= 1
+        monkeypatch.setattr(procfs, "CHUNK", 64)  # now longer than one read
+        calls.clear()
+        long = source.read()
+        assert len(calls) > 2 and long.split(b"\n")[0].split()[:1] == text.split(b"\n")[0].split()[:1]
+        assert abs(len(long) - len(text)) < 64  # the same file, read again (its counters moved)
+    finally:
+        source.close()
 
 
 def test_a_kept_open_process_file_reads_as_gone_once_the_process_exits() -> None:

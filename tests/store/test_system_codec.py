@@ -171,3 +171,24 @@ def test_parts_are_arrow_ipc_and_read_back_like_segments():
     assert as_part.to_pylist() == as_seg.to_pylist()
     only_cpu = read_columns(pa.BufferReader(part), PART, {"cpu_util"})
     assert only_cpu.column_names == ["timestamp_us"] + [k.column for k in KEYS if k.metric == "cpu_util"]
+
+
+def test_one_part_encoder_gives_every_flush_the_file_a_fresh_one_would():
+    """The sampler's encoder keeps its schema and arrays over a scratch block between flushes: parts of any length
+    (the block grows), one after another, are the files `encode` writes, values and NaN included."""
+    from stallwatch.store.system_codec import PartEncoder, read_columns
+
+    encoder = PartEncoder(KEYS)
+    rng = np.random.default_rng(7)
+    for n in (1, 10, 3, 40, 17, 2):
+        ts = T0 + np.arange(n, dtype=np.int64) * 500_000
+        values = rng.random((n, len(KEYS))) * 1e4
+        values[0, 1] = np.nan
+        got = pa.ipc.open_file(io.BytesIO(encoder.encode(ts, values))).read_all()
+        fresh = pa.ipc.open_file(io.BytesIO(encode(PART, KEYS, ts, values))).read_all()
+        assert got.schema.equals(fresh.schema) and got.num_rows == n
+        assert all(c.null_count == 0 for c in got.columns)
+        for a, b in zip(got.columns, fresh.columns):
+            np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())  # NaN where NaN
+        segment = read_columns(pa.BufferReader(encode(SEGMENT, KEYS, ts, values)), SEGMENT, None)
+        assert to_tidy(got, "n").to_pylist() == to_tidy(segment, "n").to_pylist()  # rounded as segments are

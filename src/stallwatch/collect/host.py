@@ -61,8 +61,8 @@ class HostReader:
 
     def __init__(self, use_procfs: bool | None = None) -> None:
         self._procfs = procfs.AVAILABLE if use_procfs is None else use_procfs
-        self._files = {path: procfs.ProcFile(path) for path in (procfs.STAT, procfs.MEMINFO, procfs.DISKSTATS,
-                                                                 procfs.NET_DEV)}
+        self._files = {path: procfs.ProcFile(path, one_record=path in procfs.ONE_RECORD)
+                       for path in (procfs.STAT, procfs.MEMINFO, procfs.DISKSTATS, procfs.NET_DEV)}
         # The rows the counters have (online cores), so the per-core columns match what is read each time.
         self.cores = len(self._cpu_rows()) or psutil.cpu_count(logical=True) or 1
         disks = psutil.disk_io_counters(perdisk=True, nowrap=False) or {}

@@ -19,6 +19,7 @@ SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the devic
 
 
 STAT, MEMINFO, DISKSTATS, NET_DEV = "/proc/stat", "/proc/meminfo", "/proc/diskstats", "/proc/net/dev"
+ONE_RECORD = (STAT, MEMINFO)  # made whole at each read; diskstats and net/dev are a record per device
 CHUNK = 16384
 
 
@@ -33,15 +34,21 @@ class ProcFile:
     0.16 ms for a snapshot's five files). A process's file keeps naming that process: once it is gone the
     read fails (never another process that got its pid)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, one_record: bool = False) -> None:
         self.path = path
         self._fd: int | None = None
+        # The kernel makes the whole file as one record (/proc/stat, /proc/meminfo, /proc/<pid>/stat: single_open
+        # in the kernel), so a read shorter than asked is the end: no second read to see it.
+        self._one_record = one_record
 
     def read(self) -> bytes:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        chunks, offset = [], 0
-        while chunk := os.pread(self._fd, CHUNK, offset):  # seq files give a page or so per read
+        first = os.pread(self._fd, CHUNK, 0)
+        if self._one_record and len(first) < CHUNK:
+            return first
+        chunks, offset = [first], len(first)
+        while chunk := os.pread(self._fd, CHUNK, offset):  # seq files of many records give a page or so per read
             chunks.append(chunk)
             offset += len(chunk)
         return b"".join(chunks)

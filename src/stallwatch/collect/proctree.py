@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from stallwatch.collect import procfs
-
 from stallwatch import records as r
+from stallwatch.collect import procfs
 from stallwatch.records import MetricKey
 
 PROC_METRICS = (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE, r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)
@@ -157,7 +156,7 @@ class ProcessTreeReader:
                                         or looks_like_worker(cmdline, self._cmdlines.get(parent)))
         kept = procfs.AVAILABLE and self._kept_open < MAX_KEPT_OPEN
         self._kept_open += kept
-        return _Member(p, worker, stat=procfs.ProcFile(f"/proc/{p.pid}/stat") if kept else None)
+        return _Member(p, worker, stat=procfs.ProcFile(f"/proc/{p.pid}/stat", one_record=True) if kept else None)
 
     def _scan_all(self) -> None:
         root = self._root

@@ -121,7 +121,6 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                           flush_interval_us=int(start.flush_interval_s * 1e6),
                           max_bytes=start.max_storage_bytes, stored_bytes=stored, budget=budget)
     events = _EventSide(start, sink, budget, sampler)
-    watcher = _watch_config(location, start)
     node_record = dict(start.node_record)
     node_record.update(sampler.describe_node(), node=start.node, sample_interval_ms=start.sample_interval_ms,
                        sample_intervals=[{"from_us": sampler.now_us(), "sample_interval_ms": start.sample_interval_ms}],
@@ -132,6 +131,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         except Exception as exc:
             logger.warning("cannot write %s (%s)", rel, exc)
     _write_node(sink, start.node, node_record)
+    watcher = _watch_config(location, start)  # after the first write: a new run's folder exists to be watched
     if ready_fd is not None:
         os.write(ready_fd, b"ready\n")
 

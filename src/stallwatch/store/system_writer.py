@@ -9,7 +9,7 @@ from stallwatch.store import layout
 from stallwatch.store.chunk_writer import SEGMENT_US, ChunkWriter, Sink, StorageBudget
 from stallwatch.store.rollup_codec import combine_system, system_rows
 from stallwatch.store.rollup_writer import SYSTEM_BLOCK_US, RollupBlocks
-from stallwatch.store.system_codec import encode
+from stallwatch.store.system_codec import PartEncoder, encode
 
 __all__ = ["SEGMENT_US", "Sink", "SystemWriter"]
 
@@ -29,6 +29,7 @@ class SystemWriter(ChunkWriter):
                          stored_bytes=stored_bytes, segment_us=segment_us, budget=budget)
         self._flush_asked_us = flush_interval_us
         self.keys = list(keys)
+        self._parts_encoder = PartEncoder(self.keys)
         self._ts = np.zeros(capacity, dtype=np.int64)
         self._values = np.full((capacity, len(self.keys)), np.nan, dtype=np.float64)
         self._rollups = RollupBlocks(sink, layout.system_rollup_dir(node), SYSTEM_BLOCK_US, combine_system,
@@ -52,6 +53,8 @@ class SystemWriter(ChunkWriter):
         self._added(timestamp_us)
 
     def _encode(self, kind: str, lo: int, hi: int) -> bytes:
+        if kind == layout.PART:
+            return self._parts_encoder.encode(self._ts[lo:hi], self._values[lo:hi])
         return encode(kind, self.keys, self._ts[lo:hi], self._values[lo:hi])
 
     def _span(self, lo: int, hi: int) -> tuple[int, int]:
