@@ -96,3 +96,21 @@ def test_every_example_that_reads_a_local_run_runs(where, argv, runs, tmp_path, 
     real = [a.replace(str(runs), str(work)) for a in real]
     code = main(real)
     assert code in (0, 1), f"{where}: `stallwatch {' '.join(real)}` exited {code}: {capsys.readouterr().err[-2000:]}"
+
+
+def test_the_readmes_custom_rule_runs_as_shown(runs, tmp_path, capsys):
+    """The rule a reader copies from the README, loaded with `--custom-rule` as the README says, is evaluated on a
+    run without an error and counts its snapshots (a chunk may hold a node with no rows, and so no columns)."""
+    import json
+
+    block = next(b for b in re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+                 if "class BusyCpu(Rule)" in b)
+    (tmp_path / "my_rules.py").write_text(block)
+    work = tmp_path / "runs"
+    shutil.copytree(runs, work)
+    run = work / "stallwatch-runs" / "a-run"
+    code = main(["rules", str(run), "--custom-rule", f"{tmp_path / 'my_rules.py'}:BusyCpu"])
+    assert code in (0, 1), capsys.readouterr().err[-2000:]
+    result = json.loads((run / "rules" / "BusyCpu.json").read_text())
+    assert "error" not in json.dumps(result).lower(), result
+    assert result["Datapoints"] > 0 and "busy_snapshots" in result["Details"], result

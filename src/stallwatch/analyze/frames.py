@@ -36,6 +36,8 @@ class NodeFrame:
         return sorted(found, key=lambda d: int(d[len(prefix):]))
 
     def get(self, device: str, metric: str) -> np.ndarray | None:
+        """The series, or None where this frame has none: a node without that device or metric, or a frame with
+        no rows (a chunk lists every node, with rows or not)."""
         return self.columns.get(f"{device}{COLUMN_SEP}{metric}")
 
     def matrix(self, devices: list[str], metric: str) -> np.ndarray:
