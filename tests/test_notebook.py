@@ -114,3 +114,28 @@ def test_views_render_inline_in_a_jupyter_kernel(run_dir):
         shown = [o for o in cell if o.output_type == "display_data"
                  and "application/vnd.bokehjs_exec.v0+json" in o.data]
         assert len(shown) == 1
+
+
+def test_step_histogram_reads_one_node_and_one_slice_at_a_time(run_dir, monkeypatch):
+    """Bounded at any run size: the steps are read a node and a slice of time at a time (twice: the shared bins'
+    range, then the counts), never the run's every step at once; the histograms are the same as in one slice."""
+    from stallwatch.analyze import histograms
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.store.reader import Run
+
+    whole = StepHistogram(run_dir).histograms
+    monkeypatch.setattr(histograms, "NODE_SLICE_US", 5_000_000)
+    calls = []
+    real = Run.framework
+
+    def spy(self, start_us=None, end_us=None, **kw):
+        calls.append((start_us, end_us, kw.get("nodes")))
+        return real(self, start_us, end_us, **kw)
+
+    monkeypatch.setattr(Run, "framework", spy)
+    monkeypatch.setattr(RunAnalysis, "steps", property(lambda self: pytest.fail("every step of the run was read")))
+    sliced = StepHistogram(run_dir).histograms
+    assert [h.name for h in sliced] == [h.name for h in whole]
+    for a, b in zip(sliced, whole):
+        assert np.array_equal(a.edges, b.edges) and np.array_equal(a.counts, b.counts), a.name
+    assert len(calls) > 8 and all(len(nodes) == 1 and 0 < end - start <= 5_000_000 for start, end, nodes in calls)

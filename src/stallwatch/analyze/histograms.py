@@ -3,7 +3,7 @@ utilization values per device over 0–100 %, and step durations per node and ra
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -11,6 +11,9 @@ from stallwatch.analyze.frames import NodeFrame
 from stallwatch.analyze.heatmap import row_columns
 from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Hist
+from stallwatch.analyze.step_digest import FIELDS, NODE_SLICE_US
+from stallwatch.records import STEP
+from stallwatch.store.reader import Run
 
 
 def utilization_histograms(frame: NodeFrame, dimension: str, *, bins: int = 50,
@@ -29,21 +32,35 @@ def utilization_histograms(frame: NodeFrame, dimension: str, *, bins: int = 50,
     return out
 
 
-def step_duration_histograms(steps: FrameworkColumns, *, mode: str | None, nodes: Iterable[str],
-                             bins: int = 100) -> list[Hist]:
+def step_duration_histograms(run: Run, *, mode: str | None, nodes: Iterable[str], bins: int = 100) -> list[Hist]:
     """Step durations (ms) of `mode` (every mode when None) per node and rank, counted on bins shared by all
-    of them so they overlay; empty when none of `nodes` recorded such steps."""
-    wanted = [n for n in nodes if n in steps.nodes]
-    mask = steps.mode_is([mode]) if mode is not None else np.ones(steps.n, bool)
-    mask &= np.isin(steps.node, [steps.nodes.index(n) for n in wanted])
-    if not mask.any():
+    of them so they overlay; empty when none of `nodes` recorded such steps. Read node by node, an hour of a
+    node at a time, twice (the shortest and longest step first, for the shared bins, then the counts): it holds
+    one slice's steps, never the run's, whatever the run's size."""
+    wanted = sorted(set(nodes))
+    lo, hi = np.inf, -np.inf
+    for _, _, ms in _step_ms(run, wanted, mode):
+        lo, hi = min(lo, float(ms.min())), max(hi, float(ms.max()))
+    if lo > hi:
         return []
-    ms = (steps.end[mask] - steps.start[mask]) / 1000.0
-    node_of, rank_of = steps.node[mask], steps.rank[mask]
-    edges = np.histogram_bin_edges(ms, bins=bins)
-    out = []
-    for node in sorted(wanted):
-        at_node = node_of == steps.nodes.index(node)
-        for rank in np.unique(rank_of[at_node]).tolist():
-            out.append(Hist(f"{node}/{rank}", edges, np.histogram(ms[at_node & (rank_of == rank)], bins=edges)[0]))
-    return out
+    edges = np.histogram_bin_edges(np.array([lo, hi]), bins=bins)  # what numpy gives all the durations: min, max
+    counts: dict[tuple[str, int], np.ndarray] = {}
+    for node, rank, ms in _step_ms(run, wanted, mode):
+        have = counts.setdefault((node, rank), np.zeros(len(edges) - 1, np.int64))
+        have += np.histogram(ms, bins=edges)[0]
+    return [Hist(f"{node}/{rank}", edges, c) for (node, rank), c in sorted(counts.items())]
+
+
+def _step_ms(run: Run, nodes: list[str], mode: str | None) -> Iterator[tuple[str, int, np.ndarray]]:
+    """(node, rank, step durations in ms) of each slice of each node, for the steps of `mode` (any when None)."""
+    for node in nodes:
+        pinned = run.pinned(node=node)
+        for a, b in pinned.event_slices(NODE_SLICE_US):
+            steps = FrameworkColumns(pinned.framework(a, b, kinds=[STEP], nodes=[node], starting=True, fields=FIELDS))
+            mask = steps.mode_is([mode]) if mode is not None else np.ones(steps.n, bool)
+            if not mask.any():
+                continue
+            ms = (steps.end[mask] - steps.start[mask]) / 1000.0
+            ranks = steps.rank[mask]
+            for rank in np.unique(ranks).tolist():
+                yield node, int(rank), ms[ranks == rank]

@@ -135,7 +135,7 @@ class StepHistogram(_View):
                  nodes: Iterable[str] | None = None, bins: int = 100, plot_height: int = 320) -> None:
         ctx = _context(run)
         wanted = _nodes(ctx, nodes)
-        self.histograms: list[Hist] = step_duration_histograms(ctx.steps, mode=mode, nodes=wanted, bins=bins)
+        self.histograms: list[Hist] = step_duration_histograms(ctx.run, mode=mode, nodes=wanted, bins=bins)
         if not self.histograms:
             which = f"{mode} " if mode else ""
             raise ValueError(f"nothing to show: the run recorded no {which}steps on {', '.join(wanted)}")
