@@ -315,7 +315,7 @@ def test_at_a_terminal_the_default_follows_where_a_detached_process_survives(tmp
     import pty
     import threading
 
-    from stallwatch.present.report_timing import AUTO, BACKGROUND, choose
+    from stallwatch.collect.report_timing import AUTO, BACKGROUND, choose
 
     expected = choose(AUTO, interactive=True).mode
     out = tmp_path / "run"
@@ -340,6 +340,32 @@ def test_at_a_terminal_the_default_follows_where_a_detached_process_survives(tmp
     else:
         assert "being written" not in terminal, terminal
         assert "being written" not in (out / "report.html").read_text()[:2000]
+
+
+def test_a_terminal_is_told_from_a_pipe_and_a_closed_stream(monkeypatch):
+    """What `--report auto` asks first: is stallwatch's own output (stderr) a terminal? A real pty is, a pipe is
+    not, and a closed or missing stderr is not (never an exception)."""
+    import pty
+
+    from stallwatch import cli
+
+    primary, secondary = pty.openpty()
+    read_end, write_end = os.pipe()
+    try:
+        with open(secondary, "w", closefd=False) as tty, open(write_end, "w", closefd=False) as pipe:
+            monkeypatch.setattr(sys, "stderr", tty)
+            assert cli._at_a_terminal()
+            monkeypatch.setattr(sys, "stderr", pipe)
+            assert not cli._at_a_terminal()
+        closed = open(os.devnull, "w")
+        closed.close()
+        monkeypatch.setattr(sys, "stderr", closed)
+        assert not cli._at_a_terminal()
+        monkeypatch.setattr(sys, "stderr", None)
+        assert not cli._at_a_terminal()
+    finally:
+        for fd in (primary, secondary, read_end, write_end):
+            os.close(fd)
 
 
 def _drain(fd: int, into: list[bytes]) -> None:

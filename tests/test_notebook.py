@@ -119,12 +119,12 @@ def test_views_render_inline_in_a_jupyter_kernel(run_dir):
 def test_step_histogram_reads_one_node_and_one_slice_at_a_time(run_dir, monkeypatch):
     """Bounded at any run size: the steps are read a node and a slice of time at a time (twice: the shared bins'
     range, then the counts), never the run's every step at once; the histograms are the same as in one slice."""
-    from stallwatch.analyze import histograms
+    from stallwatch.analyze import step_digest
     from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.store.reader import Run
 
     whole = StepHistogram(run_dir).histograms
-    monkeypatch.setattr(histograms, "NODE_SLICE_US", 5_000_000)
+    monkeypatch.setattr(step_digest, "NODE_SLICE_US", 5_000_000)
     calls = []
     real = Run.framework
 

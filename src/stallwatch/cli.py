@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from stallwatch.collect import report_timing
 from stallwatch.config import LIVE_FIELDS, ConfigError, ProfilerConfig, ProfilingRange
 from stallwatch.log import configure_cli_logging, logger
-from stallwatch.present import report_timing
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
 

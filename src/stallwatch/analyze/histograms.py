@@ -11,7 +11,7 @@ from stallwatch.analyze.frames import NodeFrame
 from stallwatch.analyze.heatmap import row_columns
 from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Hist
-from stallwatch.analyze.step_digest import FIELDS, NODE_SLICE_US
+from stallwatch.analyze.step_digest import node_event_slices
 from stallwatch.records import STEP
 from stallwatch.store.reader import Run
 
@@ -54,9 +54,8 @@ def step_duration_histograms(run: Run, *, mode: str | None, nodes: Iterable[str]
 def _step_ms(run: Run, nodes: list[str], mode: str | None) -> Iterator[tuple[str, int, np.ndarray]]:
     """(node, rank, step durations in ms) of each slice of each node, for the steps of `mode` (any when None)."""
     for node in nodes:
-        pinned = run.pinned(node=node)
-        for a, b in pinned.event_slices(NODE_SLICE_US):
-            steps = FrameworkColumns(pinned.framework(a, b, kinds=[STEP], nodes=[node], starting=True, fields=FIELDS))
+        for events in node_event_slices(run, node, [STEP]):
+            steps = FrameworkColumns(events)
             mask = steps.mode_is([mode]) if mode is not None else np.ones(steps.n, bool)
             if not mask.any():
                 continue

@@ -7,7 +7,7 @@ the run's steps; the results are those of the whole-run functions (`steps.step_h
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -111,13 +111,19 @@ def _remerge(parts: list[tuple[int, int]], gap: int) -> list[tuple[int, int]]:
     return merge_intervals(np.array([a for a, _ in parts], np.int64), np.array([b for _, b in parts], np.int64), gap)
 
 
+def node_event_slices(run: Run, node: str, kinds: list[str]) -> Iterator[pa.Table]:
+    """One node's events of `kinds` (FIELDS), `NODE_SLICE_US` of time at a time, each event in the slice it starts
+    in: what holds one node's slice of events, never the run's."""
+    run = run.pinned(node=node)  # its own folders listed: the node's slices of time, not the whole run's
+    for a, b in run.event_slices(NODE_SLICE_US):
+        yield run.framework(a, b, kinds=kinds, nodes=[node], starting=True, fields=FIELDS)
+
+
 def node_step_digest(run: Run, node: str, plan: DigestPlan) -> NodeStepDigest:
     """One node's digest: its step (and, for the grid, data-wait) events read `NODE_SLICE_US` at a time."""
-    run = run.pinned(node=node)  # its own folders listed: the node's slices of time, not the whole run's
     acc = StepDigestAccumulator(node, plan)
-    kinds = [STEP, DATA_WAIT] if plan.grid is not None else [STEP]
-    for a, b in run.event_slices(NODE_SLICE_US):
-        acc.add(run.framework(a, b, kinds=kinds, nodes=[node], starting=True, fields=FIELDS))
+    for events in node_event_slices(run, node, [STEP, DATA_WAIT] if plan.grid is not None else [STEP]):
+        acc.add(events)
     return acc.result()
 
 

@@ -24,6 +24,6 @@ def placeholder_html(run_uri: str, *, started: float | None = None) -> str:
 <main><div class="verdict info"><span class="label">Note</span>stallwatch started writing this run's report at
 {escape(when)}, after the job ended. This page reloads itself every {RELOAD_S} s and shows the report once it is
 there: a few seconds for a short run, a minute or more for a long one.</div>
-<p>If it never comes (the machine was shut down, or the container ended, before the report was written), this
-command writes it: <code>{command}</code></p></main></body></html>
+<p>If it never comes (the process writing it failed, or was stopped with the machine or the container), this
+command writes it, or says why it cannot: <code>{command}</code></p></main></body></html>
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallwatch.present.report_timing import AUTO, BACKGROUND, WAIT, choose
+from stallwatch.collect.report_timing import AUTO, BACKGROUND, WAIT, choose
 
 # a shell opened into a container from outside (docker exec): its parent is 0 in the container's PID namespace
 EXEC_SHELL = {4242: 77, 77: 0}

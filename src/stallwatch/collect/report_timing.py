@@ -26,7 +26,7 @@ MAX_ANCESTORS = 64
 
 @dataclass(frozen=True)
 class ReportTiming:
-    """What `stallwatch run` does with the report after the job, and why (said with `--verbose`)."""
+    """What `stallwatch run` does with the report after the job, and why (logged at debug level)."""
     mode: str
     why: str
 
