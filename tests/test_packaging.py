@@ -64,11 +64,25 @@ def test_wheel_and_sdist_pass_twine_check_and_hold_what_runs(dist: Path):
         assert any(n.endswith("/CHANGELOG.md") for n in tar.getnames())
 
 
+def _see_the_outer_environment(py: Path) -> None:
+    """Inside a virtual environment, --system-site-packages shows the base interpreter's packages, not this
+    environment's (pyarrow, torch… live here): a .pth names this environment's site folders. Their own .pth files
+    are not read, so an editable checkout installed here stays out and the venv imports the wheel."""
+    if sys.prefix == sys.base_prefix:
+        return
+    import site
+
+    inner = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    (Path(inner) / "_outer_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+
+
 def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(dist: Path, tmp_path: Path):
     venv = tmp_path / "venv"
     # the machine's packages stay visible (torch, numpy… are not downloaded again); stallwatch is the wheel's
     assert _run(sys.executable, "-m", "venv", "--system-site-packages", str(venv)).returncode == 0
     py = venv / "bin" / "python"
+    _see_the_outer_environment(py)
     wheel, = dist.glob("*.whl")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # into the venv whatever the machine has (an editable checkout on PYTHONPATH is "already satisfied" otherwise)

@@ -158,6 +158,20 @@ def test_trace_file_names_and_start_times_in_any_unit(tmp_path: Path, unit: str)
     assert run.info["nodes"]["algo-1"]["ranks"] == [{"rank": 0, "pid": 4242}]
 
 
+def test_step_numbers_no_column_holds_import_without_a_number(tmp_path: Path) -> None:
+    """10^30, a negative or an infinite step_num (a corrupt or hostile file) imports as a step without its number,
+    never an OverflowError and a half-written run."""
+    src = tmp_path / "src"
+    steps = _steps(0, 4)
+    steps[1]["args"]["step_num"] = 10 ** 30
+    steps[2]["args"]["step_num"] = -3
+    steps[3]["args"]["step_num"] = float("inf")
+    path = trace_file(src, "0-algo-1", "pythontimeline.json", T0 + S)
+    write_trace(path, T0, {1: "Step:ModeKeys.TRAIN"}, steps)
+    _, run = _import(tmp_path, src)
+    assert run.framework(kinds=["step"]).num_rows == 4
+
+
 def test_events_split_across_files(tmp_path: Path) -> None:
     """A begin event in one file and its end in the next one of the same process; the second file without
     its own start time keeps the first one's (SageMaker's readers did both)."""

@@ -19,7 +19,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 def browser() -> Iterator[Any]:
     executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
     if executable is None:
-        pytest.fail("Chromium is not installed: `apt-get install -y chromium` (the README's test command does it)")
+        pytest.fail("Chromium is not installed: `apt-get install -y --no-install-recommends chromium` (the README's test command does it)")
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()

@@ -115,6 +115,22 @@ def test_profiling_request_writes_the_live_config(dashboard: Dashboard) -> None:
     assert status == 200 and run_files.read_config(loc).detailed_profiling is None
 
 
+def test_bad_bodies_and_capture_questions_get_the_reason_not_a_500_or_no_such_run(dashboard: Dashboard) -> None:
+    url = dashboard.url + "api/run/run-b/profiling"
+    hdr = {"content-type": "application/json", "x-stallwatch": "1", "origin": dashboard.url.rstrip("/")}
+    # a body far over the cap is refused before it is held in memory
+    status, _, out = request(url, method="POST", data=b"{" + b" " * (2 << 20) + b"}", headers=hdr)
+    assert status == 413 and "at most" in json.loads(out)["error"]
+    # nested 100,000 deep: a parse error, not a RecursionError 500
+    status, _, out = request(url, method="POST", data=b"[" * 30_000 + b"]" * 30_000, headers=hdr)
+    assert status == 400 and "JSON object" in json.loads(out)["error"]
+    # a capture's file of a run that exists: what is missing or unknown is said, never "no such run here"
+    status, _, out = request(dashboard.url + "api/run/run-b/capture")
+    assert status == 400 and "node, rank, window, file" in json.loads(out)["error"]
+    status, _, out = request(dashboard.url + "api/run/run-b/capture?node=algo-1&rank=0&window=nope&file=x.json")
+    assert status == 404 and "no capture 'nope'" in json.loads(out)["error"]
+
+
 def test_control_requests_need_the_header_and_the_same_origin(dashboard: Dashboard) -> None:
     url = dashboard.url + "api/run/run-b/profiling"
     body = json.dumps({"layer": "detailed"}).encode()

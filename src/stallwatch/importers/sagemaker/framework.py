@@ -97,6 +97,9 @@ class StepIndex:
         return int(self.numbers[sel].min()), int(self.numbers[sel].max())
 
 
+MAX_STEP_NUMBER = 1 << 62
+
+
 def step_of(event: RawEvent) -> tuple[str, str, int | None] | None:
     """(mode, step name, SageMaker's step number) of a step event; None for any other event."""
     label = event.phase if event.phase.startswith(STEP_PREFIX) else event.name
@@ -105,9 +108,11 @@ def step_of(event: RawEvent) -> tuple[str, str, int | None] | None:
     mode, name = _MODES.get(label[len(STEP_PREFIX):].upper(), (r.GLOBAL, "step"))
     number = event.args.get("step_num")
     try:
-        return mode, name, int(number)
-    except (TypeError, ValueError):
+        step = int(number)
+    except (TypeError, ValueError, OverflowError):
         return mode, name, None
+    # a number no int64 column can hold (10^30, -1) is no step number: the step keeps its place by time
+    return mode, name, step if 0 <= step < MAX_STEP_NUMBER else None
 
 
 def kind_and_name(event: RawEvent, file_kind: str) -> tuple[str, str, dict[str, Any]]:

@@ -44,18 +44,17 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                     state = served.state(request.path_params["id"])
                     body = None
                     if request.method == "POST":
-                        try:
-                            body = await request.json()
-                        except ValueError:
-                            raise BadRequest("the request body must be a JSON object") from None
-                        if not isinstance(body, dict):
-                            raise BadRequest("the request body must be a JSON object")
+                        body = await _body(request)
                     doc = await asyncio.to_thread(handler, state, request.query_params, body) if body is not None \
                         else await asyncio.to_thread(handler, state, request.query_params)
                 else:
                     doc = await asyncio.to_thread(handler, request.query_params)
             except NotServed:
                 return _json({"error": "no such run here"}, 404)
+            except NoSuchThing as exc:
+                return _json({"error": str(exc)}, 404)
+            except TooLarge as exc:
+                return _json({"error": str(exc)}, 413)
             except (BadRequest, controls.ControlError) as exc:
                 return _json({"error": str(exc)}, 400)
             except Exception as exc:  # one question failing is one error answer, never the server
@@ -163,14 +162,17 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
     def capture_file(state: RunState, q: Any) -> Response:
         """A capture's stored file, as a download: only the files of the run's own complete windows."""
         node, window, name = q.get("node") or "", q.get("window") or "", q.get("file") or ""
+        missing = [p for p in ("node", "rank", "window", "file") if not q.get(p)]
+        if missing:
+            raise BadRequest(f"a capture's file needs {', '.join(missing)} (as in the profiling answer's files)")
         rank = _int(q, "rank", -1)
         if not any(w.get("node") == node and w.get("rank") == rank and w.get("window") == window
                    for w in state.run.profiles()):
-            raise NotServed(window)
+            raise NoSuchThing(f"this run has no capture {window!r} of node {node!r} rank {rank}")
         try:
             fh = state.run.open_capture(node, rank, window, name)
         except (FileNotFoundError, OSError):
-            raise NotServed(name) from None
+            raise NoSuchThing(f"capture {window!r} of node {node!r} rank {rank} has no file {name!r}") from None
 
         def blocks() -> Any:
             with fh:
@@ -271,6 +273,37 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.hub = hub
     return Guard(app, policy)
+
+
+MAX_BODY_BYTES = 64 * 1024  # a control's request is a few hundred bytes; anything larger is refused unread
+
+
+class NoSuchThing(Exception):
+    """A run that exists but lacks what was asked for: 404 with what is missing (not "no such run")."""
+
+
+class TooLarge(Exception):
+    """A request body over MAX_BODY_BYTES: answered 413 before it is held in memory."""
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    """A POST's JSON object, read at most MAX_BODY_BYTES into memory, nested at most a few levels deep."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise TooLarge(f"the request body is {int(declared)} bytes; at most {MAX_BODY_BYTES} are accepted")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise TooLarge(f"the request body is over {MAX_BODY_BYTES} bytes, the most accepted")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        raise BadRequest("the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
 
 
 def _note_steps(state: RunState, data: dict[str, Any]) -> None:
