@@ -471,3 +471,16 @@ def test_fuzz_range_specs(layer, spec):
         assert "\n" not in str(exc) and str(exc).startswith(f"invalid {layer}")
         return
     assert ProfilingRange.parse(layer, rng.to_spec()) == rng
+
+
+@pytest.mark.parametrize("out", ["s3://", "s3:", "s3:/bucket", "s3:///run", "gs://bucket/run"])
+def test_an_out_uri_no_store_can_take_is_refused(out: str) -> None:
+    """`--out s3://` made a local folder "s3:" that later runs silently joined."""
+    with pytest.raises(ConfigError) as err:
+        ProfilerConfig(out=out).validate()
+    assert "s3://bucket/prefix/run" in str(err.value)
+
+
+@pytest.mark.parametrize("out", ["s3://bucket/runs/x", "runs/exp:1", "/tmp/a:b"])
+def test_an_out_path_or_bucket_is_taken(out: str) -> None:
+    ProfilerConfig(out=out).validate()

@@ -24,6 +24,21 @@ LIVE_FIELDS = ("sample_interval_ms", "detailed_profiling", "dataloader_profiling
                "cprofile_timer", "stop_training")
 ACTION_KINDS = ("log", "stop_training", "command:", "notify:")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_URI_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(/*)([^/?#]*)")
+
+
+def _uri_problem(out: str) -> str | None:
+    """Why `out` is a URI no store can take ("s3://" with no bucket, "gs://b"), or None. Left alone, "s3://"
+    became a local folder named "s3:" that later runs silently joined."""
+    m = _URI_LIKE.match(out.strip())
+    if m is None or not (m.group(2) or not m.group(3)):
+        return None  # a plain path ("runs/exp:1" stays a path)
+    scheme, bucket = m.group(1).lower(), m.group(3)
+    if scheme == "file":
+        return None
+    if scheme != "s3":
+        return f"is a {scheme}:// URI: use a local path or s3://bucket/prefix/run"
+    return None if bucket and m.group(2) == "//" else "names no bucket: use s3://bucket/prefix/run"
 MAX_STORAGE_MB = 1e9  # a petabyte: anything above is a typo, and its bytes would not fit an int64
 # torch.profiler keeps every event of a window in the job's memory until the window ends (10,000 steps of a
 # small model: 1.5 GB), so a detailed window is a few steps or seconds, never an open-ended recording.
@@ -221,6 +236,8 @@ class ProfilerConfig:
                               "must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
         if self.out is not None and not (isinstance(self.out, str) and self.out.strip()):
             raise ConfigError("out", self.out, "must be a directory path or an s3:// URI")
+        if isinstance(self.out, str) and (why := _uri_problem(self.out)):
+            raise ConfigError("out", self.out, why)
         if not isinstance(self.runs_dir, str) or not self.runs_dir.strip():
             raise ConfigError("runs_dir", self.runs_dir, "must be a directory path (where new runs are created)")
         if not isinstance(self.gpu, bool):
