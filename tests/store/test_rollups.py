@@ -145,6 +145,27 @@ def test_a_damaged_rollup_is_skipped_with_one_line_and_rebuilt(tmp_path, caplog,
     assert len(skipped) == 1 and path in skipped[0].getMessage()
 
 
+def test_a_copied_or_foreign_rollup_file_is_skipped_not_counted_twice(tmp_path, caplog):
+    """A copy of a rollup under a wider span, and a file of another run named into this one's span: the figures
+    stay those of the data (they doubled: 235 -> 470 snapshots on the dashboard), each skip said once."""
+    run_dir = tmp_path / "run"
+    _spiked_run(run_dir)
+    directory = layout.system_rollup_dir("algo-1")
+    paths = sorted(e.path for e in RunLocation(str(run_dir)).list(directory))
+    start, end = layout.parse_rollup_name(paths[0].rsplit("/", 1)[-1])
+    last = max(layout.parse_rollup_name(p.rsplit("/", 1)[-1])[1] for p in paths)
+    shutil.copy(run_dir / paths[0], run_dir / directory / layout.rollup_name(start - 1, end + 1))
+    other = tmp_path / "other"
+    _spiked_run(other, t0=T0 + 10 ** 9)
+    foreign = min(e.path for e in RunLocation(str(other)).list(directory))
+    shutil.copy(other / foreign, run_dir / directory / layout.rollup_name(last + 2, last + 3))
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        got = RunRollups(open_run(str(run_dir))).system("algo-1", SYSTEM_LEVELS_US[0])
+    _assert_same(got.rows, _expected(run_dir, "algo-1", SYSTEM_LEVELS_US[0]))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "lies inside" in said and "not this stream's" in said
+
+
 def test_buckets_split_across_files_merge_into_the_whole(tmp_path):
     ts = np.arange(0, 120) * S + 1_763_790_000_000_000 + 3 * S
     values = np.arange(120, dtype=float).reshape(-1, 1)

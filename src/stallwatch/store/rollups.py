@@ -12,6 +12,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stallwatch.log import logger, warn_once
 from stallwatch.records import TIMESTAMP
@@ -167,7 +168,15 @@ class RunRollups:
                 continue
             if span[0] not in best or best[span[0]].end_us < span[1]:
                 best[span[0]] = RollupFile(e.path, *span)
-        return sorted(best.values(), key=lambda f: f.start_us)
+        kept: list[RollupFile] = []
+        for f in sorted(best.values(), key=lambda f: (f.start_us, -f.end_us)):
+            holder = next((k for k in kept if k.start_us <= f.start_us and f.end_us <= k.end_us), None)
+            if holder is not None:  # a copy: counting it too doubled every figure read from the rollups
+                warn_once(f"dup-rollup-{self.run.uri}-{f.path}", "skipping rollup %s/%s: its span lies inside %s's "
+                          "(a copy or a stray file)", self.run.uri, f.path, holder.path.rsplit("/", 1)[-1])
+                continue
+            kept.append(f)
+        return kept
 
     def _decoded(self, f: RollupFile, view: Hashable, decode: Callable[[Any], pa.Table]) -> pa.Table | None:
         key = (f.path, view)
@@ -175,7 +184,7 @@ class RunRollups:
             if key in self._files:
                 return self._files[key]
         try:
-            table: pa.Table | None = decode(self.run.location.open_input_file(f.path))
+            table: pa.Table | None = _within_span(decode(self.run.location.open_input_file(f.path)), f)
         except FileNotFoundError:  # replaced by a longer one since listed: the next read sees it
             return None
         except (RollupError, OSError) as exc:
@@ -216,6 +225,16 @@ class RunRollups:
         if self._statuses is None:
             self._statuses = {n: r.get("status") for n, r in (self.run.info.get("nodes") or {}).items()}
         return self._statuses.get(node) not in (None, "running", "starting")
+
+
+def _within_span(table: pa.Table, f: RollupFile) -> pa.Table:
+    """The decoded rows, or RollupError when any lies outside the span the file's name gives (a file of another
+    run or node put here: its rows would be counted as this stream's)."""
+    if table.num_rows and "first_us" in table.column_names and "last_us" in table.column_names:
+        lo, hi = pc.min(table["first_us"]).as_py(), pc.max(table["last_us"]).as_py()
+        if lo is not None and hi is not None and (lo < f.start_us or hi > f.end_us):
+            raise RollupError(f"its rows ({lo}..{hi}) lie outside the span its name gives: not this stream's")
+    return table
 
 
 def _level(table: pa.Table, level: int) -> pa.Table:
