@@ -191,6 +191,40 @@ def test_two_machines_with_one_default_name_both_run(tmp_path):
     assert a.stdout == PAYLOAD and b.stdout == PAYLOAD
 
 
+class _SlowStore:
+    """A run location whose claims answer after `delay_s` (an S3 endpoint under load), over a real local run."""
+
+    remote = True
+
+    def __init__(self, root: Path, delay_s: float) -> None:
+        from stallwatch.store.location import RunLocation
+
+        self.inner, self.delay_s, self.uri = RunLocation(str(root)), delay_s, str(root)
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        time.sleep(self.delay_s)
+        return self.inner.create_exclusive(rel, data)
+
+    def delete(self, rel: str) -> None:
+        self.inner.delete(rel)
+
+
+def test_a_store_slow_to_answer_a_claim_never_gives_two_machines_one_name(tmp_path):
+    """Two writers became `vm` when the claim gave up after 2 s and wrote anyway, mixing their data. A claim
+    answered within the patience holds; past it the machine takes a name no other takes, and the claim that
+    lands late is taken back."""
+    from stallwatch.collect.launcher import claim_node
+
+    quick = _SlowStore(tmp_path / "run", 0.3)
+    assert claim_node(quick, "vm", {"status": "starting"}, explicit=False, patience_s=2.5) == "vm"
+    assert claim_node(quick, "vm", {"status": "starting"}, explicit=False, patience_s=2.5) == "vm-2"
+    slow = _SlowStore(tmp_path / "run", 3.0)
+    name = claim_node(slow, "vm", {"status": "starting"}, explicit=False, patience_s=0.1)
+    assert name.startswith(f"vm-{os.getpid()}-") and name not in ("vm", "vm-2", "vm-3")
+    time.sleep(3.5)  # the late claim of vm-3 landed, and was taken back
+    assert sorted(p.name for p in (tmp_path / "run" / "nodes").iterdir()) == ["vm-2.json", "vm.json"]
+
+
 def test_two_nodes_build_one_run(tmp_path, run_stallwatch):
     run = tmp_path / "run"
     a = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a", "--",

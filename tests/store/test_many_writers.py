@@ -24,7 +24,8 @@ def many_writers():
 
 
 def _assert_complete(mw, uri: str, shape, names: list[str]) -> None:
-    assert sorted(names) == sorted(["vm"] + [f"vm-{i}" for i in range(2, shape.nodes + 1)])
+    # claimed names (vm, vm-2, …); a store that is slow to answer gives a name none other takes (vm-<pid>-<hex>)
+    assert len(set(names)) == shape.nodes and all(n == "vm" or n.startswith("vm-") for n in names)
     check = mw.read_back(uri)
     assert sorted(check.nodes) == sorted(names)
     assert check.snapshots == {n: shape.snapshots for n in names}

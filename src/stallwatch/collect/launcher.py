@@ -8,8 +8,10 @@ are forwarded to the job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -23,7 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from stallwatch.collect.events import ENV_ACKS, ENV_CONFIG, ENV_EVENTS, ENV_STAGING
-from stallwatch.collect.node_name import default_node_name, fallback_names
+from stallwatch.collect.node_name import clean, default_node_name, fallback_names
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger
@@ -35,6 +37,7 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUI
 SAMPLER_READY_TIMEOUT_S = 15.0
 MAX_SAMPLER_RESTARTS = 3
 REMOTE_CHECK_TIMEOUT_S = 2.0
+CLAIM_PATIENCE_S = 10.0  # a slow store's answer to a node-name claim, waited for before the job starts
 ENV_AUTO = "STALLWATCH_AUTO"  # "0": no automatic PyTorch instrumentation (the explicit API still works)
 AUTOLOAD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_autoload")
 
@@ -168,16 +171,27 @@ class _SamplerHandle:
         return False
 
 
-def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, explicit: bool) -> str:
+def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, explicit: bool,
+               patience_s: float = CLAIM_PATIENCE_S) -> str:
     """Claim `nodes/<node>.json` atomically (an exclusive create, locally and on S3); a run never gets two
     samplers for one node. A name given with --node that is taken is refused; a default name that is taken
-    (two machines with one host name) moves on to the next free one, so the job always runs. Returns the
-    name claimed."""
+    (two machines with one host name) moves on to the next free one, so the job always runs. A store that does
+    not answer within `patience_s` gets a name no other machine can take (host, pid, random), said so: a node
+    never writes under a name it has not claimed. Returns the name the node writes under."""
     hint = "pass --node NAME for another machine of this run, or a new --out for a new run"
     for name in [node] + ([] if explicit else fallback_names(node)):
         claimed = _create(location, layout.node_json(name), json.dumps({**record, "node": name}, indent=2,
-                                                                       sort_keys=True).encode())
-        if claimed is not False:  # True, or None: the store did not answer in time (the job starts anyway)
+                                                                       sort_keys=True).encode(), patience_s)
+        if claimed is None:
+            if explicit:  # the user's own name: theirs to keep distinct, as they asked
+                logger.warning("could not claim node %r in %s in %.0f s; writing under it as --node says",
+                               name, location.uri, patience_s)
+                return name
+            unique = clean(f"{node[:100]}-{os.getpid()}-{secrets.token_hex(3)}")
+            logger.warning("could not claim node name %r in %s in %.0f s; this machine is %r, a name no other "
+                           "machine takes", name, location.uri, patience_s, unique)
+            return unique
+        if claimed:
             if name != node:
                 logger.warning("node name %r is taken in %s; this machine is %r", node, location.uri, name)
             return name
@@ -186,25 +200,39 @@ def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, expl
     raise RunConflictError(f"run {location.uri} has no free node name like {node!r}; {hint}")
 
 
-def _create(location: RunLocation, rel: str, data: bytes) -> bool | None:
-    """`location.create_exclusive`, within REMOTE_CHECK_TIMEOUT_S on a remote store: None when it did not
-    answer in time or failed (said once; the sampler writes the record when it can)."""
+def _create(location: RunLocation, rel: str, data: bytes, patience_s: float) -> bool | None:
+    """`location.create_exclusive`; on a remote store waited for up to `patience_s` (polled with backoff): None
+    when it did not answer in time or failed. A claim that lands after we gave up is taken back, so no name is
+    held by a machine that writes under another."""
     if not location.remote:
         return location.create_exclusive(rel, data)
     found: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def attempt() -> None:
         try:
-            found["created"] = location.create_exclusive(rel, data)
+            created = location.create_exclusive(rel, data)
         except Exception as exc:
             found["error"] = exc
+            return
+        with lock:
+            found["created"] = created
+            late = found.get("abandoned", False)
+        if late and created:
+            with contextlib.suppress(Exception):
+                location.delete(rel)
 
     t = threading.Thread(target=attempt, daemon=True)
     t.start()
-    t.join(REMOTE_CHECK_TIMEOUT_S)
-    if "created" in found:
-        return bool(found["created"])
-    logger.warning("could not claim %s in %s (%s); starting anyway, the data is spooled locally until it answers",
+    deadline, wait = time.monotonic() + max(patience_s, REMOTE_CHECK_TIMEOUT_S), 0.05
+    while t.is_alive() and time.monotonic() < deadline:
+        t.join(min(wait, max(0.0, deadline - time.monotonic())))
+        wait = min(wait * 2, 1.0)
+    with lock:
+        if "created" in found:
+            return bool(found["created"])
+        found["abandoned"] = True
+    logger.warning("could not claim %s in %s (%s); the data is spooled locally until it answers",
                    rel, location.uri, found.get("error", "no answer in time"))
     return None
 
@@ -433,7 +461,8 @@ def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs, *,
         location = None
     if location is not None:
         try:
-            node = claim_node(location, node, node_record, explicit=config.node is not None)
+            node = claim_node(location, node, node_record, explicit=config.node is not None,
+                              patience_s=min(CLAIM_PATIENCE_S, max(REMOTE_CHECK_TIMEOUT_S, config.upload_timeout_s)))
             node_record["node"] = run_record["created_by_node"] = node
             files = _first_files(location, run_record, config)
         except RunConflictError:
