@@ -101,6 +101,19 @@ def test_a_stake_longer_than_the_loop_is_not_read_as_a_share_above_100_percent()
     assert share_text(1.27) == "more than the loop: time outside it counts"
 
 
+def test_start_up_time_is_said_as_a_share_of_the_job_not_of_the_loop():
+    """Initialization lies outside the loop: 30 s of a 60 s job (40 s loop) read "(83 % of the loop)" where it meant the job."""
+    from stallwatch.analyze.findings import share_text
+    from stallwatch.present.console import findings_text
+
+    init = _rule("MaxInitializationTime", 1, {"initialization_s": 30.0, "job_start": T0, "first_step": T0 + 30 * S},
+                 parameters={"threshold": 0.5})
+    (f,) = build_findings([init], _summary(loop_s=40.0)).findings
+    assert f.share_of == "job" and f.share_of_loop == 0.5 and f.to_json()["share_of"] == "job"
+    assert share_text(f.share_of_loop, f.share_of) == "50 % of the job"
+    assert "(50 % of the job)" in findings_text(build_findings([init], _summary(loop_s=40.0)))
+
+
 def test_a_crash_comes_first_and_never_reads_healthy():
     found = build_findings([], _summary(exit_code=1))
     assert not found.healthy
@@ -139,7 +152,7 @@ def test_findings_json_has_the_documented_shape():
     assert doc["exit"] == {"code": 143, "signal": "SIGTERM", "interrupted": True, "state": "interrupted",
                            "stop_reason": None, "node": None}
     (f,) = doc["findings"]
-    assert set(f) == {"id", "rule", "severity", "title", "time_at_stake_s", "share_of_loop", "where", "evidence",
+    assert set(f) == {"id", "rule", "severity", "title", "time_at_stake_s", "share_of_loop", "share_of", "where", "evidence",
                       "recommendation"}
     assert set(f["where"]) == {"nodes", "ranks", "steps", "windows"}
 

@@ -46,10 +46,12 @@ class Finding:
     where: Where
     evidence: dict[str, Any]
     recommendation: str
+    share_of: str = "loop"  # what share_of_loop is a share of: "loop", or "job" for time outside the loop
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "rule": self.rule, "severity": self.severity, "title": self.title,
                 "time_at_stake_s": _round(self.time_at_stake_s), "share_of_loop": _round(self.share_of_loop, 4),
+                "share_of": self.share_of,
                 "where": self.where.to_json(), "evidence": self.evidence, "recommendation": self.recommendation}
 
 
@@ -90,12 +92,12 @@ def translates(*names: str) -> Callable[[Translator], Translator]:
     return register
 
 
-def share_text(share: float | None) -> str | None:
-    """A finding's share of the loop in words; a stake longer than the loop (system windows that include the
-    start-up) is said so instead of "127 %"."""
+def share_text(share: float | None, of: str = "loop") -> str | None:
+    """A finding's share of the loop (or of the job, for time outside the loop) in words; a stake longer than
+    the loop (system windows that include the start-up) is said so instead of "127 %"."""
     if share is None:
         return None
-    return f"{100 * share:.0f} % of the loop" if share <= 1.0 else "more than the loop: time outside it counts"
+    return f"{100 * share:.0f} % of the {of}" if share <= 1.0 else f"more than the {of}: time outside it counts"
 
 
 def finding(result: RuleResult, summary: JobSummary, key: str, title: str, stake_s: float | None, where: Where,
@@ -182,7 +184,7 @@ def _initialization(r: RuleResult, s: JobSummary) -> list[Finding]:
     share = stake / share_base if stake is not None and share_base > 0 else None
     severity = LOW if share is None else HIGH if share >= HIGH_SHARE else MEDIUM if share >= MEDIUM_SHARE else LOW
     return [Finding(f.id, f.rule, severity, f.title, f.time_at_stake_s, share, f.where, f.evidence,
-                    f.recommendation)]
+                    f.recommendation, share_of="job")]
 
 
 @translates("LowGPUUtilization")

@@ -106,7 +106,7 @@ def findings_text(findings: Findings, width: int = 100) -> str:
     lines = ["What to fix first:", "  " + findings.verdict]
     for i, f in enumerate(findings.findings, 1):
         stake = f" — {format_duration(f.time_at_stake_s)} at stake" if f.time_at_stake_s is not None else ""
-        said = share_text(f.share_of_loop)
+        said = share_text(f.share_of_loop, f.share_of)
         share = f" ({said})" if said else ""
         lines.append(f"  {i}. [{f.severity}] {f.title}{stake}{share}")
         where = where_text(f)

@@ -5,7 +5,7 @@ a healthy run says so with its evidence. The same findings as the terminal summa
 from __future__ import annotations
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.analyze.findings import Finding, Findings
+from stallwatch.analyze.findings import Finding, Findings, share_text
 from stallwatch.present.console import where_text
 from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Block, Paragraph, Section, Table, Verdict
 from stallwatch.timeutil import format_duration, format_us
@@ -22,8 +22,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
         blocks.append(Paragraph(
             "Each finding below is one problem the rules found, most training time at stake first. The time at stake "
             "is an estimate of what fixing it could save (for example the time the training loop waited for data, "
-            "or the time GPUs sat idle during bottlenecks); severity is that time's share of the training loop."))
-        blocks.append(Table(["#", "Severity", "Finding", "Time at stake", "Share of the loop", "Where", "What to try"],
+            "or the time GPUs sat idle during bottlenecks); severity is that time's share of the training loop (of the whole job for time outside the loop, such as start-up)."))
+        blocks.append(Table(["#", "Severity", "Finding", "Time at stake", "Share", "Where", "What to try"],
                             [_row(i, x) for i, x in enumerate(f.findings, 1)]))
     if analysis.escalations:
         blocks.append(Paragraph("When a rule fired during the run, stallwatch captured a few seconds of detail on its "
@@ -46,6 +46,5 @@ def level(f: Findings) -> str:
 
 def _row(i: int, x: Finding) -> list[object]:
     return [i, x.severity, x.title, format_duration(x.time_at_stake_s) if x.time_at_stake_s is not None else "–",
-            ("> 100 %" if x.share_of_loop > 1.0 else f"{100 * x.share_of_loop:.0f} %") if x.share_of_loop is not None
-            else "–", where_text(x) or "the whole run",
+            share_text(x.share_of_loop, x.share_of) or "–", where_text(x) or "the whole run",
             x.recommendation]
