@@ -81,6 +81,7 @@ class RunAnalysis:
         self._price = price_per_hour
         self.baseline = baseline
         self._given = list(rule_results) if rule_results is not None else None
+        self._handed: Sequence[RuleResult] | None = rule_results
         self._extra_rules = list(rules or [])
         self._params = params or {}
         self._system: OrderedDict[str, tuple[frozenset[str] | None, NodeFrame]] = OrderedDict()
@@ -231,6 +232,17 @@ class RunAnalysis:
         # results this evaluation did not make stay listed (another tool's, imported with the run)
         others = {n: r for n, r in (stored or {}).items() if n not in names and r.imported}
         return evaluated + _ordered(others, [])
+
+    def use_rule_results(self, results: Sequence[RuleResult] | None) -> None:
+        """Take rule results evaluated elsewhere (`stallwatch run`'s last live evaluation), so that the summary,
+        the findings and the report of one run share them; None leaves them to this analysis. Only before
+        anything has read the rules (RuntimeError after)."""
+        if results is self._handed:
+            return
+        if "rule_results" in self.__dict__:
+            raise RuntimeError("the rules' results were read already: hand them over before")
+        self._handed = results
+        self._given = list(results) if results is not None else None
 
     def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
