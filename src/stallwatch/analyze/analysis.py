@@ -379,7 +379,8 @@ class RunAnalysis:
         """Per mode, each phase's share of step time, % (all ranks together)."""
         if self.overview_from_rollups:
             return _rollup_views.phase_shares(self.framework_rollup, MODES, _steps.PHASES)
-        return _compare.phase_shares(self)
+        events = self.run.framework(kinds=list(_steps.PHASES), fields=["kind", "mode", "step", "start_us", "end_us"])
+        return _compare.phase_shares(self.steps.table, events)
 
     @cached_property
     def usage_over_nodes(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -403,9 +404,23 @@ class RunAnalysis:
         return _price.run_cost(price, self.summary, self.findings, usage_mean=mean, usage_max=peak,
                                data_wait_pct=self.phase_shares.get(TRAIN, {}).get(DATA_WAIT))
 
+    @cached_property
+    def operators_per_step(self) -> dict[str, float]:
+        """Self time per profiled step of each operator (`name [device]`), µs, over the detailed windows."""
+        return _compare.operators_per_step(self.operators, self.profiles("detailed"))
+
+    @cached_property
+    def comparison_figures(self) -> _compare.RunFigures:
+        """What a comparison with another run reads of this one."""
+        return _compare.RunFigures(
+            uri=self.run.uri, step_times=_compare.step_times(self.steps.table), phase_shares=self.phase_shares,
+            utilization=_compare.utilization(self.usage_over_nodes[0]),
+            findings={f.rule: f.title for f in self.findings.findings}, operators_us=self.operators_per_step,
+            nodes=len(self.nodes), ranks=sum(len(v) for v in self.ranks.values()))
+
     def compare_to(self, baseline: RunAnalysis) -> _compare.Comparison:
         """This run against `baseline`: step times, phases, utilization, findings, operators."""
-        return _compare.compare(baseline, self)
+        return _compare.compare(baseline.comparison_figures, self.comparison_figures)
 
     @cached_property
     def comparison(self) -> _compare.Comparison | None:

@@ -74,9 +74,7 @@ def _bucket_means(a: RunAnalysis) -> str:
 
 
 def operators_doc(a: RunAnalysis) -> dict[str, Any]:
-    from stallwatch.analyze.compare import operators_per_step
-
-    ops = sorted(operators_per_step(a).items(), key=lambda kv: -kv[1])
+    ops = sorted(a.operators_per_step.items(), key=lambda kv: -kv[1])
     return {**header("operators"), "windows": len(a.profiles("detailed")),
             "operators": [{"name": k, "self_us_per_step": v} for k, v in ops[:TOP_OPERATORS]]}
 
