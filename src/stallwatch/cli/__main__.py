@@ -2,6 +2,6 @@
 
 import sys
 
-from stallwatch.cli.main import main
+from stallwatch.cli.entry import main
 
 sys.exit(main())
