@@ -347,22 +347,22 @@ def test_a_terminal_is_told_from_a_pipe_and_a_closed_stream(monkeypatch):
     not, and a closed or missing stderr is not (never an exception)."""
     import pty
 
-    from stallwatch import cli
+    from stallwatch.cli import run as cli
 
     primary, secondary = pty.openpty()
     read_end, write_end = os.pipe()
     try:
         with open(secondary, "w", closefd=False) as tty, open(write_end, "w", closefd=False) as pipe:
             monkeypatch.setattr(sys, "stderr", tty)
-            assert cli._at_a_terminal()
+            assert cli.at_a_terminal()
             monkeypatch.setattr(sys, "stderr", pipe)
-            assert not cli._at_a_terminal()
+            assert not cli.at_a_terminal()
         closed = open(os.devnull, "w")
         closed.close()
         monkeypatch.setattr(sys, "stderr", closed)
-        assert not cli._at_a_terminal()
+        assert not cli.at_a_terminal()
         monkeypatch.setattr(sys, "stderr", None)
-        assert not cli._at_a_terminal()
+        assert not cli.at_a_terminal()
     finally:
         for fd in (primary, secondary, read_end, write_end):
             os.close(fd)

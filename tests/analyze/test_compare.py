@@ -34,14 +34,14 @@ def runs(tmp_path_factory):
 
 def test_the_fixed_run_against_the_starved_one(runs):
     starved, fixed = RunAnalysis(str(runs["starved"])), RunAnalysis(str(runs["fixed"]))
-    c = compare(starved, fixed)
+    c = compare(starved.comparison_figures, fixed.comparison_figures)
     assert c.step_times[TRAIN][0].steps == c.step_times[TRAIN][1].steps == 200
     assert c.slower_pct() < -20  # the fixed loop's median step is much faster
     wait = next(p for p in c.phases[TRAIN] if p.name == DATA_WAIT)
     assert wait.baseline > 25 and wait.run < wait.baseline / 2
     assert any("waits for data" in t for t in c.findings_gone) and not c.findings_appeared
     assert c.notes == []  # same shape: nothing to warn about
-    back = compare(fixed, starved)
+    back = compare(fixed.comparison_figures, starved.comparison_figures)
     assert back.slower_pct() > 20 and back.findings_appeared == c.findings_gone
 
 
@@ -101,13 +101,12 @@ def test_run_with_a_price_prints_the_cost_and_keeps_it_in_the_run(run_stallwatch
 def test_operator_time_per_profiled_step_is_compared(tmp_path):
     """Runs with detailed windows: `stallwatch compare` raised KeyError on the operators' column name."""
     from stallwatch.analyze.analysis import RunAnalysis
-    from stallwatch.analyze.compare import operators_per_step
 
     from ..present.report._full_runs import full_run
 
     full_run(tmp_path / "a", nodes=("algo-1",), gpus=2)
     full_run(tmp_path / "b", nodes=("algo-1",), gpus=2)
-    per_step = operators_per_step(RunAnalysis(str(tmp_path / "a")))
+    per_step = RunAnalysis(str(tmp_path / "a")).operators_per_step
     assert per_step and all(k.endswith("]") and v > 0 for k, v in per_step.items())
     doc = RunAnalysis(str(tmp_path / "b"), baseline=RunAnalysis(str(tmp_path / "a"))).comparison.to_json()
     assert doc["operators_us_per_step"]

@@ -26,7 +26,7 @@ def test_the_runs_of_a_folder(tmp_path: Path):
     _plant(str(tmp_path))
     found = sorted(list_runs(str(tmp_path)), key=lambda r: r.name)
     assert [r.name for r in found] == ["20261101-000000-aaaaaa", "20261102-000000-bbbbbb"]
-    assert found[0].nodes["algo-1"]["exit_code"] == 0 and found[0].findings is None
+    assert found[0].nodes["algo-1"].exit_code == 0 and found[0].findings is None
     assert found[1].findings == {"verdict": "ok", "findings": []}
 
 

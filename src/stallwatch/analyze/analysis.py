@@ -51,6 +51,7 @@ from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MO
 from stallwatch.store import run_files
 from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
+from stallwatch.store.node_record import NodeRecord, run_finished
 from stallwatch.store.rollups import RunRollups
 
 MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
@@ -81,6 +82,7 @@ class RunAnalysis:
         self._price = price_per_hour
         self.baseline = baseline
         self._given = list(rule_results) if rule_results is not None else None
+        self._handed: Sequence[RuleResult] | None = rule_results
         self._extra_rules = list(rules or [])
         self._params = params or {}
         self._system: OrderedDict[str, tuple[frozenset[str] | None, NodeFrame]] = OrderedDict()
@@ -121,13 +123,24 @@ class RunAnalysis:
         return self.run.ranks()
 
     @cached_property
+    def node_records(self) -> dict[str, NodeRecord]:
+        """Each node's record (`nodes/<node>.json`), typed: cores, memory, GPUs, start/end, exit, intervals."""
+        return self.run.node_records()
+
+    def node_record(self, node: str) -> NodeRecord:
+        """The node's record; an empty one (only its name) for a node with data and no record."""
+        return self.node_records.get(node) or NodeRecord(node)
+
+    @cached_property
     def has_gpus(self) -> bool:
         """Some node recorded a GPU: its steps' phases are then host time (CUDA runs asynchronously)."""
-        return any((rec or {}).get("gpus") for rec in (self.info.get("nodes") or {}).values() if isinstance(rec, dict))
+        return any(rec.has_gpus for rec in self.node_records.values())
 
     def node_info(self, node: str) -> dict[str, Any]:
-        """The node's record (`nodes/<node>.json`): cores, memory, GPUs, start/end, status, sampling interval."""
-        return dict((self.info.get("nodes") or {}).get(node) or {})
+        """The node's record as its JSON fields, for the frames the rules read (`NodeFrame.info`); elsewhere
+        read `node_record`."""
+        rec = self.node_records.get(node)
+        return rec.to_json() if rec is not None else {}
 
     @cached_property
     def config(self) -> ProfilerConfig:
@@ -232,6 +245,17 @@ class RunAnalysis:
         others = {n: r for n, r in (stored or {}).items() if n not in names and r.imported}
         return evaluated + _ordered(others, [])
 
+    def use_rule_results(self, results: Sequence[RuleResult] | None) -> None:
+        """Take rule results evaluated elsewhere (`stallwatch run`'s last live evaluation), so that the summary,
+        the findings and the report of one run share them; None leaves them to this analysis. Only before
+        anything has read the rules (RuntimeError after)."""
+        if results is self._handed:
+            return
+        if "rule_results" in self.__dict__:
+            raise RuntimeError("the rules' results were read already: hand them over before")
+        self._handed = results
+        self._given = list(results) if results is not None else None
+
     def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
         from stallwatch.analyze.rules.by_node import evaluate_run
@@ -241,8 +265,7 @@ class RunAnalysis:
     def stored_rule_results(self) -> dict[str, RuleResult] | None:
         """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a
         running run's stored results may be stale); None otherwise."""
-        statuses = [n.get("status") for n in (self.info.get("nodes") or {}).values()]
-        if not statuses or any(s in ("running", "starting") for s in statuses):
+        if not run_finished(self.node_records.values()):
             return None
         return {name: RuleResult.from_json(record, default_name=name)
                 for name, record in run_files.read_rule_results(self.run.location).items()}
@@ -258,9 +281,9 @@ class RunAnalysis:
     @cached_property
     def summary(self) -> _summary.JobSummary:
         info = self.info
-        records = {n: self.node_info(n) for n in self.nodes}
-        data_end = max((int(r["end_us_from_data"]) for r in records.values()
-                        if isinstance(r.get("end_us_from_data"), int)), default=None)
+        records = {n: self.node_record(n) for n in self.nodes}
+        data_end = max((r.end_us_from_data for r in records.values() if r.end_us_from_data is not None),
+                       default=None)
         command = info.get("command")
         if self.overview_from_rollups:  # kilobytes of per-minute counts
             steps, loop = _rollup_views.steps_per_mode(self.framework_rollup), \
@@ -274,16 +297,13 @@ class RunAnalysis:
         return _summary.JobSummary(
             run_id=str(info.get("run_id") or self.run.uri), uri=self.run.uri,
             command=[str(c) for c in command] if isinstance(command, list) else [],
-            start_us=_int(info.get("start_us")), end_us=_int(info.get("end_us")) if self._all_ended() else None,
+            start_us=_int(info.get("start_us")),
+            end_us=_int(info.get("end_us")) if run_finished(self.node_records.values()) else None,
             data_end_us=data_end if data_end is not None else _int(info.get("end_us")), nodes=self.nodes,
             ranks=self.ranks, steps=steps, loop=loop,
             sample_interval_ms=self.sample_interval_ms,
             fate=_summary.job_fate(records, self.config.stop_training), notes=self.notes,
             loop_undetermined=self.loop_shapes.undetermined, timed_share=timed_share)
-
-    def _all_ended(self) -> bool:
-        recs = (self.info.get("nodes") or {}).values()
-        return bool(recs) and all(r.get("status") not in ("running", "starting") for r in recs)
 
     @cached_property
     def notes(self) -> list[str]:
@@ -367,7 +387,8 @@ class RunAnalysis:
         """Per mode, each phase's share of step time, % (all ranks together)."""
         if self.overview_from_rollups:
             return _rollup_views.phase_shares(self.framework_rollup, MODES, _steps.PHASES)
-        return _compare.phase_shares(self)
+        events = self.run.framework(kinds=list(_steps.PHASES), fields=["kind", "mode", "step", "start_us", "end_us"])
+        return _compare.phase_shares(self.steps.table, events)
 
     @cached_property
     def usage_over_nodes(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -391,9 +412,23 @@ class RunAnalysis:
         return _price.run_cost(price, self.summary, self.findings, usage_mean=mean, usage_max=peak,
                                data_wait_pct=self.phase_shares.get(TRAIN, {}).get(DATA_WAIT))
 
+    @cached_property
+    def operators_per_step(self) -> dict[str, float]:
+        """Self time per profiled step of each operator (`name [device]`), µs, over the detailed windows."""
+        return _compare.operators_per_step(self.operators, self.profiles("detailed"))
+
+    @cached_property
+    def comparison_figures(self) -> _compare.RunFigures:
+        """What a comparison with another run reads of this one."""
+        return _compare.RunFigures(
+            uri=self.run.uri, step_times=_compare.step_times(self.steps.table), phase_shares=self.phase_shares,
+            utilization=_compare.utilization(self.usage_over_nodes[0]),
+            findings={f.rule: f.title for f in self.findings.findings}, operators_us=self.operators_per_step,
+            nodes=len(self.nodes), ranks=sum(len(v) for v in self.ranks.values()))
+
     def compare_to(self, baseline: RunAnalysis) -> _compare.Comparison:
         """This run against `baseline`: step times, phases, utilization, findings, operators."""
-        return _compare.compare(baseline, self)
+        return _compare.compare(baseline.comparison_figures, self.comparison_figures)
 
     @cached_property
     def comparison(self) -> _compare.Comparison | None:
@@ -702,7 +737,7 @@ class RunAnalysis:
                                                                  if str(w.get("node")) == node])
             costs = sorted((c for d in self._step_digests(mine) for c in d.windows), key=lambda c: c[0])
         per_mode, _ = _steps.merge_step_summaries(self._node_step_totals)
-        return _cost.profiling_cost({n: self.node_info(n) for n in self.nodes}, self.run.files(),
+        return _cost.profiling_cost({n: self.node_record(n) for n in self.nodes}, self.run.files(),
                                     steps=sum(per_mode.values()), median_step_ms=self._median_step_ms.get(""),
                                     windows=[c for _, c in costs])
 

@@ -32,8 +32,8 @@ class RunRow:
 
 def run_row(records: RunRecords) -> RunRow:
     nodes = records.nodes
-    starts = [r["start_us"] for r in nodes.values() if _int(r.get("start_us")) is not None]
-    ends = [r["end_us"] for r in nodes.values() if _int(r.get("end_us")) is not None]
+    starts = [r.start_us for r in nodes.values() if r.start_us is not None]
+    ends = [r.end_us for r in nodes.values() if r.end_us is not None]
     start = min(starts) if starts else _int(records.run.get("created_us"))
     fate = job_fate(nodes, (records.run.get("config") or {}).get("stop_training")
                     if isinstance(records.run.get("config"), dict) else None)

@@ -6,7 +6,7 @@ what differs in shape is said."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -14,9 +14,6 @@ import pyarrow.compute as pc
 
 from stallwatch.analyze.steps import PHASES
 from stallwatch.records import MODES, TRAIN
-
-if TYPE_CHECKING:
-    from stallwatch.analyze.analysis import RunAnalysis
 
 QUANTILES = (0.5, 0.9, 0.99)
 USAGE_LABELS = ("CPU total", "Job CPU", "GPU", "Memory", "GPU memory", "I/O wait")
@@ -49,6 +46,20 @@ class Pair:
         if self.baseline is None or self.run is None or self.baseline == 0:
             return None
         return 100.0 * (self.run - self.baseline) / self.baseline
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What a comparison reads of one run, gathered by its analysis (`RunAnalysis.comparison_figures`), so that
+    comparing is a function of two runs' figures and knows nothing of how they were read."""
+    uri: str
+    step_times: dict[str, StepTimes]  # per mode (`step_times`)
+    phase_shares: dict[str, dict[str, float]]  # per mode, phase: % of step time (`phase_shares`)
+    utilization: dict[str, float]  # label: mean over nodes of each node's mean, %
+    findings: dict[str, str]  # rule: the finding's title
+    operators_us: dict[str, float]  # `name [device]`: self time per profiled step, µs (`operators_per_step`)
+    nodes: int
+    ranks: int
 
 
 @dataclass(frozen=True)
@@ -88,9 +99,8 @@ class Comparison:
                 "operators_us_per_step": pairs(self.operators), "notes": self.notes}
 
 
-def step_times(analysis: RunAnalysis) -> dict[str, StepTimes]:
-    """Per mode, all ranks together."""
-    table = analysis.steps.table
+def step_times(table: pa.Table) -> dict[str, StepTimes]:
+    """Per mode, all ranks together, of the step events `table` (mode, start_us, end_us)."""
     out = {}
     if not table.num_rows:
         return out
@@ -105,10 +115,9 @@ def step_times(analysis: RunAnalysis) -> dict[str, StepTimes]:
     return out
 
 
-def phase_shares(analysis: RunAnalysis) -> dict[str, dict[str, float]]:
-    """Per mode, each phase's share of the mode's step time, % (phases of steps only)."""
-    steps = analysis.steps.table
-    events = analysis.run.framework(kinds=list(PHASES), fields=["kind", "mode", "step", "start_us", "end_us"])
+def phase_shares(steps: pa.Table, events: pa.Table) -> dict[str, dict[str, float]]:
+    """Per mode, each phase's share of the mode's step time, % (phases of steps only), of the step events and
+    the phase events (`PHASES`: kind, mode, step, start_us, end_us)."""
     out: dict[str, dict[str, float]] = {}
     if not steps.num_rows:
         return out
@@ -131,17 +140,16 @@ def phase_shares(analysis: RunAnalysis) -> dict[str, dict[str, float]]:
     return out
 
 
-def utilization(analysis: RunAnalysis) -> dict[str, float]:
-    """Mean over nodes of each node's mean utilization, % (the labels of `USAGE_LABELS` a run has)."""
-    means, _ = analysis.usage_over_nodes
+def utilization(means: dict[str, float]) -> dict[str, float]:
+    """Of the mean over nodes of each node's mean utilization, %, the labels of `USAGE_LABELS` a run has."""
     return {label: v for label, v in means.items() if label in USAGE_LABELS}
 
 
-def operators_per_step(analysis: RunAnalysis) -> dict[str, float]:
-    """Self time per profiled step of each operator (`name [device]`), µs, over the detailed windows."""
-    ops = analysis.operators
+def operators_per_step(ops: pa.Table, windows: list[dict[str, Any]]) -> dict[str, float]:
+    """Self time per profiled step of each operator (`name [device]`), µs, over the detailed windows (`ops`:
+    their per-operator totals; `windows`: their window.json records)."""
     steps = sum(max(int(w.get("last_step", 0)) - int(w.get("first_step", 0)) + 1, 1)
-                for w in analysis.profiles("detailed") if isinstance(w.get("first_step"), int)
+                for w in windows if isinstance(w.get("first_step"), int)
                 and isinstance(w.get("last_step"), int))
     if not ops.num_rows or steps <= 0:
         return {}
@@ -152,28 +160,27 @@ def operators_per_step(analysis: RunAnalysis) -> dict[str, float]:
     return {k: v / steps for k, v in totals.items()}
 
 
-def compare(baseline: RunAnalysis, run: RunAnalysis) -> Comparison:
-    b_times, r_times = step_times(baseline), step_times(run)
+def compare(baseline: RunFigures, run: RunFigures) -> Comparison:
+    b_times, r_times = baseline.step_times, run.step_times
     modes = [m for m in MODES if m in b_times or m in r_times]
     b_ph, r_ph = baseline.phase_shares, run.phase_shares
     phases = {m: [Pair(p, b_ph.get(m, {}).get(p), r_ph.get(m, {}).get(p)) for p in PHASES]
               for m in modes if m in b_ph or m in r_ph}
-    b_u, r_u = utilization(baseline), utilization(run)
+    b_u, r_u = baseline.utilization, run.utilization
     usage = [Pair(label, b_u.get(label), r_u.get(label)) for label in USAGE_LABELS if label in b_u or label in r_u]
-    b_f = {f.rule: f.title for f in baseline.findings.findings}
-    r_f = {f.rule: f.title for f in run.findings.findings}
-    b_ops, r_ops = operators_per_step(baseline), operators_per_step(run)
+    b_f, r_f = baseline.findings, run.findings
+    b_ops, r_ops = baseline.operators_us, run.operators_us
     operators = []
     if b_ops and r_ops:
         keys = sorted(set(b_ops) | set(r_ops), key=lambda k: -max(b_ops.get(k, 0.0), r_ops.get(k, 0.0)))
         operators = [Pair(k, b_ops.get(k), r_ops.get(k)) for k in keys[:TOP_OPERATORS]]
-    return Comparison(baseline.run.uri, run.run.uri, {m: (b_times.get(m), r_times.get(m)) for m in modes}, phases,
+    return Comparison(baseline.uri, run.uri, {m: (b_times.get(m), r_times.get(m)) for m in modes}, phases,
                       usage, [r_f[k] for k in sorted(set(r_f) - set(b_f))],
                       [b_f[k] for k in sorted(set(b_f) - set(r_f))], [r_f[k] for k in sorted(set(r_f) & set(b_f))],
                       operators, _shape_notes(baseline, run, b_times, r_times, bool(b_ops), bool(r_ops)))
 
 
-def _shape_notes(baseline: RunAnalysis, run: RunAnalysis, b_times: dict[str, StepTimes],
+def _shape_notes(baseline: RunFigures, run: RunFigures, b_times: dict[str, StepTimes],
                  r_times: dict[str, StepTimes], b_ops: bool, r_ops: bool) -> list[str]:
     """What differs in the runs' shape, so a reader weighs the comparison."""
     notes = []
@@ -184,12 +191,10 @@ def _shape_notes(baseline: RunAnalysis, run: RunAnalysis, b_times: dict[str, Ste
         elif b.steps != r.steps:
             notes.append(f"{mode} steps differ ({b.steps:,} in the baseline, {r.steps:,} in the run): "
                          "distributions are compared, not totals")
-    if len(baseline.nodes) != len(run.nodes):
-        notes.append(f"nodes differ ({len(baseline.nodes)} in the baseline, {len(run.nodes)} in the run)")
-    b_ranks = sum(len(v) for v in baseline.ranks.values())
-    r_ranks = sum(len(v) for v in run.ranks.values())
-    if b_ranks != r_ranks:
-        notes.append(f"ranks differ ({b_ranks} in the baseline, {r_ranks} in the run)")
+    if baseline.nodes != run.nodes:
+        notes.append(f"nodes differ ({baseline.nodes} in the baseline, {run.nodes} in the run)")
+    if baseline.ranks != run.ranks:
+        notes.append(f"ranks differ ({baseline.ranks} in the baseline, {run.ranks} in the run)")
     if b_ops != r_ops:
         notes.append(f"only the {'run' if r_ops else 'baseline'} has detailed-profiling windows: no operator "
                      "comparison")

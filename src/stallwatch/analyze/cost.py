@@ -10,9 +10,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from stallwatch.analyze.frames import interval_changes
 from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.steps import node_rank_mode
+from stallwatch.store.node_record import NodeRecord
 
 # Benchmark figures (docs/benchmarks.md, measured on the 2-core development machine), never this run's.
 BENCH_STEP_US = 15.4  # always-on PyTorch layer, median extra µs per step, micro step of ~0.2 ms
@@ -82,23 +82,23 @@ class ProfilingCost:
         return 100.0 * BENCH_STEP_US / 1000.0 / self.median_step_ms if self.median_step_ms else None
 
 
-def profiling_cost(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any], *, steps: int,
+def profiling_cost(records: Mapping[str, NodeRecord], files: Iterable[Any], *, steps: int,
                    median_step_ms: float | None, windows: Sequence[WindowCost]) -> ProfilingCost:
     """`records`: node name -> its record; `files`: the run's files (path, size); `steps`: the run's step
     events, `median_step_ms` their typical duration; `windows`: the detailed-profiling windows' `window_costs`."""
     sampler, warnings = keep_up(records)
     return ProfilingCost(sampler, warnings, sampler_usage(records), storage(records, files),
-                         sum(_int(r.get("samples_written")) or 0 for r in records.values()), steps,
+                         sum(r.samples_written or 0 for r in records.values()), steps,
                          median_step_ms, list(windows))
 
 
-def keep_up(records: Mapping[str, Mapping[str, Any]]) -> tuple[list[SamplerKeepUp], list[str]]:
+def keep_up(records: Mapping[str, NodeRecord]) -> tuple[list[SamplerKeepUp], list[str]]:
     rows, warnings = [], []
     for node, rec in records.items():
-        interval = _num(rec.get("sample_interval_ms"))
-        start, end = _int(rec.get("start_us")), _int(rec.get("sampler_end_us")) or _int(rec.get("end_us"))
-        expected = _expected(start, end, interval, interval_changes(dict(rec)))
-        written, dropped, missed = (_int(rec.get(k)) for k in ("samples_written", "samples_dropped", "ticks_missed"))
+        interval = float(rec.sample_interval_ms) if rec.sample_interval_ms is not None else None
+        start, end = rec.start_us, rec.sampler_end_us or rec.end_us
+        expected = _expected(start, end, interval, rec.interval_changes)
+        written, dropped, missed = rec.samples_written, rec.samples_dropped, rec.ticks_missed
         missed_pct = 100.0 * missed / expected if missed is not None and expected else None
         rows.append(SamplerKeepUp(node, interval, expected, written, dropped, missed,
                                   None if missed_pct is None else round(missed_pct, 2)))
@@ -121,22 +121,23 @@ def _expected(start: int | None, end: int | None, interval: float | None,
     return sum(int((b - a) / (ms * 1000)) for (a, b), (_, ms) in zip(zip(bounds, bounds[1:]), changes)) + 1
 
 
-def sampler_usage(records: Mapping[str, Mapping[str, Any]]) -> list[SamplerUsage]:
+def sampler_usage(records: Mapping[str, NodeRecord]) -> list[SamplerUsage]:
     out = []
     for node, rec in records.items():
-        cpu_s, rss = _num(rec.get("sampler_cpu_s")), _num(rec.get("sampler_max_rss_bytes"))
+        cpu_s = rec.sampler_cpu_s
+        rss = float(rec.sampler_max_rss_bytes) if rec.sampler_max_rss_bytes is not None else None
         if cpu_s is None and rss is None:
             continue
-        start, end = _int(rec.get("start_us")), _int(rec.get("sampler_end_us")) or _int(rec.get("end_us"))
+        start, end = rec.start_us, rec.sampler_end_us or rec.end_us
         ran = cpu_s is not None and start and end and end > start
         core_pct = round(100.0 * cpu_s / ((end - start) / 1e6), 3) if ran else None
-        written = _int(rec.get("samples_written"))
+        written = rec.samples_written
         per_snapshot = round(1e6 * cpu_s / written) if cpu_s is not None and written else None
         out.append(SamplerUsage(node, cpu_s, core_pct, per_snapshot, None if rss is None else round(rss / MB, 1)))
     return out
 
 
-def storage(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any]) -> list[StorageUse]:
+def storage(records: Mapping[str, NodeRecord], files: Iterable[Any]) -> list[StorageUse]:
     """Bytes on storage by kind of data, and per node-hour of system data."""
     sizes: dict[str, int] = {}
     for entry in files:
@@ -144,7 +145,7 @@ def storage(records: Mapping[str, Mapping[str, Any]], files: Iterable[Any]) -> l
         sizes[kind] = sizes.get(kind, 0) + int(entry.size)
     hours = 0.0
     for rec in records.values():
-        start, end = _int(rec.get("start_us")), _int(rec.get("end_us")) or _int(rec.get("end_us_from_data"))
+        start, end = rec.start_us, rec.end_us or rec.end_us_from_data
         if start and end and end > start:
             hours += (end - start) / 3.6e9
     out = []
@@ -193,7 +194,3 @@ def _r(v: float | None) -> float | None:
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-
-def _num(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
-    return float(value) if ok else None

@@ -4,22 +4,15 @@ failed, killed or interrupted, with the exit code or signal. A run that crashed 
 
 from __future__ import annotations
 
-import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from stallwatch.analyze.steps import LoopSpan
+from stallwatch.store.node_record import NodeRecord, as_record
 
 RUNNING, SUCCEEDED, FAILED, KILLED, INTERRUPTED, STOPPED, UNKNOWN = (
     "running", "succeeded", "failed", "killed", "interrupted", "stopped", "unknown")
 INTERRUPTING = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")  # someone asked the job to stop
-
-
-def signal_name(number: int) -> str:
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 @dataclass(frozen=True)
@@ -68,19 +61,15 @@ class JobFate:
 _SEVERITY = {UNKNOWN: 1, STOPPED: 2, RUNNING: 3, INTERRUPTED: 4, KILLED: 5, FAILED: 6, SUCCEEDED: 0}
 
 
-def node_fate(record: Mapping[str, Any], stop_reason: str | None = None) -> JobFate:
-    """One node's fate from its record (`nodes/<node>.json`): status, exit_code and, since this version,
-    exit_signal and interrupted (older runs: a code of 128+N with N a signal is read as that signal)."""
-    status = record.get("status")
-    code = record.get("exit_code")
-    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+def node_fate(record: NodeRecord | Mapping[str, Any], stop_reason: str | None = None) -> JobFate:
+    """One node's fate from its record (`nodes/<node>.json`): status, exit code and signal (older runs: a code
+    of 128+N with N a signal is read as that signal; `NodeRecord.exit_signal`), and whether it was asked to stop."""
+    rec = as_record("", record)
+    code = rec.exit_code
     if code is None:
-        return JobFate(RUNNING if status in ("starting", "running") else UNKNOWN, stop_reason=stop_reason)
-    sig = record.get("exit_signal")
-    sig = sig if isinstance(sig, str) and sig else None
-    if sig is None and "exit_signal" not in record and 129 <= code <= 128 + 64:
-        sig = signal_name(code - 128)  # the shell's convention, for runs that did not record the signal
-    interrupted = bool(record.get("interrupted")) or sig in INTERRUPTING
+        return JobFate(UNKNOWN if rec.finished or rec.status is None else RUNNING, stop_reason=stop_reason)
+    sig = rec.exit_signal
+    interrupted = rec.interrupted or sig in INTERRUPTING
     if sig is not None:
         return JobFate(INTERRUPTED if interrupted else KILLED, code, sig, True, stop_reason)
     if code != 0:
@@ -88,7 +77,7 @@ def node_fate(record: Mapping[str, Any], stop_reason: str | None = None) -> JobF
     return JobFate(STOPPED if stop_reason else SUCCEEDED, code, None, False, stop_reason)
 
 
-def job_fate(records: Mapping[str, Mapping[str, Any]], stop_reason: str | None = None) -> JobFate:
+def job_fate(records: Mapping[str, NodeRecord | Mapping[str, Any]], stop_reason: str | None = None) -> JobFate:
     """The run's fate: the worst of its nodes' (a failure anywhere is the job's), naming the node when
     there are several."""
     if not records:

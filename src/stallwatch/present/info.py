@@ -41,16 +41,15 @@ def render_info(analysis: RunAnalysis) -> str:
     lines.append("")
     rows = []
     for name in run.nodes:
-        node = info["nodes"].get(name, {})
+        node = analysis.node_record(name)
         ov = overview.get(name)
-        gpus = node.get("gpus") or []
         rows.append([
-            name, str(node.get("cpu_cores_logical", "-")),
-            str(len(gpus)) if gpus else "0",
+            name, _or_dash(node.cpu_cores_logical),
+            str(len(node.gpus)),
             str(ov.snapshots if ov else 0),
             format_us(ov.start_us) if ov else "-", format_us(ov.end_us) if ov else "-",
             human(ov.bytes, "B") if ov else "-",
-            str(node.get("status", "-")), str(node.get("exit_code", "-")),
+            _or_dash(node.status), _or_dash(node.exit_code),
             ",".join(ranks.get(name, [])) or "-",
         ])
     lines.append(table(["node", "cores", "gpus", "snapshots", "first", "last", "stored", "status", "exit", "ranks"],
@@ -95,3 +94,7 @@ def _compact(devices: list[str]) -> str:
                      else ", ".join(f"{stem}{i}" for i in sorted(n))  # a gap is shown, not hidden in a range
                      for stem, n in numbered.items()]
     return ", ".join(parts)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)

@@ -33,13 +33,13 @@ def info_json(analysis: RunAnalysis) -> dict[str, Any]:
     files = run.files()
     nodes = []
     for name in analysis.nodes:
-        rec = analysis.node_info(name)
+        rec = analysis.node_record(name)
         ov = overview.get(name)
-        nodes.append({"name": name, "cores": rec.get("cpu_cores_logical"), "gpus": len(rec.get("gpus") or []),
+        nodes.append({"name": name, "cores": rec.cpu_cores_logical, "gpus": len(rec.gpus),
                       "snapshots": ov.snapshots if ov else 0, "first_us": ov.start_us if ov else None,
                       "last_us": ov.end_us if ov else None, "stored_bytes": ov.bytes if ov else 0,
-                      "unreadable_files": ov.unreadable if ov else 0, "status": rec.get("status"),
-                      "exit_code": rec.get("exit_code"), "ranks": analysis.ranks.get(name, []),
+                      "unreadable_files": ov.unreadable if ov else 0, "status": rec.status,
+                      "exit_code": rec.exit_code, "ranks": analysis.ranks.get(name, []),
                       "sample_interval_ms": s.sample_interval_ms.get(name),
                       "metrics": sorted(f"{k.device}/{k.metric}" for k in run.system_keys(name))})
     return {**_header("info"), "run": run.uri, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,

@@ -150,7 +150,6 @@ def run_origin_us(run: Run, info: dict[str, Any] | None = None) -> int:
     """The run's earliest time: node starts, the first stored sample and event, profiling windows."""
     info = run.info if info is None else info
     candidates = [info.get("start_us"), info.get("created_us")]
-    candidates += [n.get("start_us") for n in (info.get("nodes") or {}).values()]
     candidates.append(run.time_range()[0])
     candidates += [w.get("start_us") for w in run.profiles()]
     found = [c for c in candidates if isinstance(c, int) and not isinstance(c, bool)]

@@ -12,6 +12,8 @@ from typing import Any
 from stallwatch.log import warn_once
 from stallwatch.store import layout, run_files
 from stallwatch.store.location import RunLocation
+from stallwatch.store.node_record import NodeRecord
+from stallwatch.store.records_check import NODE_FIELDS, checked
 
 READERS = 8  # runs read at once (network round trips dominate on S3)
 MAX_RECORD_BYTES = 1 << 20
@@ -23,7 +25,7 @@ class RunRecords:
     uri: str
     name: str
     run: dict[str, Any] = field(default_factory=dict)
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
     findings: dict[str, Any] | None = None
 
 
@@ -37,7 +39,8 @@ def run_records(location: RunLocation, name: str | None = None) -> RunRecords | 
     for entry in node_files:
         record = _object(location, entry.path)
         if record is not None:
-            nodes[entry.path.rsplit("/", 1)[-1][:-5]] = record
+            node = entry.path.rsplit("/", 1)[-1][:-5]
+            nodes[node] = NodeRecord.from_json(node, checked(record, NODE_FIELDS, f"{location.uri}/{entry.path}"))
     return RunRecords(location.uri, name or location.uri.rstrip("/").rsplit("/", 1)[-1], run or {}, nodes,
                       run_files.read_findings(location))
 

@@ -18,6 +18,7 @@ from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_sc
 from stallwatch.store import framework_codec, layout, profiles_codec, trace_codec
 from stallwatch.store.listed import ListedLocation
 from stallwatch.store.location import FileEntry, RunLocation
+from stallwatch.store.node_record import NodeRecord, run_finished
 from stallwatch.store.records_check import MAX_TIME_US, NODE_FIELDS, RUN_FIELDS, WINDOW_FIELDS, checked
 from stallwatch.store.system_codec import column_span, count_rows, read_columns, read_schema, to_tidy
 
@@ -109,30 +110,40 @@ class Run:
         """run.json merged with every node's record; start/end span all nodes (end from data if a node died).
         Every field has its documented type (docs/format.md); one of the wrong type is left out, said once."""
         info = checked(self._read_json(layout.RUN_JSON) or {}, RUN_FIELDS, f"{self.uri}/{layout.RUN_JSON}")
-        nodes: dict[str, Any] = {}
+        records = self.node_records()
+        info["nodes"] = {name: record.to_json() for name, record in records.items()}
+        starts = [r.start_us for r in records.values() if r.start_us is not None]
+        ends = [r.last_us for r in records.values() if r.last_us is not None]
+        info["start_us"] = min(starts) if starts else info.get("created_us")
+        info["end_us"] = max(ends) if ends else None
+        return info
+
+    def node_records(self) -> dict[str, NodeRecord]:
+        """Each node's record (nodes/<node>.json), typed and checked, by its file's name; a node whose end was
+        never written (its machine died) ends, for readers, at its last stored sample (`end_us_from_data`)."""
+        records: dict[str, NodeRecord] = {}
+        chunks: list[layout.Chunk] | None = None
         for name in self._node_names():
             rel = layout.node_json(name)
             data = self._read_json(rel)
             if data is None:
                 continue
-            record = checked(data, NODE_FIELDS, f"{self.uri}/{rel}")
-            if record.get("node", name) != name:
+            fields = checked(data, NODE_FIELDS, f"{self.uri}/{rel}")
+            if fields.get("node", name) != name:
                 warn_once(f"node-name-{self.uri}-{rel}", "%s/%s names node %r; it is node %r (its file's name)",
-                          self.uri, rel, record["node"], name)
-            record["node"] = name
-            nodes[name] = record
-        chunks = self._system_chunks()
-        for name, node in nodes.items():
-            if node.get("end_us") is None:
+                          self.uri, rel, fields["node"], name)
+            fields["node"] = name
+            end_from_data = None
+            if fields.get("end_us") is None:
+                chunks = self._system_chunks() if chunks is None else chunks
                 ends = [c.end_us for c in chunks if c.node == name]
-                node["end_us_from_data"] = max(ends) if ends else None
-        info["nodes"] = nodes
-        starts = [n.get("start_us") for n in nodes.values() if n.get("start_us") is not None]
-        ends = [n.get("end_us") or n.get("end_us_from_data") for n in nodes.values()]
-        ends = [e for e in ends if e is not None]
-        info["start_us"] = min(starts) if starts else info.get("created_us")
-        info["end_us"] = max(ends) if ends else None
-        return info
+                end_from_data = max(ends) if ends else None
+            records[name] = NodeRecord.from_json(name, fields, end_from_data)
+        return records
+
+    def finished(self) -> bool:
+        """Every node of the run has finished (`node_record.run_finished`)."""
+        return run_finished(self.node_records().values())
 
     @property
     def nodes(self) -> list[str]:

@@ -86,6 +86,13 @@ def _json_object(v: Any) -> bool:
     return isinstance(v, dict) and ok(v, 0)
 
 
+def _signal(v: Any) -> bool:
+    """A signal's name as the launcher writes it ("SIGTERM"; docs/format.md), or its number."""
+    if isinstance(v, str):
+        return 4 <= len(v) <= 16 and v.startswith("SIG") and v[3:].replace("+", "").replace("-", "").isalnum()
+    return _int(1, 255)(v)
+
+
 TIME = _int(0, MAX_TIME_US - 1)
 COUNT = _int(0, _INT64)
 PID = _int(0, _INT32)
@@ -112,7 +119,7 @@ NODE_FIELDS: dict[str, Check] = {
     "gpu_absent_reason": _optional(_text), "sample_interval_ms": _int(1, 86_400_000), "metrics": TEXT_LIST,
     "sample_intervals": _list_of(_INTERVAL_FROM), "ranks": _list_of(_RANK), "samples_written": COUNT, "samples_dropped": COUNT, "ticks_missed": COUNT,
     "sampler_cpu_s": SECONDS, "sampler_max_rss_bytes": COUNT, "platform": _text, "python": _text,
-    "sampler_pid": PID, "sampler_end_us": TIME, "exit_signal": _optional(_int(1, 255)),
+    "sampler_pid": PID, "sampler_end_us": TIME, "exit_signal": _optional(_signal),
     "interrupted": lambda v: isinstance(v, bool), "imported": _json_object,
 }
 WINDOW_FIELDS: dict[str, Check] = {

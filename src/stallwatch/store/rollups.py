@@ -60,7 +60,7 @@ class RunRollups:
         self._files: dict[tuple[str, Hashable], pa.Table | None] = {}  # (file, view): decoded
         self._rebuilt: dict[str, pa.Table] = {}  # segments without rollups: rolled up once
         self._read_only_said = False
-        self._statuses: dict[str, Any] | None = None
+        self._statuses: dict[str, bool] | None = None  # node: finished
 
     # -- system ----------------------------------------------------------------------------------------------
     def system(self, node: str, level_us: int, metrics: frozenset[str] | None = None) -> StreamRollup:
@@ -223,8 +223,8 @@ class RunRollups:
     def _finished(self, node: str) -> bool:
         """A node whose record says it ended (no writer will add rollups for these segments)."""
         if self._statuses is None:
-            self._statuses = {n: r.get("status") for n, r in (self.run.info.get("nodes") or {}).items()}
-        return self._statuses.get(node) not in (None, "running", "starting")
+            self._statuses = {n: r.finished for n, r in self.run.node_records().items()}
+        return self._statuses.get(node, False)
 
 
 def _within_span(table: pa.Table, f: RollupFile) -> pa.Table:

@@ -127,13 +127,9 @@ class LiveEvaluation:
         return results
 
 
-FINISHED_STATES = ("finished", "sampler_stopped")
-
-
 def run_finished(run: Any) -> bool:
-    """Every node of the run has ended (its sampler wrote its last record)."""
-    nodes = run.info.get("nodes", {})
-    return bool(nodes) and all(n.get("status") in FINISHED_STATES for n in nodes.values())
+    """Every node of the run has ended (its sampler wrote its last record): the store's one decision."""
+    return bool(run.finished())
 
 
 def follow(run: Any, rule_classes: list[type[Rule]], params: dict[str, dict[str, Any]] | None, *,

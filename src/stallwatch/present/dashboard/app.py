@@ -106,7 +106,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         with state.node_lock(node):
             ns = a.node_series(node, frm, to, points)
             last = a.last_sample_us(node)
-        return documents.timeline_doc(ns, a.node_info(node), last)
+        return documents.timeline_doc(ns, a.node_record(node), last)
 
     def events(state: RunState, q: Any) -> dict[str, Any]:
         a = state.analysis()
@@ -154,7 +154,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                 del state.requests[:-20]
         config = controls.current_config(state.run.location)
         windows = state.run.profiles()
-        nodes = (state.run.info.get("nodes") or {}) if any(r["layer"] == "interval" for r in state.requests) else {}
+        nodes = state.run.node_records() if any(r["layer"] == "interval" for r in state.requests) else {}
         return documents.profiling_doc(config, [controls.interval_status(r, nodes) if r["layer"] == "interval"
                                                 else controls.request_status(r, windows) for r in state.requests],
                                        windows)

@@ -10,6 +10,7 @@ from typing import Any
 from stallwatch.config import SAMPLE_INTERVAL_PRESETS_MS, ConfigError, ProfilerConfig, ProfilingRange
 from stallwatch.present.dashboard.documents import capture
 from stallwatch.store import run_files
+from stallwatch.store.node_record import NodeRecord
 
 LAYERS = {"detailed": "detailed_profiling", "dataloader": "dataloader_profiling", "python": "python_profiling"}
 STEP_MARGIN = 2  # steps between the newest step seen here and the first profiled one (events reach the store late)
@@ -85,18 +86,15 @@ def apply_interval(location: Any, interval_ms: int) -> tuple[ProfilerConfig, Pro
     return before, after
 
 
-def interval_status(request: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def interval_status(request: dict[str, Any], nodes: dict[str, NodeRecord]) -> dict[str, Any]:
     """An interval request with when each running node's sampler took it (its record's `sample_intervals`);
     picked up once every node that records intervals has."""
     taken: dict[str, int | None] = {}
     for node, record in sorted(nodes.items()):
-        history = record.get("sample_intervals")
-        if not isinstance(history, list):
+        if not record.sample_intervals:  # a node that does not record its intervals (an older sampler)
             continue
-        taken[node] = min((e["from_us"] for e in history if isinstance(e, dict)
-                           and e.get("sample_interval_ms") == request["interval_ms"]
-                           and isinstance(e.get("from_us"), int) and e["from_us"] >= request["requested_us"] - 1_000_000),
-                          default=None)
+        taken[node] = min((e.from_us for e in record.sample_intervals if e.sample_interval_ms == request["interval_ms"]
+                           and e.from_us >= request["requested_us"] - 1_000_000), default=None)
     done = bool(taken) and all(v is not None for v in taken.values())
     return {**request, "picked_up_us": max(v for v in taken.values() if v is not None) if done else None,
             "nodes": [{"node": n, "picked_up_us": v} for n, v in taken.items()], "captures": []}

@@ -15,6 +15,7 @@ from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.node_series import NodeSeries
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
 from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
+from stallwatch.store.node_record import NodeRecord
 
 SCHEMA = 1
 TOP_OPERATORS = 15
@@ -33,11 +34,10 @@ def summary_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
     s = a.summary
     nodes = []
     for name in a.nodes:
-        rec = a.node_info(name)
-        nodes.append({"name": name, "status": _text(rec.get("status")), "cores": _num(rec.get("cpu_cores_logical")),
-                      "gpus": len(rec.get("gpus") or []) if isinstance(rec.get("gpus"), list) else 0,
+        rec = a.node_record(name)
+        nodes.append({"name": name, "status": rec.status, "cores": rec.cpu_cores_logical, "gpus": len(rec.gpus),
                       "ranks": a.ranks.get(name, []), "sample_interval_ms": s.sample_interval_ms.get(name),
-                      "end_us": _num(rec.get("end_us_from_data") or rec.get("end_us"))})
+                      "end_us": rec.last_us})
     return {**header("summary"), "id": run_id, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,
             "end_us": s.end_us, "last_us": s.last_us, "duration_s": s.duration_s, "fate": s.fate.to_json(),
             "nodes": nodes, "steps": s.steps, "total_steps": s.total_steps, "loop_s": s.loop_s,
@@ -74,18 +74,16 @@ def _bucket_means(a: RunAnalysis) -> str:
 
 
 def operators_doc(a: RunAnalysis) -> dict[str, Any]:
-    from stallwatch.analyze.compare import operators_per_step
-
-    ops = sorted(operators_per_step(a).items(), key=lambda kv: -kv[1])
+    ops = sorted(a.operators_per_step.items(), key=lambda kv: -kv[1])
     return {**header("operators"), "windows": len(a.profiles("detailed")),
             "operators": [{"name": k, "self_us_per_step": v} for k, v in ops[:TOP_OPERATORS]]}
 
 
-def timeline_doc(ns: NodeSeries, info: dict[str, Any], last_sample_us: int | None) -> dict[str, Any]:
+def timeline_doc(ns: NodeSeries, record: NodeRecord, last_sample_us: int | None) -> dict[str, Any]:
     return {**header("timeline"), "node": ns.node, "from": ns.start_us, "to": ns.end_us, "bucket_us": ns.bucket_us,
             "full_resolution": ns.full_resolution, "snapshots": ns.snapshots, "ts": ns.ts.tolist(),
             "cores": ns.cores, "gpus": ns.gpus, "last_sample_us": last_sample_us,
-            "status": _text(info.get("status")),
+            "status": record.status,
             "series": {k: {"min": _arr(b.min), "max": _arr(b.max), "mean": _arr(b.mean)} for k, b in ns.series.items()}}
 
 

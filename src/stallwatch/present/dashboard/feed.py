@@ -57,12 +57,12 @@ class RunReader:
         out: list[dict[str, Any]] = []
         now = int(time.time() * 1e6)
         rows = self.tail.read()
-        info = self.run.info
-        nodes = info.get("nodes") or {}
+        records = self.run.node_records()
+        nodes = {n: r.to_json() for n, r in records.items()}  # the frames' view of a record
         if rows.num_rows:
             for node in sorted(set(rows["node"].cast("string").to_pylist())):
                 out.append({"event": "samples", "data": _samples(node, rows, nodes.get(node), now)})
-        statuses = {n: (r.get("status"), r.get("exit_code")) for n, r in nodes.items() if isinstance(r, dict)}
+        statuses = {n: (r.status, r.exit_code) for n, r in records.items()}
         if statuses != self.statuses:
             self.statuses = statuses
             out.append({"event": "status", "data": {"nodes": {n: {"status": s, "exit_code": c}

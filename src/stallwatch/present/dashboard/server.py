@@ -89,6 +89,22 @@ def open_served(root: str, wait_s: float = 0.0) -> Any:
         time.sleep(0.25)
 
 
+SERVER_PACKAGES = ("uvicorn", "starlette", "prometheus_client")  # the `dashboard` extra's, imported when serving
+
+
+def missing_package() -> str | None:
+    """The first package the server needs that does not import (the `dashboard` extra), None when all do: asked
+    before anything starts, so a missing one is a line, not a traceback from inside `serve`."""
+    import importlib
+
+    for name in SERVER_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            return exc.name or name
+    return None
+
+
 def serve(served: Any, listening: Listening, policy: Policy, *, open_browser: bool = False,
           announce: Any = None) -> None:
     """Run the server until interrupted (Ctrl-C, SIGTERM)."""

@@ -70,7 +70,7 @@ def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
 def _advice(analysis: RunAnalysis, nodes: dict[str, dict[str, Any]], d: dict[str, Any]) -> str:
     """The seeds' sentences on pinned memory (for GPU nodes) and prefetching, where they apply."""
     parts = []
-    gpu_nodes = [n for n in nodes if analysis.node_info(n).get("gpus")]
+    gpu_nodes = [n for n in nodes if analysis.node_record(n).has_gpus]
     if gpu_nodes and d.get("pin_memory") is False:
         parts.append("Pinned memory makes copies to the GPUs faster and lets them overlap with compute; your "
                      "training job did not use it everywhere. With a PyTorch DataLoader, set pin_memory=True.")

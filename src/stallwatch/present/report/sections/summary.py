@@ -124,8 +124,8 @@ def _per_node(analysis: RunAnalysis) -> Table:
     spans = analysis.loop_spans
     rows = []
     for node in analysis.nodes:
-        rec = analysis.node_info(node)
-        start, end = rec.get("start_us"), rec.get("end_us") or rec.get("end_us_from_data")
+        rec = analysis.node_record(node)
+        start, end = rec.start_us, rec.last_us
         span = spans.get(node)
         first, last = (span.first_us, span.last_us) if span else (None, None)
         init = _seconds(max(first - start, 0) / 1e6) if first is not None and isinstance(start, int) else "–"
