@@ -308,6 +308,11 @@ class TorchHooks:
             return
         if self._depth == 0 and self.enabled:
             _guard("forward", self._adopt, module)
+            if id(module) not in self._models:
+                # Not a model (a loss or an activation called on its own): no forward phase of its own, as once
+                # discovery ends. A loss under no_grad was an EVAL step of its own (time_sequence_prediction's
+                # evaluation: "EVAL 3 for 2").
+                return
         self._pre(module, _args)
 
     def _discover_post(self, module: Any, _args: Any, _out: Any) -> None:
