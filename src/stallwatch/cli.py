@@ -332,6 +332,12 @@ def _finish_rules(live: Any, uri: str, quiet: bool = False) -> list | None:
     except Exception as exc:
         print(f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})", file=sys.stderr)
         return None
+    try:  # a job that ended before its first step: the rules say so, not "was it run under stallwatch run?"
+        from stallwatch.analyze.analysis import RunAnalysis
+
+        results = RunAnalysis(uri, rule_results=results).rule_results
+    except Exception:
+        pass
     if not quiet:
         print("\n" + rules_table(results), file=sys.stderr)
     return results

@@ -39,6 +39,10 @@ HOW_TO_PROFILE = ("To get one, profile a few steps with torch.profiler: `stallwa
 
 def build(analysis: RunAnalysis) -> list[Section]:
     result = analysis.rule(RULE)
+    failed = analysis.summary.ended_before_first_step
+    if failed and (result is None or not result.applies):
+        main = Section(SECTION_ID, TITLE, [NotApplicable(f"No framework metrics in this run: {failed}.")])
+        return [main, *operator_sections(analysis, {})]
     if result is None or not result.applies:
         why = (result.message if result is not None else "") or "the rule's result is missing"
         main = Section(SECTION_ID, TITLE, [NotApplicable(
