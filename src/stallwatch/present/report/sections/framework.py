@@ -113,12 +113,16 @@ def _step_parts(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]
         if len(parts) == 1:
             out.append(Paragraph(f"All of {of} was {labels.get(next(iter(parts)), next(iter(parts)))}."))
             continue
-        listed = ", ".join(f"{labels.get(k, k)} {v:.0f} %" for k, v in parts.items())
+        listed = ", ".join(f"{labels.get(k, k)} {_pct(v)}" for k, v in parts.items())
         out.append(Paragraph(f"Of {of}: {listed}."))
         charts.append(pie(_seconds(m.get("parts_us") or {}, labels), unit="seconds", title=f"{mode} steps' time"))
     if charts:
         out.append(Chart(row(*charts), "Where each mode's steps spent their time (shares of that mode's step time)"))
     return out
+
+
+def _pct(value: float) -> str:
+    return "< 1 %" if value < 0.5 else f"{value:.0f} %"
 
 
 def _general(details: Mapping[str, Any]) -> list[Block]:
