@@ -70,6 +70,16 @@ def test_a_job_that_dies_before_its_first_step(tmp_path: Path):
     assert p.returncode == 3
     verdict = json.loads((run / "findings.json").read_text())["verdict"]
     assert verdict.startswith("The job failed with exit code 3 after") and "before its first step" in verdict
+    # it was profiled: no part of the report (nor the terminal's rules table) asks whether it was run under
+    # `stallwatch run`; each says the job failed before its first step, with its exit code
+    html = (run / "report.html").read_text(encoding="utf-8")
+    assert "was it run under" not in html and "was it run under" not in p.stderr
+    assert "Steps are recorded when a PyTorch job runs under" not in html
+    assert "No framework metrics in this run: the job failed with exit code 3 after" in html
+    assert "no framework data: the job failed with exit code 3 after" in p.stderr
+    from stallwatch.present.report.sections import dataloading
+    [section] = dataloading.build(RunAnalysis(str(run)))
+    assert "No step was recorded: the job failed with exit code 3 after" in section.blocks[0].reason
 
 
 @pytest.fixture(scope="module")

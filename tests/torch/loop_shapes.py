@@ -56,6 +56,25 @@ for it in range(6):
 done()
 '''
 
+# pytorch/examples' time_sequence_prediction: an LBFGS closure with a loss module (nn.MSELoss, no parameters),
+# then, each iteration, a prediction and its loss under no_grad (the loss module called on its own).
+TIME_SEQUENCE = _HEAD + '''
+criterion = nn.MSELoss()
+opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+for it in range(4):
+    def closure():
+        opt.zero_grad()
+        loss = criterion(model(x[:200]), y[:200])
+        loss.backward()
+        return loss
+    opt.step(closure)
+    ran["train"] += 1
+    with torch.no_grad():
+        criterion(model(x[200:]), y[200:])
+        ran["eval"] += 1
+done()
+'''
+
 # Gradient accumulation over tensor slices: four micro-batches per optimizer step.
 ACCUMULATION = _HEAD + '''
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -69,6 +69,16 @@ def test_lbfgs_closure_is_one_step_per_optimizer_step_and_not_all_optimizer(tmp_
     assert sum(1 for e in events if e["kind"] == FORWARD) >= 6 * 2  # several closure calls per step
 
 
+def test_a_loss_module_under_no_grad_is_not_a_step_of_its_own(tmp_path):
+    """time_sequence_prediction read "EVAL 3 for 2": while the model was being looked for, its evaluation's loss
+    module (no parameters) called under no_grad was a top-level forward, so an EVAL step of its own."""
+    p, _, ran, events = _profile(tmp_path, loop_shapes.TIME_SEQUENCE)
+    assert p.returncode == 0, p.stderr
+    assert _steps(events) == {TRAIN: ran["train"], EVAL: ran["eval"]} == {TRAIN: 4, EVAL: 4}
+    assert {e["name"] for e in events if e["kind"] == FORWARD} == {"Sequential"}  # the loss is no forward phase
+    _phase_sums_fit_their_steps(events)
+
+
 def test_gradient_accumulation_without_a_data_loader(tmp_path):
     p, _, ran, events = _profile(tmp_path, loop_shapes.ACCUMULATION)
     assert p.returncode == 0, p.stderr

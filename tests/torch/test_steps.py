@@ -301,6 +301,23 @@ def test_an_lbfgs_closure_is_one_step_and_its_forward_backward_are_not_optimizer
     assert [e[2:4] for e in events if e[0] == STEP] == [(0, 1000), (1000, 1600)]
 
 
+def test_a_closures_own_code_is_neither_optimizer_nor_a_phase():
+    """Lightning's automatic optimization: `training_step` (forward, logging, backward) is the closure. The
+    optimizer's phases are the time outside the closure; the closure's time outside forward and backward is in
+    no phase (the loop's own code)."""
+    t, events, _ = _tracker()
+    t.begin_step(TRAIN)
+    t.optimizer_begin(100)
+    t.forward(120, 140, "Net", True)  # the closure runs 110..400: forward, 200 µs of logging, backward
+    t.backward(340, 390)
+    t.closure(110, 400)
+    t.optimizer(100, 450, "SGD")
+    t.end_step()
+    t.finish()
+    assert [e[2:4] for e in events if e[0] == OPTIMIZER] == [(100, 110), (400, 450)]
+    assert t.counts[TRAIN] == 1
+
+
 def test_forwards_without_backward_or_optimizer_say_the_loop_could_not_be_delimited():
     t, events, _ = _tracker()
     for i in range(4):

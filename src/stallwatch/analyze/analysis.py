@@ -12,6 +12,7 @@ results. Renderers only render what it returns.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from functools import cached_property, partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -41,7 +42,7 @@ from stallwatch.analyze import timeline as _timeline
 from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
 from stallwatch.analyze.engine import Engine, open_engine, shared_uri
 from stallwatch.analyze.frames import NodeFrame, interval_changes, node_frame
-from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.results import NOT_APPLICABLE, RuleResult
 from stallwatch.analyze.rules.base import Rule
 from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
@@ -230,7 +231,15 @@ class RunAnalysis:
     # -- the rules ----------------------------------------------------------------------------------------
     @cached_property
     def rule_results(self) -> list[RuleResult]:
-        """Every rule's typed result: the built-ins in the report's order, then custom and imported ones."""
+        """Every rule's typed result: the built-ins in the report's order, then custom and imported ones. A rule
+        without framework data says why when the job ended before its first step (not "was it run under …")."""
+        results = self._rule_results()
+        why = self.summary.ended_before_first_step if any(_no_framework(r) for r in results) else None
+        if why is None:
+            return results
+        return [dataclasses.replace(r, message=f"{NO_FRAMEWORK}: {why}") if _no_framework(r) else r for r in results]
+
+    def _rule_results(self) -> list[RuleResult]:
         from stallwatch.analyze.rules.registry import builtin_rules
 
         if self._given is not None:
@@ -744,6 +753,13 @@ class RunAnalysis:
 
 _NO_TIMES = np.empty(0, np.int64)
 _NO_VALUES = np.empty(0, np.float32)
+
+
+NO_FRAMEWORK = "no framework data"  # how a rule's "not applicable" begins when the run recorded no framework events
+
+
+def _no_framework(r: RuleResult) -> bool:
+    return r.status == NOT_APPLICABLE and r.message.startswith(NO_FRAMEWORK)
 
 
 def _ordered(results: dict[str, RuleResult], names: list[str]) -> list[RuleResult]:

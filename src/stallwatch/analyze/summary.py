@@ -137,3 +137,14 @@ class JobSummary:
     def loop_s(self) -> float:
         parts = self.parts_s()
         return parts["Training loop"] if parts else 0.0
+
+    @property
+    def ended_before_first_step(self) -> str | None:
+        """Why the run has no step when its job ended badly before its first one ("the job failed with exit code 1
+        after 4.2 s, before its first step"); None otherwise. Such a run was profiled: no hint to run it under
+        `stallwatch run`."""
+        if self.total_steps or not self.fate.ended_badly:
+            return None
+        from stallwatch.timeutil import format_duration
+
+        return f"the job {self.fate.phrase()} after {format_duration(self.duration_s)}, before its first step"

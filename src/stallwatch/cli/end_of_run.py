@@ -42,7 +42,7 @@ def finish(result: Any, config: ProfilerConfig, live: Any, *, report: str, as_js
         _print_run_summary(analysis, result, config)  # before the rules' last evaluation: it needs none of them
         results = _finish_rules(live, uri)
         _print_cost(analysis, config, results)
-        _print_rules(results)
+        _print_rules(analysis, results)
         _print_findings(analysis, results)
     if report == report_timing.WAIT:
         _write_run_report(analysis, results)
@@ -66,10 +66,16 @@ def _with_results(analysis: _Analysis, results: list | None) -> Any:
     return a
 
 
-def _print_rules(results: list | None) -> None:
+def _print_rules(analysis: _Analysis, results: list | None) -> None:
+    """The rules' table, as the analysis tells them (a job that ended before its first step: the rules say so,
+    not "was it run under stallwatch run?")."""
     if results is not None:
         from stallwatch.present.rules_table import rules_table
 
+        try:
+            results = _with_results(analysis, results).rule_results
+        except Exception:  # the run cannot be opened now: the results as evaluated
+            pass
         print("\n" + rules_table(results), file=sys.stderr)
 
 

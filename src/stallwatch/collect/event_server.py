@@ -31,6 +31,7 @@ class _Connection:
     acked: int = 0  # what it was last told it may forget (every line before)
     acked_at: float = 0.0
     gone: bool = False  # the sender closed its end: nothing more is sent to it, what it sent is still read
+    flushed: bool = True  # it answered the last flush request (everything it had before it is in)
 
 
 class EventServer:
@@ -61,6 +62,16 @@ class EventServer:
         for fd, conn in list(self._conns.items()):
             if conn.identity is not None:
                 self._send(fd, conn, line)
+
+    def request_flush(self, number: int) -> None:
+        """Ask every process to send what it has now (and each event as it comes from then on): a signal that
+        kills at its default is about to reach the job. `flush_pending()` counts those yet to answer."""
+        for conn in self._conns.values():
+            conn.flushed = conn.identity is None or conn.gone or conn.sock is None
+        self.broadcast({"flush": number}, greet_new=False)
+
+    def flush_pending(self) -> int:
+        return sum(1 for c in self._conns.values() if not c.flushed and not c.gone and c.sock is not None)
 
     def _send(self, fd: int, conn: _Connection, line: bytes) -> None:
         if conn.gone or conn.sock is None:
@@ -141,6 +152,9 @@ class EventServer:
             if isinstance(value, dict):
                 if "lost" in value:
                     out.append((conn.identity, loss_event(value["lost"], conn.identity["pid"])))
+                    return
+                if "flushed" in value:
+                    conn.flushed = True
                     return
                 artifact = value.get("artifact")
                 if not isinstance(artifact, dict):

@@ -38,6 +38,9 @@ ENV_STAGING = "STALLWATCH_STAGING"  # a private local directory where the job st
 ENV_CONFIG = "STALLWATCH_CONFIG"  # the run's configuration (JSON) at start
 ENV_ACKS = "STALLWATCH_EVENTS_ACKS"  # "1": the sampler acknowledges lines (known before it first answers)
 SEND_INTERVAL_S = 0.2  # also what a job killed outright (SIGKILL, SIGTERM at its default) can lose
+# Told `{"flush": N}` (`stallwatch run` is about to forward a SIGTERM that kills at its default), a sender sends
+# what it has, answers `{"flushed": N}` after it, and from then on sends each event as it comes: the rank dies
+# with nothing unsent (torchrun's ranks lost their last ~0.1 s).
 RECONNECT_AFTER_S = 0.5  # the sampler may be restarting: try again after this long
 CONNECT_GRACE_S = 15.0  # the job starts with its sampler: not reaching it this early is not worth a line
 MAX_QUEUED_EVENTS = 100_000
@@ -94,6 +97,7 @@ class EventSender:
         self._retry_at = 0.0  # while unreachable: no connection attempts before this (monotonic) time
         self._forked = False  # a copy inherited by a forked child: inert
         self._closed = False
+        self._eager = False  # told to flush: every event wakes the thread (the process is about to be killed)
         self._born = time.monotonic()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -114,6 +118,8 @@ class EventSender:
             self._drop(event)
             return
         self._queue.append(event)
+        if self._eager:
+            self._wake.set()
 
     def _drop(self, event: tuple) -> None:
         if self._forked:
@@ -199,6 +205,8 @@ class EventSender:
                 break
             self._send_queued(deadline=None)
             self._receive()
+            if self._eager and self._queue:
+                self._send_queued(deadline=None)  # what a flush request queued: the answer after the events
             tick = self.on_tick
             if tick is not None:
                 try:
@@ -348,6 +356,9 @@ class EventSender:
             upto = ack_of(message)
             if upto is not None:
                 self._unacked.ack(upto, self._send_seq)
+            elif "flush" in message:
+                self._eager = True
+                self._queue.append({"flushed": message["flush"]})  # after every event queued so far
             else:
                 self._messages.append(message)
         if closed is not None:

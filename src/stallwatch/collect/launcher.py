@@ -34,6 +34,10 @@ from stallwatch.store.location import RunLocation
 from stallwatch.timeutil import now_us
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# Signals that kill a Python process at their default disposition, with no exit hook run: before forwarding one,
+# the job's processes are asked to send their framework events now (their sender ships every 0.2 s otherwise).
+FLUSH_BEFORE = (signal.SIGTERM, signal.SIGHUP)
+FLUSH_ANSWER_S = 1.0  # the sampler answers within its own wait (0.5 s); a sampler that does not is not waited for
 SAMPLER_READY_TIMEOUT_S = 15.0
 MAX_SAMPLER_RESTARTS = 3
 REMOTE_CHECK_TIMEOUT_S = 2.0
@@ -110,6 +114,16 @@ class _SamplerHandle:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
         )
         self.send(start.to_json())
+        self.ready_seen = False
+
+    def flush_job(self) -> None:
+        """Ask the job's processes to send their events now, and wait (bounded) until they have: a signal that
+        kills them at its default is about to be forwarded. Only once the sampler has said it is ready (its
+        stdout then carries nothing else)."""
+        if not self.ready_seen or not self.alive:
+            return
+        self.send(json.dumps({"flush": 1}))
+        self.wait_ready(FLUSH_ANSWER_S, b"flushed\n")
 
     def send(self, line: str) -> None:
         try:
@@ -119,7 +133,7 @@ class _SamplerHandle:
         except (BrokenPipeError, OSError, ValueError):
             pass  # it died; the watcher restarts it
 
-    def wait_ready(self, timeout_s: float) -> bool:
+    def wait_ready(self, timeout_s: float, token: bytes = b"ready\n") -> bool:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout_s
@@ -132,7 +146,8 @@ class _SamplerHandle:
             if not chunk:
                 return False
             buf += chunk
-            if b"ready\n" in buf:
+            if token in buf:
+                self.ready_seen = True
                 return True
         return False
 
@@ -493,11 +508,21 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
     pending: list[int] = []
     received: set[int] = set()  # signals forwarded to the job: it was asked to stop (recorded as interrupted)
 
+    flushing: list[bool] = []
+
     def forward(signum: int, _frame: Any) -> None:
         received.add(signum)
         if child is None:
             pending.append(signum)
             return
+        if signum in FLUSH_BEFORE and sampler is not None and not flushing and child.poll() is None:
+            flushing.append(True)  # a second signal meanwhile is forwarded at once
+            try:
+                sampler.flush_job()
+            except Exception:
+                pass
+            finally:
+                flushing.clear()
         try:
             if signum == signal.SIGINT:
                 os.killpg(child.pid, signum)  # as a terminal would: the job and its workers

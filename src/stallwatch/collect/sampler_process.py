@@ -26,6 +26,7 @@ FINAL_UPLOAD_TIMEOUT_S = 30.0
 # Exit status telling the launcher that some of the run is only in the local spool (not uploaded).
 EXIT_KEPT_IN_SPOOL = 3
 EVENTS_TICK_S = 0.5  # framework events are stored on their own pace, not the snapshots' (which may be a minute)
+FLUSH_WAIT_S = 0.5  # a flush request (before a SIGTERM reaches the job) waits this long at most for its answers
 
 
 @dataclass
@@ -139,9 +140,17 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     events_every = Periodic(EVENTS_TICK_S)
     config_every = Periodic(watcher.poll_s) if watcher is not None and not watcher.background else None
     told = watcher.fds() if watcher is not None and config_every is not None else []  # config.json written: told
+    flush_until: float | None = None  # a flush request is waiting for the job's processes to answer
     while not stop["now"] and not control.eof:
         fds = events.fds()  # no socket (system metrics only): no extra wake-ups
         deadlines = [ticks.next_deadline]
+        if flush_until is not None:
+            if events.flush_pending() == 0 or time.monotonic() >= flush_until:
+                flush_until = None
+                if ready_fd is not None:
+                    _say(ready_fd, b"flushed\n")  # the launcher forwards the signal now
+            else:
+                deadlines.append(min(flush_until, time.monotonic() + 0.01))
         if fds:
             deadlines.append(events_every.deadline)
         if config_every is not None:
@@ -163,6 +172,9 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                 interval_s = changed.sample_interval_ms / 1000.0
                 _write_node(sink, start.node, node_record)
         for msg in msgs:
+            if "flush" in msg:
+                events.request_flush(msg["flush"])
+                flush_until = time.monotonic() + FLUSH_WAIT_S
             if "pid" in msg:
                 sampler.set_job_pid(int(msg["pid"]))
                 node_record["job_pid"] = int(msg["pid"])
@@ -245,6 +257,13 @@ def _watch_config(location: Any, start: StartMessage) -> Any:
         return None
 
 
+def _say(fd: int, line: bytes) -> None:
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass  # the launcher is gone: nobody waits for it
+
+
 class _EventSide:
     """The job's framework events: received on the socket, written per rank; profiler output handed to the
     artifact store. Absent when the socket could not be opened (said once): system sampling goes on."""
@@ -283,6 +302,19 @@ class _EventSide:
 
     def fds(self) -> list[int]:
         return self._server.fds() if self._server is not None else []
+
+    def request_flush(self, number: Any) -> None:
+        if self._server is not None:
+            try:
+                self._server.request_flush(int(number))
+            except Exception as exc:
+                warn_once(f"events-flush-{type(exc).__name__}", "cannot ask the job to flush (%s)", exc)
+
+    def flush_pending(self) -> int:
+        try:
+            return self._server.flush_pending() if self._server is not None else 0
+        except Exception:
+            return 0
 
     def receive(self, ready: list[int]) -> int:
         if not ready or self._server is None:

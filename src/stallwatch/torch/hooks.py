@@ -308,6 +308,11 @@ class TorchHooks:
             return
         if self._depth == 0 and self.enabled:
             _guard("forward", self._adopt, module)
+            if id(module) not in self._models:
+                # Not a model (a loss or an activation called on its own): no forward phase of its own, as once
+                # discovery ends. A loss under no_grad was an EVAL step of its own (time_sequence_prediction's
+                # evaluation: "EVAL 3 for 2").
+                return
         self._pre(module, _args)
 
     def _discover_post(self, module: Any, _args: Any, _out: Any) -> None:
@@ -495,7 +500,7 @@ class TorchHooks:
         def measured(fn):
             return self.probe.measured(fn, bypass=_compiling)
 
-        timed_pre = measured(lambda opt, _a, _k: self._optim_pre(id(opt), id(opt)))
+        timed_pre = measured(lambda opt, args, kwargs: self._optim_pre(id(opt), id(opt), args, kwargs))
         timed_post = measured(lambda opt, _a, _k: self._optim_post(id(opt), opt))
         tracker, calls, hooks = self.tracker, self._optim_calls, self
 
@@ -580,10 +585,12 @@ class TorchHooks:
         self._patch(GradScaler, "step", lambda original: self.probe.wrap(build, original), hot=True)
         self._optim_hot.add((GradScaler, "step"))
 
-    def _optim_pre(self, key: Any, who: int) -> None:
+    def _optim_pre(self, key: Any, who: int, args: tuple = (), kwargs: dict | None = None) -> Any:
         """Only the outermost optimizer step is the loop's: one that wraps another (ZeroRedundancyOptimizer,
         Lookahead, accelerate's, a GradScaler's step) steps it inside its own. One already in progress is a step
-        that raised (its post hook never ran): start afresh. `key` names the call, `who` the optimizer."""
+        that raised (its post hook never ran): start afresh. `key` names the call, `who` the optimizer. The
+        outermost step's closure (`args`, `kwargs`: the call's, self first) comes back timed, as torch's pre
+        hooks may return the call's arguments."""
         calls = self._optim_calls
         if any(k == key for k, _ in calls):
             calls.clear()
@@ -593,6 +600,33 @@ class TorchHooks:
                 self.tracker.optimizer_begin(calls[0][1], who)
             except Exception as exc:
                 _failed("optimizer", exc)
+            if len(args) > 1 or kwargs:
+                return _guard("optimizer", self._timed_closure, args, kwargs)
+        return None
+
+    def _timed_closure(self, args: tuple, kwargs: dict | None) -> tuple[tuple, dict] | None:
+        """The call's arguments with its closure wrapped to report when it ran (None: no closure, nothing to
+        change). The closure is called exactly as often, with the same arguments, as without stallwatch."""
+        kwargs = kwargs or {}
+        closure = kwargs.get("closure") if "closure" in kwargs else args[1] if len(args) > 1 else None
+        if not callable(closure) or getattr(closure, "__stallwatch_closure__", False):
+            return None
+        tracker = self.tracker
+
+        def timed_closure(*a: Any, **k: Any) -> Any:
+            t0 = now_us()
+            try:
+                return closure(*a, **k)
+            finally:
+                try:
+                    tracker.closure(t0, now_us())
+                except Exception as exc:
+                    _failed("optimizer", exc)
+
+        timed_closure.__stallwatch_closure__ = True  # type: ignore[attr-defined]
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": timed_closure}
+        return (args[0], timed_closure, *args[2:]), kwargs
 
     def _optim_post(self, key: Any, opt: Any) -> None:
         calls = self._optim_calls

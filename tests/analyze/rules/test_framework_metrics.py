@@ -72,6 +72,31 @@ def test_forward_backward_and_general_events():
     assert d["ranks"]["algo-1/1"]["general_us"] == {"collective": 6_000}
 
 
+def test_each_modes_steps_say_where_their_time_went_and_training_forward_backward_leaves_evaluation_out():
+    """nanoGPT read "forward 53 %" where its training steps spent 39 %: evaluation forwards were in the pie. Per
+    mode, each part is a share of that mode's timed step time, the rest "other" (the loop's own code)."""
+    gen = FwGen()
+    gen.steps(rank=0, mode=TRAIN, n=10, step_us=100 * MS, jitter_us=0, gap_us=0, data_wait_us=10 * MS)
+    # EVAL: 10 ms data wait, then a forward of 32 ms, 8 ms of nothing recorded
+    gen.steps(rank=0, mode=EVAL, n=5, step_us=50 * MS, jitter_us=0, gap_us=0, data_wait_us=10 * MS,
+              start_us=T0 + 1000 * MS)
+    gen.events("algo-1", 0, "forward", "Net", TRAIN, None, [T0 + 2 * S], [T0 + 2 * S + 5 * MS])  # outside a step
+    d = evaluate(OverallFrameworkMetrics, whole(gen.table(), {"algo-1": snapshots("algo-1", T0, T0 + 3 * S,
+                                                                                    interval_us=S)}, run_info(node_info())))["Details"]
+    assert d["forward_backward_us"] == {"forward": 270_000, "backward": 450_000}  # no EVAL forward
+    train, ev = d["modes"][TRAIN], d["modes"][EVAL]
+    assert (train["steps"], train["step_us"], ev["steps"], ev["step_us"]) == (10, 1_000_000, 5, 250_000)
+    assert train["parts_us"] == {"backward": 450_000, "forward": 270_000, "data_wait": 100_000, "optimizer": 90_000,
+                                 "other": 90_000}
+    assert train["parts"] == pytest.approx({"backward": 45.0, "forward": 27.0, "data_wait": 10.0, "optimizer": 9.0,
+                                            "other": 9.0})
+    assert list(train["parts"]) == ["backward", "forward", "data_wait", "optimizer", "other"]  # largest first
+    assert ev["parts"] == pytest.approx({"forward": 64.0, "data_wait": 20.0, "other": 16.0})
+    assert d["ranks"]["algo-1/0"]["modes"] == d["modes"]
+    assert_chunk_invariant(OverallFrameworkMetrics, whole(gen.table(), {"algo-1": snapshots(
+        "algo-1", T0, T0 + 3 * S, interval_us=S)}, run_info(node_info())), pieces=7)
+
+
 @pytest.mark.parametrize("as_table", [False, True])
 def test_cpu_and_gpu_operator_tables(as_table):
     ops = pa.Table.from_pylist(OPERATORS) if as_table else OPERATORS

@@ -9,9 +9,11 @@ import pyarrow as pa
 
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 from stallwatch.analyze.rules.steps import mode_order, new_events, rank_key, text_codes
-from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP, UNTIMED
+from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, EVAL, FORWARD, OPTIMIZER, STEP, UNTIMED
 
 GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
+PARTS = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE)  # a step's time, by what it was spent on
+OTHER = "other"  # a step's time outside every part: the loop's own code (a closure's logging, a `loss.item()`)
 INSTANT = ("dataloader", "profiling", "loop")  # markers, not time the loop spent
 OTHERS = "others"
 MAX_NAMES = 20  # event names listed per kind
@@ -24,7 +26,9 @@ class OverallFrameworkMetrics(Rule):
     """Per rank and overall: the share of time in TRAIN / EVAL / GLOBAL steps and "others" (between steps:
     from the rank's first step's start to its last step's end, minus the steps; sampled steps' counted stretches
     are time in steps of their mode); forward vs backward; the
-    general events (waiting for data, optimizer, collectives) with totals per event name; and, from the
+    general events (waiting for data, optimizer, collectives) with totals per event name; per mode, where its
+    timed steps' time went (`modes`: each part's share of those steps' time, the rest "other", the loop's own
+    code; forward vs backward is the training modes'); and, from the
     detailed-profiling windows, the CPU and GPU operator tables (name, % of the device's self time,
     cumulative µs) and the CPU/GPU ratio.
 
@@ -53,7 +57,8 @@ class OverallFrameworkMetrics(Rule):
 
     def _rank(self, key: tuple[str, int]) -> dict[str, Any]:
         if key not in self._ranks:
-            self._ranks[key] = {"first": None, "last": None, "steps": 0, "step_us": {}, "kind_us": {}, "untimed_us": {}}
+            self._ranks[key] = {"first": None, "last": None, "steps": 0, "step_us": {}, "kind_us": {}, "untimed_us": {},
+                                "timed": {}, "parts_us": {}}  # per mode: [timed steps, µs]; {kind: µs in them}
         return self._ranks[key]
 
     def update(self, chunk: Chunk) -> None:
@@ -79,6 +84,18 @@ class OverallFrameworkMetrics(Rule):
             counted = untimed[rows]
             if counted.any():
                 r["untimed_us"][mode] = r["untimed_us"].get(mode, 0) + int(dur[rows][counted].sum())
+            steps = is_step[rows]
+            if steps.any():
+                timed_steps = r["timed"].setdefault(mode, [0, 0])
+                timed_steps[0] += int(steps.sum())
+                timed_steps[1] += int(dur[rows][steps].sum())
+        in_steps = cols.kind_is(*PARTS) & (cols.step >= 0)
+        for (node, rank, mode), rows in cols.groups(in_steps):
+            parts = self._rank((node, rank))["parts_us"].setdefault(mode, {})
+            kinds = cols.kind[rows]
+            for code in np.flatnonzero(np.bincount(kinds)).tolist():
+                kind = cols.kinds[code]
+                parts[kind] = parts.get(kind, 0) + int(dur[rows][kinds == code].sum())
         for (node, rank), rows in cols.groups(timed & ~is_step, by_mode=False):
             r = self._rank((node, rank))
             kinds = cols.kind[rows]
@@ -122,6 +139,14 @@ class OverallFrameworkMetrics(Rule):
             for field in ("step_us", "kind_us", "untimed_us"):
                 for k, v in theirs[field].items():
                     r[field][k] = r[field].get(k, 0) + v
+            for mode, (n, us) in theirs["timed"].items():
+                mine = r["timed"].setdefault(mode, [0, 0])
+                mine[0] += n
+                mine[1] += us
+            for mode, parts in theirs["parts_us"].items():
+                own = r["parts_us"].setdefault(mode, {})
+                for k, v in parts.items():
+                    own[k] = own.get(k, 0) + v
         for name, (count, us) in other._names.items():
             entry = self._names.setdefault(name, [0, 0])
             entry[0] += count
@@ -144,6 +169,8 @@ class OverallFrameworkMetrics(Rule):
         total_phase: dict[str, int] = {}
         total_kind: dict[str, int] = {}
         total_untimed: dict[str, int] = {}
+        total_timed: dict[str, list[int]] = {}
+        total_parts: dict[str, dict[str, int]] = {}
         ranks: dict[str, Any] = {}
         for (node, rank) in sorted(self._ranks):
             r = self._ranks[(node, rank)]
@@ -156,21 +183,31 @@ class OverallFrameworkMetrics(Rule):
                 total_kind[k] = total_kind.get(k, 0) + v
             for k, v in r["untimed_us"].items():
                 total_untimed[k] = total_untimed.get(k, 0) + v
+            for mode, (n, us) in r["timed"].items():
+                t = total_timed.setdefault(mode, [0, 0])
+                t[0] += n
+                t[1] += us
+            for mode, parts in r["parts_us"].items():
+                acc = total_parts.setdefault(mode, {})
+                for k, v in parts.items():
+                    acc[k] = acc.get(k, 0) + v
             ranks[rank_key(node, rank)] = {
                 "steps": r["steps"],
                 "phase": _percent(phase_us), "phase_us": phase_us,
                 "untimed_us": dict(r["untimed_us"]),
-                "forward_backward": _percent(_pick(r["kind_us"], (FORWARD, BACKWARD))),
+                "forward_backward": _percent(_training_fb(r["parts_us"])),
+                "modes": _modes(r["timed"], r["parts_us"]),
                 "general_us": _pick(r["kind_us"], GENERAL),
                 "events_us": dict(sorted(r["kind_us"].items())),
             }
         phase_us = {k: total_phase[k] for k in sorted(total_phase, key=lambda m: (m == OTHERS, mode_order(m)))}
-        fb_us = _pick(total_kind, (FORWARD, BACKWARD))
+        fb_us = _training_fb(total_parts)
         general_us = _pick(total_kind, GENERAL)
         details: dict[str, Any] = {
             "phase": _percent(phase_us), "phase_us": phase_us,
             "untimed_us": total_untimed,  # of phase_us: steps counted, not timed (their phases are unknown)
-            "forward_backward": _percent(fb_us), "forward_backward_us": fb_us,
+            "forward_backward": _percent(fb_us), "forward_backward_us": fb_us,  # in training steps (not EVAL)
+            "modes": _modes(total_timed, total_parts),
             "general": _percent(general_us), "general_us": general_us,
             "events": self._event_names(),
             "ranks": ranks,
@@ -215,6 +252,36 @@ class OverallFrameworkMetrics(Rule):
             out["operators"][f"{label}_count"] = len(ops)
         out["ratio"] = _percent(device_self)
         return out
+
+
+def _training_fb(parts_us: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Forward and backward µs in the steps of every mode but EVAL: an evaluation's forwards are not training's
+    (nanoGPT read "forward 53 %" for 39 % in its training steps)."""
+    out: dict[str, int] = {}
+    for mode, parts in parts_us.items():
+        if mode == EVAL:
+            continue
+        for kind in (FORWARD, BACKWARD):
+            if parts.get(kind):
+                out[kind] = out.get(kind, 0) + parts[kind]
+    return {k: out[k] for k in (FORWARD, BACKWARD) if k in out}
+
+
+def _modes(timed: Mapping[str, list[int]], parts_us: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
+    """Per mode with timed steps: their count and µs, each part's µs and its share of that time (% , largest
+    first; "other" is the time in no part). Parts that overlap (a collective inside backward) make the shares
+    of their sum instead, so that they never add up past 100 %."""
+    out: dict[str, Any] = {}
+    for mode in sorted(timed, key=mode_order):
+        n, step_us = timed[mode]
+        if n <= 0 or step_us <= 0:
+            continue
+        parts = {k: int(v) for k, v in (parts_us.get(mode) or {}).items() if v > 0}
+        parts[OTHER] = max(step_us - sum(parts.values()), 0)
+        whole = max(step_us, sum(parts.values()))
+        shares = {k: 100.0 * v / whole for k, v in sorted(parts.items(), key=lambda kv: (-kv[1], kv[0])) if v > 0}
+        out[mode] = {"steps": n, "step_us": step_us, "parts_us": {k: parts[k] for k in shares}, "parts": shares}
+    return out
 
 
 def _pick(values: dict[str, int], keys: tuple[str, ...]) -> dict[str, int]:

@@ -42,8 +42,13 @@ def test_time_breakdowns_collectives_and_ranks(tmp_path: Path):
     assert f"took {calls * 0.006:,.1f} s in all ranks together, over {calls:,} calls" in text  # 6 ms each
     assert "backward pass" in text  # backward is 50 % of a training step, forward 30 %: backward leads
     phases = next(b for b in main.blocks if isinstance(b, Chart) and "TRAIN/EVAL" in b.caption)
-    assert [f.title.text for f in phases.model.children] == ["Time in the TRAIN/EVAL phases and others",
-                                                            "Forward and backward pass"]
+    assert [f.title.text for f in phases.model.children] == ["The training loop's time: steps and between them"]
+    # per mode, each part is a share of that mode's step time, and says so; no pie of the general events
+    parts = next(b for b in main.blocks if isinstance(b, Chart) and "each mode's steps" in b.caption)
+    assert [f.title.text for f in parts.model.children] == ["TRAIN steps' time", "EVAL steps' time"]
+    assert "Of the 12,000 timed TRAIN steps' 1,291.5 s: backward 48 %, forward 29 %" in text
+    assert "Of the 800 timed EVAL steps' 40.0 s: forward 72 %" in text
+    assert not any(isinstance(b, Chart) and b.caption == "General framework events" for b in main.blocks)
     per_rank = next(b for b in main.blocks if isinstance(b, Table) and b.caption == "Per rank")
     assert [r[0] for r in per_rank.rows] == ["algo-1/0", "algo-1/1", "algo-2/0", "algo-2/1"]
     assert per_rank.columns[2:5] == ["TRAIN %", "EVAL %", "others %"]
@@ -111,7 +116,8 @@ def test_time_between_steps_and_uneven_passes_are_called_out(tmp_path: Path):
     (warn,) = [b for b in main.blocks if isinstance(b, Verdict)]
     assert warn.level == WARN and "(45.0 %) in phase \"others\"" in warn.text
     (para,) = [b for b in main.blocks if isinstance(b, Paragraph)][:1]
-    assert "80 % of the time of forward and backward passes was spent in the forward pass" in para.text
+    assert "In the training steps, 80 % of the time of forward and backward passes was spent in the forward pass" \
+        in para.text
     assert "significant difference between the time spent on forward and backward pass" in para.text  # both kept
     pie = next(b for b in cpu.blocks if isinstance(b, Chart))
     assert _wedges(pie) == pytest.approx({"aten::mm": 6.0, "other operators": 4.0})  # 60 % listed: 4 ms unlisted
@@ -125,3 +131,28 @@ def test_a_gpu_run_says_its_phases_are_host_time(tmp_path: Path):
     assert framework.GPU_HOST_TIME in _text(gpu_main)
     assert framework.GPU_HOST_TIME not in _text(cpu_main)
 
+
+
+def test_a_share_says_of_what_and_one_slice_is_a_sentence_not_a_pie(tmp_path: Path):
+    """A loop of GLOBAL steps whose only recorded part is the optimizer read "100 % optimizer" in a pie; the
+    general events' pie read "61 % waiting for data" for a DDP run whose steps waited 4 % of their time."""
+    root = full_run(tmp_path / "run", gpus=0, framework=False).root
+    details = {"phase": {"GLOBAL": 100.0}, "phase_us": {"GLOBAL": 10_000_000},
+               "modes": {"GLOBAL": {"steps": 100, "step_us": 10_000_000, "parts_us": {"optimizer": 10_000_000},
+                                    "parts": {"optimizer": 100.0}},
+                         "TRAIN": {"steps": 50, "step_us": 20_000_000,
+                                   "parts_us": {"backward": 18_000_000, "data_wait": 800_000, "optimizer": 400_000,
+                                                "other": 800_000},
+                                   "parts": {"backward": 90.0, "data_wait": 4.0, "other": 4.0, "optimizer": 2.0}}},
+               "general": {"data_wait": 61.0, "optimizer": 39.0},
+               "general_us": {"data_wait": 800_000, "optimizer": 500_000}}
+    result = {"RuleName": "OverallFrameworkMetrics", "Status": "ok", "Details": details}
+    main, _, _ = _build(root, rule_results=[RuleResult.from_json(result)])
+    text = _text(main)
+    assert "All of it was in GLOBAL steps." in text  # the loop's one phase: a sentence
+    assert "All of the 100 timed GLOBAL steps' 10.0 s was optimizer." in text
+    assert "Of the 50 timed TRAIN steps' 20.0 s: backward 90 %, waiting for data 4 %, the loop's own code 4 %, " \
+           "optimizer 2 %." in text
+    charts = [b for b in main.blocks if isinstance(b, Chart)]
+    assert [[f.title.text for f in c.model.children] for c in charts] == [["TRAIN steps' time"]]
+    assert "61 %" not in text

@@ -106,3 +106,21 @@ def test_a_fleet_draws_at_most_max_drawn_nodes_histograms_and_says_so(tmp_path, 
     assert any("Histograms of 2 of the 4 nodes are drawn" in b.text for b in blocks_of(sections, Paragraph))
     rows = rows_by(table(sections, "Step durations per node"), "Node", "Rank", "Phase")
     assert {node for node, _, _ in rows} == {"algo-1", "algo-2", "algo-3", "algo-4"}  # the table keeps every node
+
+
+def test_one_slice_is_a_sentence_not_a_pie(gpu):
+    """The outliers' time all in one phase and one part read as two pies of one slice ("100 % optimizer")."""
+    from dataclasses import replace
+
+    from stallwatch.analyze.analysis import RunAnalysis
+
+    fired = gpu.rule("StepOutlier")
+    assert fired.triggered
+    both = RunAnalysis(gpu.run, rule_results=[fired])
+    assert any(isinstance(b, Chart) and b.caption == "Where the outlier steps spent their time"
+               for b in steps.build(both)[0].blocks)
+    one = replace(fired, details={**fired.details, "phase": {"TRAIN": 100.0}, "forward_backward": {"optimizer": 100.0}})
+    blocks = steps.build(RunAnalysis(gpu.run, rule_results=[one]))[0].blocks
+    assert not any(isinstance(b, Chart) and b.caption == "Where the outlier steps spent their time" for b in blocks)
+    assert any(getattr(b, "text", "") == "Over the outlier steps of the series that fired, 100 % of their time went "
+               "to optimizer step, all of it in TRAIN steps." for b in blocks)

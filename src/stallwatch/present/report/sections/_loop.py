@@ -25,7 +25,7 @@ def rule_view(analysis: RunAnalysis, name: str, what: str) -> tuple[RuleResult |
     if view.status == "error":
         return view, NotApplicable(f"{_cap(what)} could not be analyzed: the {name} rule failed ({view.message}).")
     if view.status == "not_applicable":
-        return view, NotApplicable(not_applicable_reason(view, what))
+        return view, NotApplicable(not_applicable_reason(view, what, analysis.summary.ended_before_first_step))
     patience = view.parameters.get("patience")
     if view.datapoints == 0 and patience is not None and not view.details.get("nothing_to_compare"):
         return view, NotApplicable(f"The run is too short for {what}: the {name} rule skips the first {patience} "
@@ -34,14 +34,16 @@ def rule_view(analysis: RunAnalysis, name: str, what: str) -> tuple[RuleResult |
     return view, None
 
 
-def not_applicable_reason(view: RuleResult, what: str) -> str:
-    """A rule's "not applicable" as a plain sentence: no GPU, no framework data (and how to get it), or the
-    rule's own message."""
+def not_applicable_reason(view: RuleResult, what: str, failed: str | None = None) -> str:
+    """A rule's "not applicable" as a plain sentence: no GPU, no framework data (and how to get it, unless the
+    job ended before its first step: `failed` says how), or the rule's own message."""
     skipped = view.details.get("not_applicable")
     if isinstance(skipped, dict) and skipped:
         nodes = ("node " if len(skipped) == 1 else "nodes ") + ", ".join(sorted(skipped))
         return f"No GPU on this run ({nodes} recorded no GPU data): {what} does not apply."
     message = view.message.rstrip(".")
+    if message.startswith("no framework data") and failed:
+        return f"No step was recorded: {failed}, so {what} does not apply."
     if message.startswith("no framework data"):
         return f"No framework data on this run: {what} does not apply. {HOW_TO_RECORD}"
     return f"{_cap(what)} does not apply: {message}."

@@ -18,7 +18,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
     job_s = _job_seconds(details)
     loop = Section("training-loop", "Analyzing the training loop", level=2)
     if init_s is None or loop_s is None:
-        loop.blocks.append(Paragraph(_no_steps(view)))
+        loop.blocks.append(Paragraph(_no_steps(view, analysis.summary.ended_before_first_step)))
         return [loop]
     sections = []
     if init_s > loop_s:
@@ -42,7 +42,10 @@ def _job_seconds(details: dict) -> float:
     return (end - start) / 1e6 if start is not None and end is not None and end > start else 0.0
 
 
-def _no_steps(view: RuleResult | None) -> str:
+def _no_steps(view: RuleResult | None, failed: str | None = None) -> str:
+    if failed:
+        return (f"No training step was recorded: {failed}, so there is no training loop to analyze. The analyses of "
+                "system metrics below cover what ran until then.")
     if view is not None and view.status == "not_applicable" and view.message.startswith("no framework data"):
         return ("No training step was recorded (the run has no framework data), so the training loop's bounds are "
                 "unknown. The analyses of system metrics below cover the whole job; those that need framework data "

@@ -14,15 +14,16 @@ from stallwatch.analyze.collectives import DDP_EVENT
 from stallwatch.analyze.rules.steps import mode_order
 from stallwatch.present.report.breakdowns import pie
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
-from stallwatch.records import COLLECTIVE, DATA_WAIT, OPTIMIZER
+from stallwatch.analyze.rules.framework_metrics import OTHER
+from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
 
 SECTION_ID = "framework"
 TITLE = "Framework metrics summary"
 RULE = "OverallFrameworkMetrics"
-PHASE_TEXT = ("The following two pie charts show the time spent on the TRAIN phase, the EVAL phase, and others. The "
-              "'others' includes the time spent between steps (after one step has finished and before the next step "
-              "has started). Ideally, most of the training time should be spent on the TRAIN and EVAL phases. If "
-              "TRAIN/EVAL were not specified in the training script, steps will be recorded as GLOBAL.")
+PHASE_TEXT = ("The training loop's time, from its first step's start to its last step's end, went to TRAIN steps, EVAL "
+              "steps, and others: the time between steps (after one step has finished and before the next step has "
+              "started). Ideally, most of it is spent in TRAIN and EVAL steps. Steps that are neither are recorded as "
+              "GLOBAL.")
 GPU_HOST_TIME = ("On a GPU, forward, backward and the optimizer step are timed on the host: each call returns once its "
                  "kernels are queued, so the GPU's work shows where the loop waits for it (after the step, at a "
                  "`loss.item()`, or in the call that found the queue full). The steps' durations are right either "
@@ -31,6 +32,8 @@ GPU_HOST_TIME = ("On a GPU, forward, backward and the optimizer step are timed o
 OTHERS_WARN = 25.0  # % of the loop between steps the seeds called significant
 UNEVEN = 70.0  # % forward (or backward) the seeds called a significant difference
 GENERAL_LABELS = {DATA_WAIT: "waiting for data", OPTIMIZER: "optimizer", COLLECTIVE: "collectives"}
+PART_LABELS = {**GENERAL_LABELS, FORWARD: "forward", BACKWARD: "backward", OTHER: "the loop's own code"}
+GPU_OTHER = "the loop's own code or a wait for the GPU"
 PIE_TOP = 9  # operators drawn as their own wedge; the rest are one
 HOW_TO_PROFILE = ("To get one, profile a few steps with torch.profiler: `stallwatch run --detailed-profiling 5:1 -- "
                   "python train.py` profiles step 5 (while the job runs: `stallwatch config RUN --detailed-profiling "
@@ -39,6 +42,10 @@ HOW_TO_PROFILE = ("To get one, profile a few steps with torch.profiler: `stallwa
 
 def build(analysis: RunAnalysis) -> list[Section]:
     result = analysis.rule(RULE)
+    failed = analysis.summary.ended_before_first_step
+    if failed and (result is None or not result.applies):
+        main = Section(SECTION_ID, TITLE, [NotApplicable(f"No framework metrics in this run: {failed}.")])
+        return [main, *operator_sections(analysis, {})]
     if result is None or not result.applies:
         why = (result.message if result is not None else "") or "the rule's result is missing"
         main = Section(SECTION_ID, TITLE, [NotApplicable(
@@ -49,6 +56,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
     details: Mapping[str, Any] = result.details
     blocks: list[Block] = []
     blocks += _phases(details, gpu=analysis.has_gpus)
+    blocks += _step_parts(details, gpu=analysis.has_gpus)
     blocks += _general(details)
     blocks += _gradient_sync(analysis)
     blocks += _ranks(details)
@@ -66,40 +74,61 @@ def _phases(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
     out: list[Block] = []
     charts = []
     text = PHASE_TEXT
-    if phase:
+    if len(phase) == 1:
+        text += f" All of it was in {next(iter(phase))} steps."
+    elif phase:
         charts.append(pie(_seconds(details.get("phase_us") or {}), unit="seconds",
-                          title="Time in the TRAIN/EVAL phases and others"))
+                          title="The training loop's time: steps and between them"))
+    if phase:
         others = float(phase.get("others", 0.0))
         if others > OTHERS_WARN:
             out.append(Verdict(f"Your training job spent quite a significant amount of time ({others:.1f} %) in "
                                "phase \"others\", between steps: check what happens there (evaluation outside the "
                                "recorded steps, checkpointing, logging).", WARN))
     if fb:
-        event, perc = max(fb.items(), key=lambda kv: kv[1])
-        text += (f" The pie chart on the right shows a more detailed breakdown: {perc:.0f} % of the time of forward "
-                 f"and backward passes was spent in the {event} pass.")
+        event, perc = next(iter(fb.items()))  # largest first
+        text += (f" In the training steps, {perc:.0f} % of the time of forward and backward passes was spent in the "
+                 f"{event} pass (evaluation's forward passes are not counted).")
         if perc > UNEVEN:
             text += " There is quite a significant difference between the time spent on forward and backward pass."
-        charts.append(pie(_seconds(details.get("forward_backward_us") or {}), unit="seconds",
-                          title="Forward and backward pass"))
     out.append(Paragraph(text))
     if gpu:
         out.append(Paragraph(GPU_HOST_TIME))
     if charts:
-        out.append(Chart(row(*charts), "The ratio between the time spent on the TRAIN/EVAL phase and others"))
+        out.append(Chart(row(*charts), "The training loop's time in TRAIN/EVAL steps and between steps"))
     return out
+
+
+def _step_parts(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
+    """Per mode, where its timed steps' time went: each part a share of that mode's step time (a pie per mode; a
+    sentence where there is one part only)."""
+    labels = {**PART_LABELS, OTHER: GPU_OTHER} if gpu else PART_LABELS
+    out: list[Block] = []
+    charts = []
+    for mode, m in (details.get("modes") or {}).items():
+        parts = m.get("parts") or {}
+        if not parts:
+            continue
+        of = f"the {m.get('steps', 0):,} timed {mode} steps' {float(m.get('step_us', 0)) / 1e6:,.1f} s"
+        if len(parts) == 1:
+            out.append(Paragraph(f"All of {of} was {labels.get(next(iter(parts)), next(iter(parts)))}."))
+            continue
+        listed = ", ".join(f"{labels.get(k, k)} {_pct(v)}" for k, v in parts.items())
+        out.append(Paragraph(f"Of {of}: {listed}."))
+        charts.append(pie(_seconds(m.get("parts_us") or {}, labels), unit="seconds", title=f"{mode} steps' time"))
+    if charts:
+        out.append(Chart(row(*charts), "Where each mode's steps spent their time (shares of that mode's step time)"))
+    return out
+
+
+def _pct(value: float) -> str:
+    return "< 1 %" if value < 0.5 else f"{value:.0f} %"
 
 
 def _general(details: Mapping[str, Any]) -> list[Block]:
     out: list[Block] = []
-    general = details.get("general_us") or {}
-    if general:
-        event, share = max((details.get("general") or {}).items(), key=lambda kv: kv[1], default=("", 0.0))
-        out.append(Paragraph("The following pie chart shows the time the training loop spent in its general framework "
-                             "events: waiting for the data loader's next batch, optimizer steps and collective "
-                             f"operations. The largest share, {share:.0f} %, was {GENERAL_LABELS.get(event, event)}."))
-        out.append(Chart(pie(_seconds(general, GENERAL_LABELS), unit="seconds", title="General framework events"),
-                         "General framework events"))
+    # No pie of these three against each other: their shares of one another read as shares of the loop ("87 %
+    # waiting for data" beside a data wait of 10.7 % of step time). Their share of each mode's steps is above.
     collectives = {name: v for name, v in ((details.get("events") or {}).get(COLLECTIVE) or {}).items()
                    if name != DDP_EVENT}  # DDP's samples of its own timing are not calls
     if collectives:
@@ -134,7 +163,8 @@ def _ranks(details: Mapping[str, Any]) -> list[Block]:
         rows.append([key, r.get("steps", 0), *((r.get("phase") or {}).get(p, 0.0) for p in phases),
                      fb.get("forward", 0.0), fb.get("backward", 0.0),
                      (r.get("general_us") or {}).get(DATA_WAIT, 0) / 1e6])
-    return [Table(["rank", "steps", *(f"{p} %" for p in phases), "forward %", "backward %", "waiting for data (s)"],
+    return [Table(["rank", "steps", *(f"{p} %" for p in phases), "training forward %", "training backward %",
+                   "waiting for data (s)"],
                   rows, "Per rank")]
 
 

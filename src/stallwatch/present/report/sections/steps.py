@@ -138,16 +138,20 @@ def _outlier_context(view: RuleResult, series: dict[str, dict[str, Any]]) -> lis
     phase, parts = view.details.get("phase") or {}, view.details.get("forward_backward") or {}
     if view.triggered and (phase or parts):
         top = max(parts.items(), key=lambda kv: kv[1]) if parts else None
-        text = "Over the outlier steps of the series that fired, the charts show the share of their time per phase"
+        text = "Over the outlier steps of the series that fired"
         if top:
-            text += (f" and per part of the step: {num(top[1], 0)} % went to "
-                     f"{KIND_LABELS.get(top[0], top[0])}")
+            text += f", {num(top[1], 0)} % of their time went to {KIND_LABELS.get(top[0], top[0])}"
+        if len(phase) == 1:
+            text += f", all of it in {next(iter(phase))} steps"
+        if len(phase) > 1 or len(parts) > 1:  # a pie of one slice is this sentence, not a chart
+            text += "; the charts show the share of their time per phase and per part of the step"
         blocks.append(Paragraph(text + "."))
-        pies = [charts.pie("Outlier time per phase", phase)] if phase else []
-        if parts:
+        pies = [charts.pie("Outlier time per phase", phase)] if len(phase) > 1 else []
+        if len(parts) > 1:
             pies.append(charts.pie("Outlier time per part of the step",
                                    {KIND_LABELS.get(k, k): v for k, v in parts.items()}))
-        blocks.append(Chart(row(*pies), caption="Where the outlier steps spent their time"))
+        if pies:
+            blocks.append(Chart(row(*pies), caption="Where the outlier steps spent their time"))
     return blocks
 
 

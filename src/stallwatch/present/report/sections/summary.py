@@ -54,7 +54,10 @@ def build(analysis: RunAnalysis) -> list[Section]:
     parts = s.parts_s()
     if parts is None or s.loop is None:
         blocks.append(Table(["", "Job statistics"], rows))
+        failed = s.ended_before_first_step
         blocks.append(NotApplicable(
+            f"No step was recorded: {failed}, so the job never reached its training loop; the table shows the "
+            "job's span only." if failed else
             "No step information was profiled from your training job (no framework events), so the time spent on "
             "initialization, the training loop and finalization cannot be computed; the table shows the job's span "
             "only. Steps are recorded when a PyTorch job runs under `stallwatch run`."))
