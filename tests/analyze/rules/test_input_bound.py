@@ -44,14 +44,15 @@ def test_the_threshold(wait_ms, fires):
 
 
 def test_too_few_workers_for_the_free_cores():
-    """Planted: 2 workers for one rank on a 16-core node, 50 % wait: try num_workers=15."""
+    """Planted: 2 workers for one rank on a 16-core node, 50 % wait: try num_workers=16 (the Dataloader rule's
+    count too: the two rules never advise two counts)."""
     gen = FwGen()
     gen.steps(n=300, data_wait_us=50 * MS, jitter_us=0)
     gen.dataloader(num_workers=2)
     out = evaluate(InputBound, whole(gen.table(), run=run_info(node_info(cores=16))))
     entry = _ranks(out)["algo-1/0/TRAIN"]
-    assert entry["cause"] == "too_few_workers" and entry["free_cores_per_rank"] == 15
-    assert "Try num_workers=15" in out["Recommendation"]
+    assert entry["cause"] == "too_few_workers" and entry["free_cores_per_rank"] == 16
+    assert "Try num_workers=16" in out["Recommendation"]
 
 
 def test_enough_workers_but_a_slow_fetch():
