@@ -16,7 +16,7 @@ from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, R
 from stallwatch.analyze.rules.dataloader import _SpanMedian
 from stallwatch.analyze.rules.gpu import check_counts
 from stallwatch.analyze.rules.steps import Appendable, new_events, rank_key, track_spans, unmeasured_waits
-from stallwatch.records import DATA_WAIT, EVAL, PROC, PROC_CPU_UTIL, STEP, TRAIN, WORKERS_CPU_UTIL
+from stallwatch.records import CPU, CPU_UTIL, DATA_WAIT, EVAL, PROC, STEP, TRAIN, WORKERS_BUSY, WORKERS_CPU_UTIL
 
 DATALOADER = "dataloader"
 US = 1_000_000
@@ -27,6 +27,9 @@ STALL_STEP_SHARE = 0.5
 STALL_SHARE = 0.5  # stalls are the cause when they hold at least half of the waiting
 MAX_NAMED = 20  # stall steps named per rank
 MAX_LOADERS = 5  # loaders listed per rank and mode
+
+
+_CPU = ((CPU, CPU_UTIL), (PROC, WORKERS_BUSY), (PROC, WORKERS_CPU_UTIL))  # the node's CPU the causes read
 
 
 class _Rank:
@@ -123,7 +126,7 @@ class InputBound(Rule):
     so far, in step order, so one chunk or many give the same result."""
 
     name = "InputBound"
-    metrics = (PROC_CPU_UTIL, WORKERS_CPU_UTIL)  # the job's CPU: do its workers and training already use the cores?
+    metrics = (CPU_UTIL, WORKERS_BUSY, WORKERS_CPU_UTIL)  # is a core left for another worker? are the workers busy?
     description = ("Measures how much of each training step the loop spends waiting for the next batch of data, per "
                    "rank and over sliding windows of steps. A loop that waits for data leaves the accelerator (or "
                    "the CPU doing the training) idle: it is input-bound, whatever the hardware.")
@@ -142,7 +145,7 @@ class InputBound(Rule):
         self._keras: dict[tuple[str, int], dict[str, Any]] = {}  # a Keras job's input facts (training's first)
         self._loader_info: dict[tuple[str, int, int], dict[str, Any]] = {}  # (node, rank, key) -> first settings
         self._loader_waits: dict[tuple[str, int, str], dict[int, list[int]]] = {}  # per mode: loader -> [µs, n]
-        self._cpu: dict[str, tuple[_SpanMedian, _SpanMedian]] = {}  # node -> the job's CPU %, its workers' CPU %
+        self._cpu: dict[str, tuple[_SpanMedian, ...]] = {}  # node -> its CPU %, workers busy, the workers' CPU %
         self._loop: dict[str, list[int]] = {}  # node -> [first step start, last step end]
         self._info: dict[str, dict[str, Any]] = {}
         self._ranks_per_node: dict[str, set[int]] = {}
@@ -214,9 +217,9 @@ class InputBound(Rule):
             if frame.info:
                 self._info[node] = frame.info
             if len(frame):
-                for series, metric in zip(self._cpu.setdefault(node, (_SpanMedian(), _SpanMedian())),
-                                          (PROC_CPU_UTIL, WORKERS_CPU_UTIL)):
-                    values = frame.get(PROC, metric)
+                for series, (device, metric) in zip(self._cpu.setdefault(node, tuple(_SpanMedian() for _ in _CPU)),
+                                                    _CPU):
+                    values = frame.get(device, metric)
                     ok = ~np.isnan(values) if values is not None else None
                     if ok is not None and ok.any():
                         series.add(frame.timestamps[ok].astype(np.int64), values[ok])
@@ -408,9 +411,9 @@ class InputBound(Rule):
         evidence.update(num_workers=num_workers, cores=cores, ranks_on_node=ranks, free_cores_per_rank=free)
         if loader is not None:
             evidence.update(loader=loader, loaders=loaders)
-        job, workers_pct = self._job_cpu(node)
-        if cores and job is not None:
-            evidence.update(job_cpu_cores=job * cores / 100.0,
+        node_pct, busy, workers_pct = self._job_cpu(node)
+        if cores and node_pct is not None:
+            evidence.update(idle_cores=cores * (1 - node_pct / 100.0), workers_busy=busy,
                             workers_cpu_cores=None if workers_pct is None else workers_pct * cores / 100.0)
         if f.stalls is not None:
             evidence.update(f.stalls)
@@ -424,10 +427,15 @@ class InputBound(Rule):
         if keras is None and num_workers == 0 and f.stalls is not None \
                 and f.stalls["median_wait_ms"] < ld.CHEAP_FETCH_MS:
             return "cheap_fetch", evidence
-        saturated = cores is not None and job is not None and cores * (1 - job / 100.0) < ld.MIN_FREE_CORES
+        # The workers compute all the time (busy: each used a tenth of a core or more) and no core of the node is
+        # idle: another worker would take CPU from these (or from training). Whoever else keeps the node busy, more
+        # workers cannot help; on one core per rank, neither can the first.
+        saturated = (cores is not None and node_pct is not None and busy is not None and bool(num_workers)
+                     and cores * (1 - node_pct / 100.0) < ld.MIN_FREE_CORES
+                     and busy >= ld.BUSY_SHARE * min(num_workers, cores))
         if keras is None and num_workers is not None and (saturated or (num_workers == 0 and cores is not None
                                                                         and cores // ranks <= 1)):
-            return "cpu_bound", evidence  # no core to give another worker
+            return "cpu_bound", evidence
         if num_workers is not None and num_workers == 0:
             return "main_process", evidence
         if num_workers is not None and free is not None and num_workers < free:
@@ -453,16 +461,16 @@ class InputBound(Rule):
         listed = sorted(by_site.values(), key=lambda e: -e["wait_s"])[:MAX_LOADERS]
         return (listed[0] if listed else None), listed
 
-    def _job_cpu(self, node: str) -> tuple[float | None, float | None]:
-        """The median CPU of the job's processes, and of its loader workers, over its loop (% of the node)."""
+    def _job_cpu(self, node: str) -> tuple[float | None, ...]:
+        """Medians over the loop: the node's CPU (%), the loader workers busy, and their CPU (% of the node)."""
         series = self._cpu.get(node)
         if series is None:
-            return None, None
+            return (None,) * len(_CPU)
         out = []
         for s in series:
             values = s.within(self._loop.get(node))
             out.append(float(values.percentiles((50,))[0]) if values.n else None)
-        return out[0], out[1]
+        return tuple(out)
 
     def _advice(self, fired: dict[str, dict[str, Any]]) -> str:
         lines = []
@@ -484,14 +492,14 @@ class InputBound(Rule):
                              "BatchSampler as the DataLoader's sampler (batch_size=None) to a dataset whose "
                              "__getitem__ takes the list of indices.")
             elif cause == "cpu_bound":
-                used = e.get("job_cpu_cores")
-                where = (f"the job already uses {used:.1f} of the node's {e['cores']} cores" if used is not None
-                         else f"the node has {e['cores']} core{'s' if e['cores'] != 1 else ''} for "
-                         f"{e['ranks_on_node']} rank{'s' if e['ranks_on_node'] != 1 else ''}")
-                lines.append(f"{head}: {where} ({_num(e['num_workers'])} data-loader workers and training), so more "
-                             "workers cannot help: they would share the same cores. Make each batch cheaper to "
-                             "produce (lighter transforms, decode once and cache the decoded samples, pre-process the "
-                             "data set offline), or give each GPU more CPU cores.")
+                idle = e.get("idle_cores")
+                cores = f"{e['cores']} core{'s' if e['cores'] != 1 else ''}"
+                where = (f"its {_num(e['num_workers'])} data-loader workers compute all the time and {idle:.1f} of the "
+                         f"node's {cores} is idle" if idle is not None and e["num_workers"] else
+                         f"the node has {cores} for {e['ranks_on_node']} rank{'s' if e['ranks_on_node'] != 1 else ''}")
+                lines.append(f"{head}: {where}, so more workers cannot help: they would share the same cores. Make "
+                             "each batch cheaper to produce (lighter transforms, decode once and cache the decoded "
+                             "samples, pre-process the data set offline), or give each GPU more CPU cores.")
             elif cause == "main_process":
                 suggest = e["free_cores_per_rank"] or 2
                 lines.append(f"{head}: batches are loaded in the training process itself (num_workers=0). Use "

@@ -18,8 +18,10 @@ UNKNOWN = -1  # a wait whose loader is not recorded (an older run, a Keras input
 # A batch that arrives faster than this from the main process is not worth a worker: handing it over from a worker
 # process (pickling it, a pipe, a queue) costs about as much. The Dataloader rule's `min_wait_ms` default.
 CHEAP_FETCH_MS = 1.0
-# The job leaves fewer cores than this idle on its node: its workers and the training already use the cores.
+# Fewer cores than this idle on the node, with the workers busy (BUSY_SHARE of them, median): the input pipeline
+# is CPU-bound and more workers cannot help.
 MIN_FREE_CORES = 0.5
+BUSY_SHARE = 0.75
 SETTINGS = ("key", "created_at", "dataset", "batch_size", "num_workers", "pin_memory", "prefetch_factor",
             "persistent_workers", "sampler")
 
