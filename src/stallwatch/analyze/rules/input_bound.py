@@ -504,7 +504,8 @@ class InputBound(Rule):
                 suggest = e["free_cores_per_rank"] or 2
                 lines.append(f"{head}: batches are loaded in the training process itself (num_workers=0). Use "
                              f"worker processes: DataLoader(..., num_workers={suggest}, persistent_workers=True, "
-                             "prefetch_factor=2) so batches are prepared while the model trains.")
+                             f"prefetch_factor=2) so batches are prepared while the model "
+                             f"{'trains' if e.get('phase') == TRAIN else 'runs'}.")
             elif cause == "too_few_workers":
                 lines.append(f"{head}: {_num(e['num_workers'])} data-loader workers for "
                              f"{e['free_cores_per_rank']} cores per rank. Try num_workers="
