@@ -82,12 +82,14 @@ def _advice(analysis: RunAnalysis, nodes: dict[str, dict[str, Any]], d: dict[str
 
 
 def _loaders_table(loaders: list[dict[str, Any]], total: int) -> Table:
-    rows = [[e.get("node"), e.get("rank"), e.get("dataset"), e.get("batch_size"), e.get("num_workers"),
-             e.get("pin_memory"), e.get("prefetch_factor"), e.get("persistent_workers"), e.get("iterators")]
+    rows = [[e.get("node"), e.get("rank"), e.get("dataset"), e.get("created_at"), e.get("mode"), e.get("batch_size"),
+             e.get("num_workers"), e.get("pin_memory"), e.get("prefetch_factor"), e.get("persistent_workers"),
+             e.get("iterators")]
             for e in loaders]
     more = f" (the first {len(loaders)} of {total})" if total > len(loaders) else ""
-    return Table(["Node", "Rank", "Dataset", "Batch size", "num_workers", "pin_memory", "prefetch_factor",
-                  "persistent_workers", "Iterators"], rows, caption=f"The data loaders and their settings{more}")
+    return Table(["Node", "Rank", "Dataset", "Built at", "Loop", "Batch size", "num_workers", "pin_memory",
+                  "prefetch_factor", "persistent_workers", "Iterators"], rows,
+                 caption=f"The data loaders and their settings{more} (Loop: the mode of the steps that waited for it)")
 
 
 def _timing(t: dict[str, Any]) -> list[Any]:
