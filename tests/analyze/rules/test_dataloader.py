@@ -192,3 +192,14 @@ def test_each_loader_is_judged_by_the_loop_it_fed():
     assert node["triggered"] and node["reason"] == "slow_fetch" and node["num_workers"] == 2
     assert out["Details"]["num_workers"] == 2 and out["Details"]["pin_memory"] is True
     assert "num_workers=2" not in out["Recommendation"] and "not prefetched" not in out["Recommendation"]
+
+
+def test_batches_faster_than_a_hand_over_are_not_called_a_small_wait():
+    """0.4 ms steps waiting 0.12 ms each (30 %): above wait_threshold, but under min_wait_ms. The rule stays silent
+    and says why, rather than "a typical step waited at most 30 % … no change needed"."""
+    gen = FwGen()
+    gen.dataloader(key=1, num_workers=0)
+    gen.steps(n=3000, step_us=400, gap_us=0, data_wait_us=120, jitter_us=0, loader=1)
+    out = evaluate(Dataloader, whole(gen.table(), run=run_info(node_info(cores=8))))
+    assert not out["RuleTriggered"] and out["Details"]["median_wait_ms"] == pytest.approx(0.12)
+    assert "0.12 ms" in out["Recommendation"] and "not a bottleneck" not in out["Recommendation"]

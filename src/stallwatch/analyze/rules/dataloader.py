@@ -320,6 +320,7 @@ class Dataloader(Rule):
             "typical_wait_share": {f"{n}/{r}": v for (n, r), v in sorted(typical.items())},
             "wait_threshold": wait_pct,
             "bottleneck": bool(material),
+            "median_wait_ms": median_wait_ms,
         }
         timing = self._dataloading_time()
         if timing:
@@ -403,6 +404,12 @@ class Dataloader(Rule):
         if not details["bottleneck"]:
             shares = [v for v in details["typical_wait_share"].values() if v is not None]
             most = f"at most {max(shares):.1f} %" if shares else "no measurable share"
+            fast = details.get("median_wait_ms")
+            if shares and max(shares) > wait_pct and fast is not None and fast < float(self.params["min_wait_ms"]):
+                return (f"The data loader's workers are not what to change: a typical step waited for data {most} of "
+                        f"its time, but each batch came in {fast:.2f} ms (under min_wait_ms "
+                        f"{_num(float(self.params['min_wait_ms']))} ms), less than handing a batch over from a worker "
+                        "process costs.")
             return (f"The data loader is not a bottleneck: a typical training step waited for data {most} of its "
                     f"time (threshold {_num(wait_pct)} %), so no change to the workers is needed; more workers would "
                     "only cost memory.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.present.report.model import INFO, Chart, Paragraph, Section, Table, Verdict
+from stallwatch.present.report.model import INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import num, plural, rule_verdict, rule_view
 
@@ -49,7 +49,17 @@ def build(analysis: RunAnalysis) -> list[Section]:
     advice = _advice(analysis, nodes, d)
     if advice and not view.triggered and d.get("bottleneck") is not False:
         sec.blocks.append(Verdict(advice, INFO))
+    starved = analysis.rule("InputBound")
+    if not view.triggered and starved is not None and starved.status == "ok" and starved.triggered > 0:
+        # a typical step waited little, but windows of steps waited more: the section must not read as the opposite
+        # of the finding at the top of the report
+        title = starved.details.get("title") or "The loop waits for data"
+        sec.blocks.append(Verdict(f"Yet the InputBound rule found: {title}. {_cap(starved.recommendation)}", WARN))
     return [sec]
+
+
+def _cap(text: str | None) -> str:
+    return (text[:1].upper() + text[1:]) if text else ""
 
 
 def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
