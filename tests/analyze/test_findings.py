@@ -181,7 +181,8 @@ def test_health_evidence_of_sampled_steps_shares_timed_step_time_only():
 
 
 def test_a_starved_loop_is_one_finding_with_the_loaders_advice():
-    """InputBound (the wait) and Dataloader (the workers) see one problem: one finding, both pieces of advice."""
+    """InputBound (the wait) and Dataloader (the workers) see one problem: one finding, with InputBound's advice
+    alone (judged on the loader the loop waited for); the Dataloader's evidence joins it."""
     starved = _rule("InputBound", 1, {"ranks": {"algo-1/0/TRAIN": {"node": "algo-1", "rank": 0, "triggered": True,
                                                                     "wait_share": 41.0, "wait_s": 24.6,
                                                                     "cause": "main_process"}},
@@ -190,7 +191,8 @@ def test_a_starved_loop_is_one_finding_with_the_loaders_advice():
     loader = _rule("Dataloader", 1, {"nodes": {"algo-1": {"triggered": True, "reason": "above"}}})
     (f,) = build_findings([loader, starved], _summary(loop_s=60.0)).findings
     assert f.rule == "InputBound" and f.time_at_stake_s == 24.6 and f.severity == HIGH
-    assert f.recommendation.endswith("Fix what Dataloader found.") and "dataloader" in f.evidence
+    assert "Fix what Dataloader found." not in f.recommendation and "dataloader" in f.evidence
+    assert f.recommendation.startswith("Fix what InputBound found.")
     (alone,) = build_findings([loader], _summary()).findings
     assert alone.rule == "Dataloader" and alone.title.startswith("The data loader holds training back: too many")
 

@@ -336,12 +336,9 @@ def _fold_loader_into_input(found: list[Finding]) -> list[Finding]:
     starved = next((f for f in found if f.rule == "InputBound"), None)
     if loader is None or starved is None:
         return found
-    reasons = {str(e.get("reason")) for e in (loader.evidence.get("nodes") or {}).values() if isinstance(e, dict)}
-    causes = {str(e.get("cause")) for e in starved.evidence.values() if isinstance(e, dict)}
-    if reasons <= {"below"} and causes <= {"main_process", "too_few_workers"}:  # both name the worker count: once
-        extra = PIN_MEMORY_ADVICE if PIN_MEMORY_ADVICE in loader.recommendation else ""
-    else:
-        extra = loader.recommendation
+    # One piece of advice per loader: InputBound's, judged on the loader the loop waited for (its workers, the
+    # cores they use, how cheap its batches are); of the Dataloader rule's, only what InputBound does not judge.
+    extra = PIN_MEMORY_ADVICE if PIN_MEMORY_ADVICE in loader.recommendation else ""
     merged = Finding(starved.id, starved.rule, starved.severity, starved.title, starved.time_at_stake_s,
                      starved.share_of_loop, starved.where, {**starved.evidence, "dataloader": loader.evidence},
                      f"{starved.recommendation} {extra}".strip())

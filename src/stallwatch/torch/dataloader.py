@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -26,8 +27,33 @@ def profiling() -> bool:
     return _flag[0] == 1
 
 
-def describe(it: Any, loader: Any) -> dict[str, Any]:
-    """The settings the Dataloader rule and the report look at, and the workers' pids."""
+_SKIPPED: tuple[str, ...] = ()  # torch's data package and stallwatch's, as directory prefixes (made at first use)
+MAX_FRAMES = 30  # frames looked through for the code that built a loader
+
+
+def creation_site(loader: Any) -> str | None:
+    """Where the job built this loader ("file:line"): the first caller outside torch's data package, stallwatch and
+    the loader's own (a DataLoader subclass's) `__init__`. Called once per loader, from its `__init__`."""
+    global _SKIPPED
+    if not _SKIPPED:
+        import torch.utils.data
+
+        _SKIPPED = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                         for m in (torch.utils.data, sys.modules["stallwatch"]) if m.__file__)
+    frame = sys._getframe(1)
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            return None
+        path = frame.f_code.co_filename
+        if not path.startswith(_SKIPPED) and frame.f_locals.get("self") is not loader:
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def describe(it: Any, loader: Any, key: int | None = None) -> dict[str, Any]:
+    """The settings the Dataloader rule and the report look at, and the workers' pids; `key` is the loader's own
+    number in this process (its data waits name it), `created_at` where the job built it."""
     workers = getattr(it, "_workers", None) or []
     context = getattr(loader, "multiprocessing_context", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
@@ -37,6 +63,8 @@ def describe(it: Any, loader: Any) -> dict[str, Any]:
                   "profiling (only fork shares the window switch)", method)
     return {
         "loader_id": id(loader),
+        "key": key,
+        "created_at": getattr(loader, "_stallwatch_origin", None),
         "dataset": type(loader.dataset).__name__,
         "batch_size": loader.batch_size if loader.batch_size is not None
         else getattr(batch_sampler, "batch_size", None),

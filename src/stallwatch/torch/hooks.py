@@ -57,6 +57,11 @@ def _compiled_any() -> bool:
         return True
 
 
+def _set_origin(loader: Any) -> None:
+    """Where the job built `loader`, kept on it (read when its iterators start)."""
+    loader.__dict__["_stallwatch_origin"] = dl.creation_site(loader)
+
+
 _names: dict[type, str] = {}
 
 
@@ -241,9 +246,17 @@ class TorchHooks:
                     _guard("dataloader", hooks._loader_started, it, loader)
             return __init__
 
+        def make_loader_init(original):
+            def __init__(loader, *args, **kwargs):
+                original(loader, *args, **kwargs)
+                if hooks.enabled and "_stallwatch_origin" not in loader.__dict__:
+                    _guard("dataloader", _set_origin, loader)
+            return __init__
+
         self._patch(tdl._BaseDataLoaderIter, "__next__", make_next, hot=True)
         for cls in (tdl._SingleProcessDataLoaderIter, tdl._MultiProcessingDataLoaderIter):
             self._patch(cls, "__init__", make_init)
+        self._patch(tdl.DataLoader, "__init__", make_loader_init)
         self._undo.extend(dl.patch_fetchers(self._emit))
 
     def _batch_begin(self, key: int, it: Any) -> int:
@@ -277,7 +290,7 @@ class TorchHooks:
             self._iters_paused.append((it.__dict__, 0, self.tracker.loader_mode(key, torch.is_grad_enabled())))
         t = now_us()
         self._emit(("dataloader", type(loader.dataset).__name__, t, t, "GLOBAL", None, self.pid,
-                    json.dumps(dl.describe(it, loader), default=str)))
+                    json.dumps(dl.describe(it, loader, key), default=str)))
 
     # -- forward: discovery, then per-instance hooks --------------------------------------------------
     @property

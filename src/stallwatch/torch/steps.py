@@ -98,6 +98,7 @@ class StepTracker:
         self._open: _Step | None = None
         self._pending: list[tuple] = []  # data waits seen outside an explicit step: they belong to the next
         self._loader_modes: dict[int, str] = {}
+        self._wait_args: dict[int, str] = {}  # loader key -> its data waits' args (made once per loader)
         self._last_end = 0  # steps never overlap: a step starts no earlier than the previous one ended
         self._optimizing = False  # inside optimizer.step(): a closure's forward/backward belong to this step
         self._optimizer_mark: tuple[_Step | None, int] = (None, 0)  # the step, and its events, when it began
@@ -158,11 +159,12 @@ class StepTracker:
 
     def batch_end(self, loader: int, t0: int, exhausted: bool) -> None:
         t1 = now_us()
+        args = self._wait_args.get(loader) or self._loader_args(loader)
         if self.source == EXPLICIT:
             if self._open is not None and not self._open.work:  # fetched inside `with prof.step():`
-                self._add(self._open, DATA_WAIT, "next_batch", t0, t1, "")
+                self._add(self._open, DATA_WAIT, "next_batch", t0, t1, args)
             elif not exhausted:  # fetched for the next step (before its mark, or after this one's work)
-                self._pending.append((t0, t1))
+                self._pending.append((t0, t1, args))
                 del self._pending[:-MAX_PENDING_WAITS]
             return
         if self.source != LOADER:
@@ -174,7 +176,13 @@ class StepTracker:
             if not step.work:
                 self._open = None  # the request that found the loader empty: no step
             return
-        self._add(step, DATA_WAIT, "next_batch", t0, t1, "")
+        self._add(step, DATA_WAIT, "next_batch", t0, t1, args)
+
+    def _loader_args(self, loader: int) -> str:
+        """A data wait's args name the loader it waited for (its `dataloader` event's `key`): made once per loader,
+        so the hot path only looks it up."""
+        args = self._wait_args[loader] = '{"loader": %d}' % loader
+        return args
 
     # -- phases ---------------------------------------------------------------------------------------
     # The phase methods run a few times per step: the common case (inside a step) is inlined.
@@ -344,7 +352,7 @@ class StepTracker:
         if self.source != EXPLICIT and self._open is not None:
             # Hand-over from automatic steps: the open one ends here, with what it did.
             if not self._open.work:
-                self._pending = [(e[2], e[3]) for e in self._open.events if e[0] == DATA_WAIT]
+                self._pending = [(e[2], e[3], e[4]) for e in self._open.events if e[0] == DATA_WAIT]
                 self._open = None
             elif self._open.cuts:
                 self._decide(PAIRS, t)
@@ -362,8 +370,8 @@ class StepTracker:
         predicted = mode or TRAIN
         step = _Step(start, mode, predicted, self.counts[predicted])
         step.name = name
-        for t0, t1 in self._pending:
-            self._add(step, DATA_WAIT, "next_batch", t0, t1, "")
+        for t0, t1, args in self._pending:
+            self._add(step, DATA_WAIT, "next_batch", t0, t1, args)
         self._pending.clear()
         self._begin(step)
 

@@ -47,7 +47,7 @@ class FwGen:
     def steps(self, *, node: str = "algo-1", rank: int = 0, mode: str = TRAIN, n: int = 200, start_us: int = T0,
               step_us: int = 100 * MS, jitter_us: int = 1 * MS, gap_us: int = 1 * MS, first_step: int = 0,
               slow: dict[int, int] | None = None, phases: bool = True, data_wait_us: int | np.ndarray = 5 * MS,
-              seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+              seed: int = 0, loader: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`n` steps back to back (`gap_us` apart), each `step_us` ± `jitter_us` (uniform, seeded) long, except
         the step numbers in `slow`, which last exactly the given µs. With `phases`, each step holds a wait for
         data (`data_wait_us`), then forward (30 %), backward (50 %) and optimizer (10 %) of the rest (TRAIN;
@@ -62,7 +62,8 @@ class FwGen:
         self.events(node, rank, STEP, STEP_NAMES[mode], mode, numbers, starts, ends)
         if phases:
             wait = np.minimum(np.broadcast_to(np.asarray(data_wait_us, np.int64), (n,)), durations)
-            self.events(node, rank, DATA_WAIT, "next_batch", mode, numbers, starts, starts + wait)
+            self.events(node, rank, DATA_WAIT, "next_batch", mode, numbers, starts, starts + wait,
+                        "" if loader is None else json.dumps({"loader": loader}))
             rest = durations - wait
             f0 = starts + wait
             if mode == TRAIN:
@@ -78,7 +79,8 @@ class FwGen:
 
     def dataloader(self, *, node: str = "algo-1", rank: int = 0, at_us: int = T0, name: str = "ImageDataset",
                    loader_id: str | None = "0", num_workers: int = 4, pin_memory: bool = False,
-                   prefetch_factor: int | None = 2, batch_size: int = 32, worker_pids: Iterable[int] = ()) -> None:
+                   prefetch_factor: int | None = 2, batch_size: int = 32, worker_pids: Iterable[int] = (),
+                   key: int | None = None, created_at: str | None = None) -> None:
         """A DataLoader iterator created at `at_us` (start = end), with its settings in args."""
         args: dict[str, Any] = {"batch_size": batch_size, "num_workers": num_workers, "pin_memory": pin_memory,
                                 "prefetch_factor": prefetch_factor, "persistent_workers": False, "drop_last": False,
@@ -86,6 +88,8 @@ class FwGen:
                                 "worker_pids": list(worker_pids), "dataset": name}
         if loader_id is not None:
             args["loader_id"] = loader_id
+        if key is not None:  # recorded since data waits name their loader
+            args.update(key=key, created_at=created_at)
         self.events(node, rank, "dataloader", name, "GLOBAL", None, at_us, at_us, json.dumps(args))
 
     def table(self) -> pa.Table:

@@ -171,3 +171,35 @@ def test_a_tiny_model_on_in_memory_data_is_not_told_to_add_workers():
     assert node["wait_share"] > 40 and not node["triggered"] and node["reason"] == "not_a_bottleneck"
     assert evaluate(Dataloader, whole(gen.table(), system, run_info(info)), min_wait_ms=0.1
                     )["RuleTriggered"] == 1  # with a lower floor the same run fires
+
+
+def test_each_loader_is_judged_by_the_loop_it_fed():
+    """A starved training loop (loader 1, 2 workers, 2 cores) and an evaluation loop (loader 2, num_workers=0, more
+    iterators): the loaders carry their mode and wait; the advice is about the training loader, and never the
+    count it has (2 on 2 cores: `slow_fetch`, not `below` with "try num_workers=2")."""
+    gen = FwGen()
+    gen.dataloader(key=1, created_at="/job/train.py:40", name="Train", num_workers=2, loader_id="11", pin_memory=True)
+    for i in range(5):
+        gen.dataloader(key=2, created_at="/job/train.py:41", name="Val", num_workers=0, loader_id="12",
+                       at_us=T0 + (i + 1) * S)
+    _, ends = gen.steps(n=300, data_wait_us=50 * MS, jitter_us=0, loader=1)
+    gen.steps(mode=EVAL, n=50, data_wait_us=80 * MS, jitter_us=0, loader=2, start_us=int(ends[-1]) + S)
+    out = evaluate(Dataloader, whole(gen.table(), run=run_info(node_info(cores=2))))
+    loaders = {e["created_at"]: e for e in out["Details"]["loaders"]}
+    assert (loaders["/job/train.py:40"]["mode"], loaders["/job/train.py:41"]["mode"]) == (TRAIN, EVAL)
+    assert loaders["/job/train.py:40"]["wait_s"] == pytest.approx(15.0)
+    node = out["Details"]["nodes"]["algo-1"]
+    assert node["triggered"] and node["reason"] == "slow_fetch" and node["num_workers"] == 2
+    assert out["Details"]["num_workers"] == 2 and out["Details"]["pin_memory"] is True
+    assert "num_workers=2" not in out["Recommendation"] and "not prefetched" not in out["Recommendation"]
+
+
+def test_batches_faster_than_a_hand_over_are_not_called_a_small_wait():
+    """0.4 ms steps waiting 0.12 ms each (30 %): above wait_threshold, but under min_wait_ms. The rule stays silent
+    and says why, rather than "a typical step waited at most 30 % … no change needed"."""
+    gen = FwGen()
+    gen.dataloader(key=1, num_workers=0)
+    gen.steps(n=3000, step_us=400, gap_us=0, data_wait_us=120, jitter_us=0, loader=1)
+    out = evaluate(Dataloader, whole(gen.table(), run=run_info(node_info(cores=8))))
+    assert not out["RuleTriggered"] and out["Details"]["median_wait_ms"] == pytest.approx(0.12)
+    assert "0.12 ms" in out["Recommendation"] and "not a bottleneck" not in out["Recommendation"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from stallwatch.analyze.rules import loaders as ld
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.stats import Distribution, ValueCounts
 from stallwatch.analyze.rules.steps import Appendable, new_events, unmeasured_waits
@@ -20,7 +21,7 @@ DATALOADER = "dataloader"
 MAX_LOADERS = 50  # loaders listed in Details
 HISTOGRAM_BINS = 50
 US = 1_000_000
-_SETTINGS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last",
+_SETTINGS = ("created_at", "batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "drop_last",
              "timeout", "sampler", "multiprocessing_context", "dataset",
              # a Keras job's input (stallwatch.keras): PyDataset, generator, tf.data, arrays or a DataLoader
              "framework", "input", "loop", "worker_threads", "use_multiprocessing", "max_queue_size", "prefetch",
@@ -76,6 +77,7 @@ class Dataloader(Rule):
         self._ranks: dict[str, set[int]] = {}
         self._loaders: dict[tuple[str, int, str], dict[str, Any]] = {}
         self._rank_workers: dict[tuple[str, int], list[float]] = {}
+        self._loader_waits: dict[tuple[str, int, str], dict[int, list[int]]] = {}  # per mode: loader key -> [µs, n]
         # µs, whole-run; held as distinct values and counts (bounded by the waits' range, not their number)
         self._waits_train = ValueCounts()  # TRAIN steps' waits
         self._waits_other = ValueCounts()  # the others': judged only when there are no TRAIN
@@ -133,6 +135,7 @@ class Dataloader(Rule):
                 mine["iterators"] += entry["iterators"]
         for rank, workers in other._rank_workers.items():
             self._rank_workers.setdefault(rank, []).extend(workers)
+        ld.merge_waits(self._loader_waits, other._loader_waits)
         self._waits_train.merge(other._waits_train)
         self._waits_other.merge(other._waits_other)
         for shares, theirs in ((self._share_train, other._share_train), (self._share_other, other._share_other)):
@@ -177,6 +180,7 @@ class Dataloader(Rule):
             span = self._span.setdefault(node, [lo, hi])
             span[0], span[1] = min(span[0], lo), max(span[1], hi)
         waits = cols.kind_is(DATA_WAIT)
+        ld.add_waits(self._loader_waits, cols, waits)
         if waits.any():
             dur = np.maximum(cols.end[waits] - cols.start[waits], 0)
             train = cols.mode_is([TRAIN])[waits]
@@ -208,7 +212,8 @@ class Dataloader(Rule):
             args = {}
         if not isinstance(args, dict):
             args = {}
-        loader = str(args.get("loader_id", name))
+        key = args.get("key")  # the loader's own number (its data waits name it); older runs: its id()
+        loader = str(key if isinstance(key, int) and not isinstance(key, bool) else args.get("loader_id", name))
         key = (node, rank, loader)
         entry = self._loaders.get(key)
         if entry is None or at < entry["first_us"]:  # settings as of the loader's first iterator
@@ -255,6 +260,7 @@ class Dataloader(Rule):
         median_wait_ms = float(waits.percentiles((50,))[0]) / 1000 if waits.n else None
         if median_wait_ms is not None and median_wait_ms < float(self.params["min_wait_ms"]):
             material = set()  # batches arrive within a millisecond: no worker count would make that faster
+        self._attribute()
         nodes: dict[str, dict[str, Any]] = {}
         triggered = datapoints = 0
         for node in sorted(set(self._alive) | set(self._workers_done) | {k[0] for k in self._loaders}):
@@ -280,7 +286,12 @@ class Dataloader(Rule):
                 fires = node in material
                 reason = ("below" if pct < lo_pct else "above" if pct > hi_pct else "slow_fetch") if fires \
                     else "not_a_bottleneck"
-                entry.update(percent=pct, triggered=fires, reason=reason, suggested_num_workers=max(1, cores // ranks))
+                suggest = ld.suggested_workers(cores, ranks) or 1
+                judged = self._judged_workers(node)
+                entry["num_workers"] = judged
+                if reason == "below" and judged is not None and suggest <= judged:
+                    reason = "slow_fetch"  # never advise the count a loader has, or fewer
+                entry.update(percent=pct, triggered=fires, reason=reason, suggested_num_workers=suggest)
             triggered += int(entry["triggered"])
             datapoints += entry["samples"]
             nodes[node] = entry
@@ -288,16 +299,17 @@ class Dataloader(Rule):
             return self.not_applicable("no worker count: neither `proc/workers_alive` snapshots nor `num_workers` "
                                        "in the dataloader events")
         loaders = sorted(self._loaders.values(), key=lambda e: (e["node"], e["rank"], e["first_us"], e["loader_id"]))
-        main = _main_loader(loaders)
+        judged = _judged(loaders)
+        main = _main_loader(judged)
         head = next((e for e in nodes.values() if e["triggered"]), None) or next(iter(nodes.values()))
         details: dict[str, Any] = {
             "cores": head["cores"],
             "dataloaders": head["dataloaders"],
             "num_workers": main.get("num_workers"),
-            "pin_memory": all(bool(e.get("pin_memory")) for e in loaders),
+            "pin_memory": all(bool(e.get("pin_memory")) for e in judged),
             "prefetch": any(bool(e.get("prefetch")) if e.get("framework") == "keras"
                             else (e.get("num_workers") or 0) > 0 and (e.get("prefetch_factor") or 0) > 0
-                            for e in loaders),
+                            for e in judged),
             "keras": any(e.get("framework") == "keras" for e in loaders),
             "prefetch_factor": main.get("prefetch_factor"),
             "batch_size": main.get("batch_size"),
@@ -308,12 +320,33 @@ class Dataloader(Rule):
             "typical_wait_share": {f"{n}/{r}": v for (n, r), v in sorted(typical.items())},
             "wait_threshold": wait_pct,
             "bottleneck": bool(material),
+            "median_wait_ms": median_wait_ms,
         }
         timing = self._dataloading_time()
         if timing:
             details["dataloading_time"] = timing
         return self.make_result(triggered=triggered, violations=triggered, datapoints=datapoints, details=details,
                                 recommendation=self._advice(nodes, details))
+
+    def _attribute(self) -> None:
+        """Each loader's mode and wait, where its data waits name it (runs since loaders have a `key`)."""
+        modes = ld.loader_modes(self._loader_waits)
+        waited: dict[tuple[str, int, int], int] = {}
+        for (node, rank, _), per in self._loader_waits.items():
+            for loader, (us, _) in per.items():
+                waited[(node, rank, loader)] = waited.get((node, rank, loader), 0) + us
+        for e in self._loaders.values():
+            if not e["loader_id"].lstrip("-").isdigit():
+                continue
+            k = (e["node"], e["rank"], int(e["loader_id"]))
+            if k in modes:
+                e["mode"], e["wait_s"] = modes[k], waited.get(k, 0) / US
+
+    def _judged_workers(self, node: str) -> float | None:
+        """The most workers a loader the node's (training) loop waited for has: what the advice must exceed."""
+        counts = [float(e["num_workers"]) for e in _judged([x for x in self._loaders.values() if x["node"] == node])
+                  if isinstance(e.get("num_workers"), (int, float)) and not isinstance(e.get("num_workers"), bool)]
+        return max(counts) if counts else None
 
     def _node_workers(self, node: str) -> dict[str, Any] | None:
         alive = self._alive.get(node)
@@ -371,6 +404,12 @@ class Dataloader(Rule):
         if not details["bottleneck"]:
             shares = [v for v in details["typical_wait_share"].values() if v is not None]
             most = f"at most {max(shares):.1f} %" if shares else "no measurable share"
+            fast = details.get("median_wait_ms")
+            if shares and max(shares) > wait_pct and fast is not None and fast < float(self.params["min_wait_ms"]):
+                return (f"The data loader's workers are not what to change: a typical step waited for data {most} of "
+                        f"its time, but each batch came in {fast:.2f} ms (under min_wait_ms "
+                        f"{_num(float(self.params['min_wait_ms']))} ms), less than handing a batch over from a worker "
+                        "process costs.")
             return (f"The data loader is not a bottleneck: a typical training step waited for data {most} of its "
                     f"time (threshold {_num(wait_pct)} %), so no change to the workers is needed; more workers would "
                     "only cost memory.")
@@ -503,6 +542,16 @@ class _SpanMedian:
             self._dist.add(values[c_hi:hi])
         self._covered = (lo, hi)
         return self._dist
+
+
+def _judged(loaders: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The loaders the judged loop waited for: the training ones where waits name their loader (an evaluation
+    loader's settings are not the training loop's), else those of the only mode seen, else all (older runs)."""
+    for mode in (TRAIN, None):
+        mine = [e for e in loaders if e.get("mode") is not None and (mode is None or e.get("mode") == mode)]
+        if mine:
+            return mine
+    return loaders
 
 
 def _main_loader(loaders: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from stallwatch.analyze.rules import loaders as ld
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
+from stallwatch.analyze.rules.dataloader import _SpanMedian
 from stallwatch.analyze.rules.gpu import check_counts
 from stallwatch.analyze.rules.steps import Appendable, new_events, rank_key, track_spans, unmeasured_waits
-from stallwatch.records import DATA_WAIT, STEP, TRAIN
+from stallwatch.records import CPU, CPU_UTIL, DATA_WAIT, EVAL, PROC, STEP, TRAIN, WORKERS_BUSY, WORKERS_CPU_UTIL
 
 DATALOADER = "dataloader"
 US = 1_000_000
@@ -24,6 +26,10 @@ STALL_FACTOR = 10.0  # a wait this many times the rank's median wait is a stall,
 STALL_STEP_SHARE = 0.5
 STALL_SHARE = 0.5  # stalls are the cause when they hold at least half of the waiting
 MAX_NAMED = 20  # stall steps named per rank
+MAX_LOADERS = 5  # loaders listed per rank and mode
+
+
+_CPU = ((CPU, CPU_UTIL), (PROC, WORKERS_BUSY), (PROC, WORKERS_CPU_UTIL))  # the node's CPU the causes read
 
 
 class _Rank:
@@ -120,7 +126,7 @@ class InputBound(Rule):
     so far, in step order, so one chunk or many give the same result."""
 
     name = "InputBound"
-    metrics = ()  # framework events only
+    metrics = (CPU_UTIL, WORKERS_BUSY, WORKERS_CPU_UTIL)  # is a core left for another worker? are the workers busy?
     description = ("Measures how much of each training step the loop spends waiting for the next batch of data, per "
                    "rank and over sliding windows of steps. A loop that waits for data leaves the accelerator (or "
                    "the CPU doing the training) idle: it is input-bound, whatever the hardware.")
@@ -137,6 +143,10 @@ class InputBound(Rule):
         self._ranks: dict[tuple[str, int, str], _Rank] = {}
         self._loaders: dict[tuple[str, int], list[float]] = {}
         self._keras: dict[tuple[str, int], dict[str, Any]] = {}  # a Keras job's input facts (training's first)
+        self._loader_info: dict[tuple[str, int, int], dict[str, Any]] = {}  # (node, rank, key) -> first settings
+        self._loader_waits: dict[tuple[str, int, str], dict[int, list[int]]] = {}  # per mode: loader -> [µs, n]
+        self._cpu: dict[str, tuple[_SpanMedian, ...]] = {}  # node -> its CPU %, workers busy, the workers' CPU %
+        self._loop: dict[str, list[int]] = {}  # node -> [first step start, last step end]
         self._info: dict[str, dict[str, Any]] = {}
         self._ranks_per_node: dict[str, set[int]] = {}
         self._judged: dict[tuple[str, int, str], dict[str, Any]] = {}  # entries of ranks whose node is complete
@@ -168,6 +178,20 @@ class InputBound(Rule):
         for key, workers in other._loaders.items():
             if key[0] == node:
                 self._loaders.setdefault(key, []).extend(workers)
+        for key, info in other._loader_info.items():
+            if key[0] == node:
+                self._loader_info.setdefault(key, info)
+        ld.merge_waits(self._loader_waits, other._loader_waits, node)
+        if node in other._cpu:
+            if node in self._cpu:
+                for mine, theirs in zip(self._cpu[node], other._cpu[node]):
+                    mine.merge(theirs)
+            else:
+                self._cpu[node] = other._cpu[node]
+        if node in other._loop:
+            lo, hi = other._loop[node]
+            span = self._loop.setdefault(node, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
         for key, facts in other._keras.items():  # the rule of `_add`: a training loop's facts replace another's
             if key[0] == node and (key not in self._keras or
                                    facts.get("loop") == "train" != self._keras[key].get("loop")):
@@ -192,6 +216,13 @@ class InputBound(Rule):
         for node, frame in chunk.system.items():
             if frame.info:
                 self._info[node] = frame.info
+            if len(frame):
+                for series, (device, metric) in zip(self._cpu.setdefault(node, tuple(_SpanMedian() for _ in _CPU)),
+                                                    _CPU):
+                    values = frame.get(device, metric)
+                    ok = ~np.isnan(values) if values is not None else None
+                    if ok is not None and ok.any():
+                        series.add(frame.timestamps[ok].astype(np.int64), values[ok])
         for node, rec in ((chunk.run or {}).get("nodes") or {}).items():
             if isinstance(rec, dict):
                 self._info.setdefault(node, rec)
@@ -204,6 +235,11 @@ class InputBound(Rule):
         replayable = chunk.replay is not None
         if replayable:
             track_spans(cols, cols.kind_is(STEP, DATA_WAIT) & (cols.step >= 0), self._spans, self._rates)
+        for (node, _), rows in cols.groups(cols.kind_is(STEP), by_mode=False):
+            lo, hi = int(cols.start[rows].min()), int(cols.end[rows].max())
+            span = self._loop.setdefault(node, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        ld.add_waits(self._loader_waits, cols, cols.kind_is(DATA_WAIT) & (cols.step >= 0))
         for (node, rank, mode), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0)):
             self._ranks_per_node.setdefault(node, set()).add(rank)
             dur = np.maximum(cols.end[rows] - cols.start[rows], 0)
@@ -232,6 +268,9 @@ class InputBound(Rule):
                 workers = _workers(text)
                 if workers is not None:
                     self._loaders.setdefault(key, []).append(workers)
+                loader = ld.settings(text)
+                if loader is not None and isinstance(loader.get("key"), int):
+                    self._loader_info.setdefault((*key, loader["key"]), loader)
                 facts = keras_input(text)
                 if facts is not None and (key not in self._keras or
                                           facts.get("loop") == "train" != self._keras[key].get("loop")):
@@ -269,9 +308,11 @@ class InputBound(Rule):
                    "ranks_fired": [f"{e['node']}/{e['rank']}" for e in fired.values()]}
         if fired:
             top = max(fired.values(), key=lambda e: e["worst_window"]["share"] if e["worst_window"] else 0.0)
-            summary["title"] = (f"Training waits for data {top['wait_share']:.0f} % of the time on rank "
+            # an evaluation-only (or unmarked) loop is not training
+            who = {TRAIN: "Training", EVAL: "Evaluation"}.get(top["phase"], "The loop")
+            summary["title"] = (f"{who} waits for data {top['wait_share']:.0f} % of the time on rank "
                                 f"{top['node']}/{top['rank']}" if len(fired) == 1 else
-                                f"Training waits for data up to {top['wait_share']:.0f} % of the time on "
+                                f"{who} waits for data up to {top['wait_share']:.0f} % of the time on "
                                 f"{len(fired)} ranks")
             summary["steps"] = top.get("stall_steps", [])[:MAX_NAMED]
         return self.make_result(triggered=triggered, violations=violations, datapoints=datapoints, details=summary,
@@ -294,14 +335,20 @@ class InputBound(Rule):
         entry["windows_above"] = f.above
         fires = f.above > 0
         entry["triggered"] = fires
-        cause, evidence = self._cause(node, rank, f)
+        cause, evidence = self._cause(node, rank, mode, f)
         entry.update(cause=cause if fires else None, **evidence)
         if f.stalled and f.named:
             entry["stall_steps"] = f.named
         # what a fix could recover: the waiting itself (a pipeline that keeps up hides it behind compute);
-        # for stalls, the stalls' waiting
-        entry["time_at_stake_s"] = (evidence.get("stall_wait_s", 0.0) if cause == "stalls"
-                                    else float(f.wait_us) / US) if fires else 0.0
+        # for stalls, the stalls' waiting; where the workers already use the cores, no more than the time their
+        # CPU work held the rank's share of the cores (all that cheaper batches could give back)
+        stake = float(f.wait_us) / US
+        if cause == "stalls":
+            stake = evidence.get("stall_wait_s", 0.0)
+        elif cause == "cpu_bound" and evidence.get("workers_cpu_cores") is not None and evidence["num_workers"]:
+            share = evidence["workers_cpu_cores"] / max(evidence["cores"] / evidence["ranks_on_node"], 1.0)
+            stake = min(stake, share * float(f.step_us) / US)
+        entry["time_at_stake_s"] = stake if fires else 0.0
         return entry
 
     def _stream_long_nodes(self) -> None:
@@ -346,16 +393,28 @@ class InputBound(Rule):
         keep = [(k, s) for k, s in ranks.items() if _steps(s) and (k[2] == TRAIN or k[:2] not in with_train)]
         return sorted(keep, key=lambda kv: (kv[0][0], kv[0][1], kv[0][2]))
 
-    def _cause(self, node: str, rank: int, f: RankFacts) -> tuple[str, dict[str, Any]]:
-        """Why this rank waits: loading in the main process, fewer workers than its share of the cores, a slow
-        per-batch fetch despite enough workers, or a few long stalls (`f.stalled`)."""
+    def _cause(self, node: str, rank: int, mode: str, f: RankFacts) -> tuple[str, dict[str, Any]]:
+        """Why this rank's loop (in `mode`) waits: a few long stalls (`f.stalled`); batches so cheap that a worker's
+        hand-over would cost more (`cheap_fetch`); workers and training already using the node's cores
+        (`cpu_bound`: more workers cannot help); loading in the main process; fewer workers than its share of the
+        cores; a slow per-batch fetch despite enough workers. Judged on the loader this loop waited for most."""
         evidence: dict[str, Any] = {}
-        workers = self._loaders.get((node, rank))
-        num_workers = float(np.median(workers)) if workers else None
+        loader, loaders = self._loader_of(node, rank, mode)
+        if loader is not None:
+            num_workers = _number(loader.get("num_workers"))
+        else:  # an older run (its waits do not name their loader): the rank's loaders, the most workers of them
+            workers = self._loaders.get((node, rank))
+            num_workers = float(max(workers)) if workers else None
         cores = _cores(self._info.get(node) or {})
         ranks = max(len(self._ranks_per_node.get(node, ())), 1)
-        free = max(cores // ranks - 1, 1) if cores else None  # one core per rank trains
+        free = ld.suggested_workers(cores, ranks)  # the rank's share of the cores
         evidence.update(num_workers=num_workers, cores=cores, ranks_on_node=ranks, free_cores_per_rank=free)
+        if loader is not None:
+            evidence.update(loader=loader, loaders=loaders)
+        node_pct, busy, workers_pct = self._job_cpu(node)
+        if cores and node_pct is not None:
+            evidence.update(idle_cores=cores * (1 - node_pct / 100.0), workers_busy=busy,
+                            workers_cpu_cores=None if workers_pct is None else workers_pct * cores / 100.0)
         if f.stalls is not None:
             evidence.update(f.stalls)
             if f.stalled:
@@ -365,11 +424,53 @@ class InputBound(Rule):
             evidence.update(input=keras.get("input"), worker_threads=keras.get("worker_threads"))
             if keras.get("worker_threads"):  # threads of the training process, under one interpreter lock
                 return "threads", evidence
+        if keras is None and num_workers == 0 and f.stalls is not None \
+                and f.stalls["median_wait_ms"] < ld.CHEAP_FETCH_MS:
+            return "cheap_fetch", evidence
+        # The workers compute all the time (busy: each used a tenth of a core or more) and no core of the node is
+        # idle: another worker would take CPU from these (or from training). Whoever else keeps the node busy, more
+        # workers cannot help; on one core per rank, neither can the first.
+        saturated = (cores is not None and node_pct is not None and busy is not None and bool(num_workers)
+                     and cores * (1 - node_pct / 100.0) < ld.MIN_FREE_CORES
+                     and busy >= ld.BUSY_SHARE * min(num_workers, cores))
+        if keras is None and num_workers is not None and (saturated or (num_workers == 0 and cores is not None
+                                                                        and cores // ranks <= 1)):
+            return "cpu_bound", evidence
         if num_workers is not None and num_workers == 0:
             return "main_process", evidence
         if num_workers is not None and free is not None and num_workers < free:
             return "too_few_workers", evidence
         return "slow_fetch", evidence
+
+    def _loader_of(self, node: str, rank: int, mode: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The loader this rank's loop in `mode` waited for most (its settings), and every loader it waited for
+        with its wait; (None, []) where the waits do not name their loader."""
+        waits = self._loader_waits.get((node, rank, mode)) or {}
+        # loaders built at one place (a new DataLoader each epoch) are one loader to the person who wrote it
+        by_site: dict[Any, dict[str, Any]] = {}
+        for k in sorted(waits):
+            info = self._loader_info.get((node, rank, k))
+            if k == ld.UNKNOWN or info is None:
+                continue
+            us, n = waits[k]
+            site = (info.get("created_at"), info.get("num_workers")) if info.get("created_at") else k
+            entry = by_site.setdefault(site, {**info, "wait_s": 0.0, "waits": 0, "loaders": 0})
+            entry["wait_s"] += us / US
+            entry["waits"] += n
+            entry["loaders"] += 1
+        listed = sorted(by_site.values(), key=lambda e: -e["wait_s"])[:MAX_LOADERS]
+        return (listed[0] if listed else None), listed
+
+    def _job_cpu(self, node: str) -> tuple[float | None, ...]:
+        """Medians over the loop: the node's CPU (%), the loader workers busy, and their CPU (% of the node)."""
+        series = self._cpu.get(node)
+        if series is None:
+            return (None,) * len(_CPU)
+        out = []
+        for s in series:
+            values = s.within(self._loop.get(node))
+            out.append(float(values.percentiles((50,))[0]) if values.n else None)
+        return tuple(out)
 
     def _advice(self, fired: dict[str, dict[str, Any]]) -> str:
         lines = []
@@ -379,16 +480,35 @@ class InputBound(Rule):
                     f"({e['wait_s']:.1f} s; up to {share:.0f} % over steps {e['worst_window']['first_step']}–"
                     f"{e['worst_window']['last_step']})")
             cause = e["cause"]
+            if isinstance(e.get("loader"), dict):  # the loader it waited for, named
+                head += f", mostly for {ld.label(e['loader'], e.get('phase'))}"
             if e.get("input") not in (None, "torch_dataloader") and cause != "stalls":
                 lines.append(f"{head}: {keras_advice(cause, e)}")
+            elif cause == "cheap_fetch":
+                lines.append(f"{head}: its batches come from memory in {e['median_wait_ms']:.2f} ms each, in the "
+                             "training process (num_workers=0). A worker process would not help: handing a batch over "
+                             "from a worker costs more than that. Make each batch one indexing operation instead of a "
+                             "list of samples to collate: slice the tensors (x[i:i + batch_size]), or pass a "
+                             "BatchSampler as the DataLoader's sampler (batch_size=None) to a dataset whose "
+                             "__getitem__ takes the list of indices.")
+            elif cause == "cpu_bound":
+                idle = e.get("idle_cores")
+                cores = f"{e['cores']} core{'s' if e['cores'] != 1 else ''}"
+                where = (f"its {_num(e['num_workers'])} data-loader workers compute all the time and {idle:.1f} of the "
+                         f"node's {cores} is idle" if idle is not None and e["num_workers"] else
+                         f"the node has {cores} for {e['ranks_on_node']} rank{'s' if e['ranks_on_node'] != 1 else ''}")
+                lines.append(f"{head}: {where}, so more workers cannot help: they would share the same cores. Make "
+                             "each batch cheaper to produce (lighter transforms, decode once and cache the decoded "
+                             "samples, pre-process the data set offline), or give each GPU more CPU cores.")
             elif cause == "main_process":
                 suggest = e["free_cores_per_rank"] or 2
                 lines.append(f"{head}: batches are loaded in the training process itself (num_workers=0). Use "
                              f"worker processes: DataLoader(..., num_workers={suggest}, persistent_workers=True, "
-                             "prefetch_factor=2) so batches are prepared while the model trains.")
+                             f"prefetch_factor=2) so batches are prepared while the model "
+                             f"{'trains' if e.get('phase') == TRAIN else 'runs'}.")
             elif cause == "too_few_workers":
                 lines.append(f"{head}: {_num(e['num_workers'])} data-loader workers for "
-                             f"{e['free_cores_per_rank']} free cores per rank. Try num_workers="
+                             f"{e['free_cores_per_rank']} cores per rank. Try num_workers="
                              f"{e['free_cores_per_rank']}.")
             elif cause == "stalls":
                 steps = ", ".join(str(n) for n in e.get("stall_steps", [])[:10])
@@ -450,6 +570,10 @@ def _workers(text: str) -> float | None:
     except ValueError:
         return None
     value = args.get("num_workers") if isinstance(args, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
 
 

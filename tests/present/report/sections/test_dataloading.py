@@ -13,7 +13,9 @@ import pytest
 from stallwatch.present.report.model import GOOD, WARN, Chart, NotApplicable, Paragraph, Verdict
 from stallwatch.present.report.sections import dataloading
 
-from ._runs import blocks_of, built, glyph_sources, rows_by, table
+from ....analyze.rules import _gen
+from ....analyze.rules._fw_gen import T0, FwGen
+from ._runs import blocks_of, built, context, glyph_sources, rows_by, table, write_run
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +73,19 @@ def test_a_well_sized_cpu_job_is_fine_and_not_told_to_pin_memory(tmp_path_factor
 def test_without_framework_data_it_does_not_apply(tmp_path_factory):
     (sec,) = dataloading.build(built("cpu_only", tmp_path_factory))
     assert isinstance(sec.blocks[0], NotApplicable) and "stallwatch run" in sec.blocks[0].reason
+
+
+def test_the_section_does_not_read_as_the_opposite_of_the_starved_loops_finding(tmp_path):
+    """0.4 ms steps waiting 0.12 ms for each in-memory batch: InputBound fires (index the tensors in batches), the
+    Dataloader rule does not (batches faster than a worker's hand-over): the section says both, not "not a
+    bottleneck" alone."""
+    gen = FwGen()
+    gen.dataloader(node="vm", at_us=T0, key=1, created_at="/job/tight.py:8", name="TensorDataset", num_workers=0)
+    _, ends = gen.steps(node="vm", n=3000, start_us=T0 + 1000, step_us=400, gap_us=0, data_wait_us=120,
+                        jitter_us=0, loader=1)
+    frame = _gen.make_node("vm", 20, cores=4, gpus=0, seed=5, start_us=T0)
+    ctx = context(write_run(tmp_path / "tight", [frame], gen.table(), end_us={"vm": int(ends[-1]) + 1000}))
+    verdicts = [v for v in blocks_of(dataloading.build(ctx), Verdict)]
+    assert any("0.12 ms" in v.text for v in verdicts), [v.text for v in verdicts]
+    (starved,) = [v for v in verdicts if v.text.startswith("Yet the InputBound rule found")]
+    assert starved.level == WARN and "BatchSampler" in starved.text

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.present.report.model import INFO, Chart, Paragraph, Section, Table, Verdict
+from stallwatch.present.report.model import INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import num, plural, rule_verdict, rule_view
 
@@ -49,7 +49,17 @@ def build(analysis: RunAnalysis) -> list[Section]:
     advice = _advice(analysis, nodes, d)
     if advice and not view.triggered and d.get("bottleneck") is not False:
         sec.blocks.append(Verdict(advice, INFO))
+    starved = analysis.rule("InputBound")
+    if not view.triggered and starved is not None and starved.status == "ok" and starved.triggered > 0:
+        # a typical step waited little, but windows of steps waited more: the section must not read as the opposite
+        # of the finding at the top of the report
+        title = starved.details.get("title") or "The loop waits for data"
+        sec.blocks.append(Verdict(f"Yet the InputBound rule found: {title}. {_cap(starved.recommendation)}", WARN))
     return [sec]
+
+
+def _cap(text: str | None) -> str:
+    return (text[:1].upper() + text[1:]) if text else ""
 
 
 def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
@@ -82,12 +92,14 @@ def _advice(analysis: RunAnalysis, nodes: dict[str, dict[str, Any]], d: dict[str
 
 
 def _loaders_table(loaders: list[dict[str, Any]], total: int) -> Table:
-    rows = [[e.get("node"), e.get("rank"), e.get("dataset"), e.get("batch_size"), e.get("num_workers"),
-             e.get("pin_memory"), e.get("prefetch_factor"), e.get("persistent_workers"), e.get("iterators")]
+    rows = [[e.get("node"), e.get("rank"), e.get("dataset"), e.get("created_at"), e.get("mode"), e.get("batch_size"),
+             e.get("num_workers"), e.get("pin_memory"), e.get("prefetch_factor"), e.get("persistent_workers"),
+             e.get("iterators")]
             for e in loaders]
     more = f" (the first {len(loaders)} of {total})" if total > len(loaders) else ""
-    return Table(["Node", "Rank", "Dataset", "Batch size", "num_workers", "pin_memory", "prefetch_factor",
-                  "persistent_workers", "Iterators"], rows, caption=f"The data loaders and their settings{more}")
+    return Table(["Node", "Rank", "Dataset", "Built at", "Loop", "Batch size", "num_workers", "pin_memory",
+                  "prefetch_factor", "persistent_workers", "Iterators"], rows,
+                 caption=f"The data loaders and their settings{more} (Loop: the mode of the steps that waited for it)")
 
 
 def _timing(t: dict[str, Any]) -> list[Any]:
