@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -15,23 +16,64 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     if missing is not None:
         print(f"stallwatch dashboard: {missing}", file=sys.stderr)
         return 2
-    from stallwatch.present.dashboard.security import is_loopback
     from stallwatch.present.dashboard.server import DashboardError, listen, open_served, serve
 
+    if args.parent is not None:
+        _die_with(args.parent)
     try:
+        token = _token(args)
         served = open_served(args.root, wait_s=max(args.wait, 0.0))
-        listening, policy = listen(args.host, args.port, args.token)
+        listening, policy = listen(args.host, args.port, token)
     except DashboardError as exc:
         print(f"stallwatch dashboard: {exc}", file=sys.stderr)
         return 2
-    if not is_loopback(args.host) and args.token is None:
+    from stallwatch.present.dashboard.security import is_loopback
+
+    if not is_loopback(args.host):
         print(f"stallwatch dashboard: listening on {args.host}, beyond this machine: every request needs the "
-              "token in the URL below (give your own with --token)", file=sys.stderr)
+              f"token in the URL below (give your own with {TOKEN_ENV} or --token-file)", file=sys.stderr)
     try:
         serve(served, listening, policy, open_browser=args.open)
     except KeyboardInterrupt:
         pass
     return 0
+
+
+TOKEN_ENV = "STALLWATCH_DASHBOARD_TOKEN"
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The token to require: --token-file, $STALLWATCH_DASHBOARD_TOKEN, or --token (said to be visible to every
+    local user in the process list); None: one is generated and printed in the URL."""
+    from stallwatch.present.dashboard.server import DashboardError
+
+    if args.token_file is not None:
+        try:
+            with open(args.token_file, encoding="utf-8") as fh:
+                return fh.read(4096).strip() or ""
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DashboardError(f"cannot read --token-file {args.token_file}: {getattr(exc, 'strerror', None) or exc}") \
+                from None
+    if os.environ.get(TOKEN_ENV) is not None:
+        return os.environ[TOKEN_ENV]
+    if args.token is not None:
+        print(f"stallwatch dashboard: --token is readable by every local user (/proc/PID/cmdline); prefer "
+              f"{TOKEN_ENV} or --token-file", file=sys.stderr)
+    return args.token
+
+
+def _die_with(parent: int) -> None:
+    """A dashboard started by `run --dashboard` ends with its launcher, even one killed by SIGKILL (it kept serving
+    its port): the kernel sends SIGTERM when the parent dies (Linux), and a parent already gone ends it now."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        raise SystemExit(0)
 
 
 def start_dashboard(uri: str, port: int) -> Any:
@@ -46,7 +88,7 @@ def start_dashboard(uri: str, port: int) -> Any:
         return None
     try:
         return subprocess.Popen([sys.executable, "-m", "stallwatch", "dashboard", uri, "--port", str(port),
-                                 "--wait", "60"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 "--wait", "60", "--parent", str(os.getpid())], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 start_new_session=True, close_fds=True)
     except OSError as exc:
         print(f"stallwatch run: the dashboard could not start ({exc}); the job runs without it", file=sys.stderr)

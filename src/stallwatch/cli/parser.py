@@ -153,9 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("root", nargs="?", default="stallwatch-runs",
                    help="a run, a folder of runs or s3://bucket/prefix (default ./stallwatch-runs)")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; any other needs a token, generated unless given)")
+                   help="address to listen on (default 127.0.0.1; every bind needs a token, generated unless given)")
     p.add_argument("--port", type=flags.port, default=8050, help="port (default 8050; 0: any free one)")
-    p.add_argument("--token", metavar="TOKEN", help="require this token (in the printed URL, then a cookie)")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="require the token this file holds (or set STALLWATCH_DASHBOARD_TOKEN; default: a new one, "
+                        "printed in the URL, then a cookie)")
+    p.add_argument("--token", metavar="TOKEN", help=argparse.SUPPRESS)  # visible in the process list: said so
+    p.add_argument("--parent", type=int, default=None, help=argparse.SUPPRESS)  # run --dashboard: end with it
     p.add_argument("--open", action="store_true", help="open the dashboard in the default browser")
     p.add_argument("--wait", type=float, default=0.0, help=argparse.SUPPRESS)  # seconds for the run to appear
     p.set_defaults(func=cmd_dashboard)

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,10 +30,20 @@ class Dashboard:
     root: Path
     server: Any
     thread: threading.Thread
-    token: str | None
+    token: str
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        return request(self.url.rstrip("/") + path, headers=headers)
+    @property
+    def auth(self) -> dict[str, str]:
+        """What a script sends (a browser gets a cookie from the printed URL instead)."""
+        return {"authorization": f"Bearer {self.token}"}
+
+    def link(self, fragment: str = "") -> str:
+        """The URL the dashboard prints: its token once, then a cookie."""
+        return f"{self.url}?token={self.token}{fragment}"
+
+    def get(self, path: str, headers: dict[str, str] | None = None, *,
+            auth: bool = True) -> tuple[int, dict[str, str], bytes]:
+        return request(self.url.rstrip("/") + path, headers=headers, auth=auth)
 
     def json(self, path: str) -> Any:
         status, _, body = self.get(path)
@@ -44,9 +55,18 @@ class Dashboard:
         self.thread.join(10)
 
 
+_TOKENS: dict[int, str] = {}  # port -> token of the dashboards the tests started
+
+
 def request(url: str, *, method: str = "GET", data: bytes | None = None,
-            headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+            headers: dict[str, str] | None = None, auth: bool = True) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request; to a dashboard the tests started, with its token unless the headers carry credentials
+    (or `auth` is False: a request without any)."""
+    headers = dict(headers or {})
+    token = _TOKENS.get(urllib.parse.urlsplit(url).port or 0)
+    if auth and token and "?token=" not in url and not {"authorization", "cookie"} & {k.lower() for k in headers}:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -73,6 +93,8 @@ def start_dashboard(root: Path, *, host: str = "127.0.0.1", token: str | None = 
     while not server.started:
         assert time.monotonic() < deadline, "the dashboard did not start"
         time.sleep(0.05)
+    assert policy.token
+    _TOKENS[listening.port] = policy.token
     return Dashboard(f"http://127.0.0.1:{listening.port}/", listening.port, root, server, thread, policy.token)
 
 

@@ -48,7 +48,7 @@ def _shots(tmp_path: Path) -> Path:
 
 def test_overview_then_nodes_via_a_finding(page: Any, dashboard: Dashboard, tmp_path: Path) -> None:
     shots = _shots(tmp_path)
-    page.goto(dashboard.url + "#run=run-a&view=overview")
+    page.goto(dashboard.link("#run=run-a&view=overview"))
     page.wait_for_selector(".finding[data-rule=CPUBottleneck]")
     assert "CPU" in page.text_content(".finding[data-rule=CPUBottleneck] .title")
     assert page.locator("#rules details").count() >= 10
@@ -95,7 +95,7 @@ def test_overview_then_nodes_via_a_finding(page: Any, dashboard: Dashboard, tmp_
 
 def test_ranks_runs_download_and_escaping(page: Any, dashboard: Dashboard, tmp_path: Path) -> None:
     shots = _shots(tmp_path)
-    page.goto(dashboard.url + "#run=run-a&view=ranks")
+    page.goto(dashboard.link("#run=run-a&view=ranks"))
     page.wait_for_function("document.querySelector('#chart-rank-steps').dataset.cells > 0")
     page.screenshot(path=str(shots / "ranks.png"), full_page=True)
     page.click("#tabs button[data-view=runs]")

@@ -37,8 +37,9 @@ def live_run(tmp_path: Path) -> Iterator[tuple[Dashboard, Path]]:
     d.stop()
 
 
-def _listen(url: str, into: queue.Queue, stop: threading.Event) -> None:
-    with urllib.request.urlopen(url, timeout=30) as r:
+def _listen(url: str, into: queue.Queue, stop: threading.Event, token: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"authorization": f"Bearer {token}"}),
+                                timeout=30) as r:
         name = None
         for raw in r:
             if stop.is_set():
@@ -71,7 +72,7 @@ def test_appended_sample_and_step_reach_the_client_through_one_reader(live_run: 
     q2: queue.Queue = queue.Queue()
     url = d.url + "api/run/live-run/live"
     for q in (q1, q2):
-        threading.Thread(target=_listen, args=(url, q, stop), daemon=True).start()
+        threading.Thread(target=_listen, args=(url, q, stop, d.token), daemon=True).start()
     hellos = [_wait_for(q1, "hello"), _wait_for(q2, "hello")]
     # the later tab is told of two clients (the earlier one too, when both subscribed before either's hello was
     # sent), and both share one reader

@@ -63,7 +63,7 @@ def test_interval_change_capture_links_and_the_whole_run_timeline(browser: Any, 
         assert bad.returncode == 2 and "sample_interval_ms" in bad.stderr and "Traceback" not in bad.stderr
         assert len([ln for ln in bad.stderr.splitlines() if ln.strip()]) == 1, bad.stderr
 
-        page.goto(dash.url + "#view=overview")
+        page.goto(dash.link("#view=overview"))
         page.wait_for_selector("#interval-pick option[value='5000']", state="attached")
         assert page.text_content("#interval") == "500 ms"
         page.select_option("#interval-pick", "5000")
@@ -104,7 +104,7 @@ def test_interval_change_capture_links_and_the_whole_run_timeline(browser: Any, 
             assert RunAnalysis(open_run(str(run)), overview_from_rollups=from_rollups).losses.gaps == []
 
         # The capture's timeline link: the Nodes view on its range.
-        page.goto(dash.url + "#view=overview")
+        page.goto(dash.link("#view=overview"))
         page.click("#captures tr[data-layer=detailed] a.capture-timeline")
         page.wait_for_selector("#view-nodes.active")
         page.wait_for_function("document.querySelector('#chart-events').dataset.mode !== undefined")
@@ -122,7 +122,7 @@ def test_interval_change_capture_links_and_the_whole_run_timeline(browser: Any, 
 
         # A fifth of a second: the events themselves.
         mid = (window["start_us"] + window["end_us"]) // 2
-        page.goto(dash.url + f"#view=nodes&node=n1&from={mid}&to={mid + 200_000}")
+        page.goto(dash.link(f"#view=nodes&node=n1&from={mid}&to={mid + 200_000}"))
         page.reload()
         page.wait_for_selector("#chart-events[data-mode=events]")
         assert int(page.get_attribute("#chart-events", "data-points")) >= 1

@@ -34,13 +34,13 @@ def test_a_running_job_is_scraped_and_finished_runs_are_left_out(tmp_path: Path)
         deadline = time.monotonic() + 90
         url = None
         while url is None and time.monotonic() < deadline:
-            m = re.search(r"(http://127\.0\.0\.1:\d+/)", err.read_text())
-            url = m.group(1) if m else None
+            m = re.search(r"(http://127\.0\.0\.1:\d+/)\?token=(\S+)", err.read_text())
+            url, token = (m.group(1), m.group(2)) if m else (None, None)
             time.sleep(0.1)
         assert url, err.read_text()
         usage: list = []
         while not usage and time.monotonic() < deadline:  # once the sampler's first flush is stored
-            status, headers, body = request(url + "metrics")
+            status, headers, body = request(url + "metrics", headers={"authorization": f"Bearer {token}"})
             assert status == 200 and headers["content-type"].startswith("text/plain"), body[:300]
             families = _families(body)
             usage = families["stallwatch_node_usage"].samples if "stallwatch_node_usage" in families else []
@@ -58,7 +58,7 @@ def test_a_running_job_is_scraped_and_finished_runs_are_left_out(tmp_path: Path)
 def test_finished_runs_give_an_empty_scrape_and_the_token_guards_it(runs_root: Path) -> None:
     d = start_dashboard(runs_root, token="s3cret")
     try:
-        assert d.get("/metrics")[0] == 401
+        assert d.get("/metrics", auth=False)[0] == 401
         status, _, body = d.get("/metrics", {"Authorization": "Bearer s3cret"})
         assert status == 200 and not [s for f in _families(body).values() for s in f.samples]
     finally:

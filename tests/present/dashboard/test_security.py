@@ -22,17 +22,17 @@ def guarded(runs_root: Path) -> Iterator[Dashboard]:
 
 def test_requests_without_the_token_are_refused(guarded: Dashboard) -> None:
     for path in ("/", "/api/runs", "/api/run/run-a/summary", "/api/run/run-a/live", "/static/dashboard.js"):
-        status, _, body = guarded.get(path)
+        status, _, body = guarded.get(path, auth=False)
         assert status == 401, path
         assert b"s3cret" not in body
-    status, _, _ = guarded.get("/api/runs?token=wrong")
+    status, _, _ = guarded.get("/api/runs?token=wrong", auth=False)
     assert status == 401
     status, _, _ = guarded.get("/api/runs", headers={"authorization": "Bearer wrong"})
     assert status == 401
 
 
 def test_token_once_then_cookie_or_bearer(guarded: Dashboard) -> None:
-    status, headers, _ = guarded.get("/?token=s3cret-token")
+    status, headers, _ = guarded.get("/?token=s3cret-token", auth=False)
     assert status == 303 and headers["location"] == "/"
     cookie = headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
@@ -49,9 +49,11 @@ def test_token_once_then_cookie_or_bearer(guarded: Dashboard) -> None:
     assert status == 403
 
 
-def test_a_public_bind_always_gets_a_token() -> None:
-    policy, token = policy_for("0.0.0.0", None)
-    assert token and policy.token == token and len(token) >= 24
-    assert policy_for("127.0.0.1", None) == (Policy(None, "127.0.0.1"), None)
+def test_every_bind_gets_a_token_loopback_too() -> None:
+    """Loopback is no user boundary: user `nobody` POSTed a profiling request into a root-owned run's job."""
+    for host in ("0.0.0.0", "127.0.0.1", "::1"):
+        policy, token = policy_for(host, None)
+        assert token and policy.token == token and len(token) >= 24
+    assert policy_for("127.0.0.1", "mine") == (Policy("mine", "127.0.0.1"), "mine")
     with pytest.raises(DashboardError):
         policy_for("0.0.0.0", " ")

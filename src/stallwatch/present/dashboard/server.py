@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stallwatch.present.dashboard.security import Policy, is_loopback, new_token
+from stallwatch.present.dashboard.security import Policy, new_token
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
@@ -50,12 +50,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def policy_for(host: str, token: str | None) -> tuple[Policy, str | None]:
-    """Loopback binds need no token (one may still be given); any other bind gets one, generated unless given."""
+def policy_for(host: str, token: str | None) -> tuple[Policy, str]:
+    """Every bind needs a token, generated unless given: loopback is no user boundary on a shared machine (any
+    local user could otherwise steer the job's profiling), as notebook servers hold."""
     if token is not None and not token.strip():
-        raise DashboardError("--token is empty: give a token, or leave it out on 127.0.0.1")
-    if not is_loopback(host) and token is None:
-        token = new_token()
+        raise DashboardError("the token is empty: give one (STALLWATCH_DASHBOARD_TOKEN or --token-file), or "
+                             "none and one is generated")
+    token = new_token() if token is None else token.strip()
     return Policy(token=token, bind_host=host), token
 
 
@@ -66,7 +67,7 @@ def listen(host: str, port: int, token: str | None) -> tuple[Listening, Policy]:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
-    url = f"http://{shown}:{real_port}/" + (f"?token={token}" if token else "")
+    url = f"http://{shown}:{real_port}/?token={token}"
     return Listening(sock, host, real_port, url), policy
 
 
