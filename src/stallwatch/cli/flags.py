@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 
 from stallwatch.config import ConfigError, ProfilingRange
@@ -36,6 +37,17 @@ def port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is not within 0-65535")
+    return value
+
+
+def percent(text: str) -> float:
+    """A finite percentage of 0 or more: `--fail-if-slower nan` (or inf) made a CI gate that could not fail."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of percent") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage of 0 or more (e.g. 5 for 5 %% slower)")
     return value
 
 

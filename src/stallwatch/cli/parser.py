@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "findings, operators")
     p.add_argument("baseline", help="the baseline run (directory or s3:// URI)")
     p.add_argument("run", help="the run to compare with it")
-    p.add_argument("--fail-if-slower", type=float, metavar="PCT",
+    p.add_argument("--fail-if-slower", type=flags.percent, metavar="PCT",
                    help="exit 1 when the run's training steps are more than PCT %% slower than the baseline's at "
                         "--quantile (for CI pipelines)")
     p.add_argument("--quantile", type=float, default=0.5, choices=[0.5, 0.9, 0.99], metavar="Q",
