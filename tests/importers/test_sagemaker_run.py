@@ -96,6 +96,7 @@ def test_import_then_info(imported: Path, run_stallwatch) -> None:
         ("algo-1", "TRAIN")) == 40
     info = run_stallwatch("info", str(imported))
     assert info.returncode == 0, info.stderr
+    assert "wrong type" not in info.stderr  # ranks whose pid is unknown (null) are read, not warned and dropped
     assert "imported   from SageMaker Debugger" in info.stdout
     assert "algo-2" in info.stdout and "TRAIN" in info.stdout and "EVAL" in info.stdout
     record = run.info["imported"]

@@ -80,3 +80,21 @@ def test_a_job_killed_by_a_signal_reads_back_its_signal(tmp_path: Path):
     assert (only.exit_code, only.exit_signal, only.finished) == (143, "SIGTERM", True)
     info = stallwatch(tmp_path, "info", str(tmp_path / "run"))
     assert info.returncode == 0 and "wrong type" not in info.stderr and "SIGTERM" in info.stdout.decode()
+
+
+def test_ranks_whose_pid_is_unknown_are_kept_without_a_warning(caplog) -> None:
+    """An imported run writes `pid: null` for processes its traces do not name: every reader warned and dropped
+    all its ranks."""
+    import logging
+
+    from stallwatch.store.records_check import NODE_FIELDS, checked
+
+    logging.getLogger("stallwatch").propagate = True
+    try:
+        with caplog.at_level(logging.WARNING, logger="stallwatch"):
+            out = checked({"ranks": [{"rank": 0, "pid": None}, {"rank": 1, "pid": 4242}]}, NODE_FIELDS,
+                          "nodes/imported-pid.json")
+    finally:
+        logging.getLogger("stallwatch").propagate = False
+    assert out["ranks"] == [{"rank": 0, "pid": None}, {"rank": 1, "pid": 4242}]
+    assert not [r for r in caplog.records if "wrong type" in r.getMessage()]

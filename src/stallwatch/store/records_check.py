@@ -102,7 +102,7 @@ TEXT_LIST = _list_of(_text)
 _GPU = _record({"index": _int(0, 1 << 16), "name": _text, "uuid": _text,
                 "memory_total_bytes": _optional(COUNT)}, required=("index",))
 _RANK = _record({"rank": _int(0, _INT32), "local_rank": _int(0, _INT32), "world_size": _int(1, _INT32),
-                 "pid": PID}, required=("rank",))
+                 "pid": _optional(PID)}, required=("rank",))  # null: unknown (an imported run)
 
 _INTERVAL_FROM = _record({"from_us": TIME, "sample_interval_ms": _int(1, 86_400_000)},
                          required=("from_us", "sample_interval_ms"))
