@@ -1,6 +1,7 @@
 """A DDP job (gloo on CPU) for the CommunicationBound rule; run by torchrun, never imported:
-`comm_job.py OUT_DIR WIDTH BATCH STEPS`. A wide model with tiny batches reduces many megabytes of gradients per step
-for little computation: communication-bound. A narrow model with real work per step: compute-bound."""
+`comm_job.py OUT_DIR WIDTH BATCH STEPS [WORK_MS]`. A wide model with tiny batches reduces many megabytes of gradients
+per step for little computation: communication-bound. A narrow model with WORK_MS of CPU work per step (a loop on the
+thread's CPU clock, so a busy machine stretches it as it stretches the rest): compute-bound."""
 
 import json
 import sys
@@ -13,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 out, width, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+work_s = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -24,6 +26,10 @@ opt = torch.optim.SGD(model.parameters(), lr=0.001)
 done = 0
 t0 = time.perf_counter()
 for xb, yb in loader:
+    if work_s:
+        until = time.thread_time() + work_s
+        while time.thread_time() < until:
+            pass
     opt.zero_grad()
     nn.functional.mse_loss(model(xb), yb).backward()
     opt.step()

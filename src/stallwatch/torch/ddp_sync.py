@@ -3,7 +3,7 @@ gloo): DDP launches a bucket's all-reduce as soon as its gradients are ready, an
 finalizer waits for every bucket and copies the results into `.grad`. What the step waits for — the exposed
 part — runs from the end of backward's computation to the return of `backward()`.
 
-How, cheaply (≈ 3 µs a step, no per-bucket Python): a pre-hook on the loss's grad_fn queues an autograd final
+How, cheaply (two Python calls from autograd a step, none per bucket; docs/benchmarks.md): a pre-hook on the loss's grad_fn queues an autograd final
 callback when the graph starts running; final callbacks run in the order queued, so ours runs when the graph's
 computation is done, before DDP's finalizer (queued later, when the last bucket is ready). `backward()` returns
 after the finalizer. A communication hook would time each bucket too, but DDP allows one hook (a user's would
@@ -23,6 +23,7 @@ import torch
 from stallwatch.log import warn_once
 from stallwatch.records import COLLECTIVE
 
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 SYNC_EVENT = "ddp_gradient_sync"  # one per timed step that reduced gradients: the exposed part
 CONFIG_KIND = "ddp"  # one per model found: its communication settings
 
@@ -73,23 +74,30 @@ class GradientSyncTimer:
     def begin(self, args: tuple, kwargs: dict) -> None:
         """`torch.autograd.backward` is called: when a DDP model will reduce, note when its graph is computed."""
         self._done_at = self._args = None
-        if not self._models:
+        models = self._models
+        if not models:
             return
-        syncing = [a for m, a in self._models if m.require_backward_grad_sync]
-        if not syncing:
-            return  # under no_sync(): nothing is reduced
+        if len(models) == 1:
+            model, syncing = models[0]
+            if not model.require_backward_grad_sync:
+                return  # under no_sync(): nothing is reduced
+        else:
+            chosen = [a for m, a in models if m.require_backward_grad_sync]
+            if not chosen:
+                return
+            syncing = chosen[0] if len(chosen) == 1 else json.dumps(
+                {"bytes": sum(json.loads(a)["bytes"] for a in chosen)})
         tensors = args[0] if args else kwargs.get("tensors")
-        first = tensors if isinstance(tensors, torch.Tensor) else next(iter(tensors), None) if tensors else None
-        fn = getattr(first, "grad_fn", None)
+        fn = tensors.grad_fn if isinstance(tensors, torch.Tensor) else getattr(
+            next(iter(tensors), None) if tensors else None, "grad_fn", None)
         if fn is None:
             return
         fn.register_prehook(self._graph_starts)
-        self._args = syncing[0] if len(syncing) == 1 else json.dumps(
-            {"bytes": sum(json.loads(a)["bytes"] for a in syncing)})
+        self._args = syncing
 
     def _graph_starts(self, _grads: Any) -> None:
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self._graph_done)
+            _queue_callback(self._graph_done)
         except Exception as exc:  # never into backward
             _failed(exc)
 

@@ -368,7 +368,8 @@ class CommunicationBound(Rule):
             mine = least[k] * n
             steps, step_us, comm = steps + n, step_us + dur, comm + mine
             exposed += per_step[k] * n
-            nbytes, synced = nbytes + b, synced + (s if source != SAMPLED else n)
+            # steps that reduced: DDP's measured events say which (none under no_sync); otherwise every step
+            nbytes, synced = nbytes + b, synced + (s if source == MEASURED else n)
             share = 100.0 * mine / dur if dur else 0.0
             above += share > threshold
             if worst is None or share > worst["share"]:
