@@ -47,10 +47,12 @@ def test_a_step_waiting_for_its_all_reduce_fires():
     assert (out["RuleTriggered"], out["Datapoints"], out["Violations"]) == (2, 580, 6)  # windows of 100 after 10
     top = d.top
     assert top is not None and top.source == "measured" and top.triggered
-    assert top.share == pytest.approx(40.0) and top.exposed_ms == pytest.approx(40.0)
-    assert top.bytes_per_step == MB17 and top.bandwidth_gbps == pytest.approx(MB17 * 8 / 0.04 / 1e9)
-    assert top.comm_s == pytest.approx(0.04 * 290) and top.wait_s == pytest.approx(0.0)
-    assert d.time_at_stake_s == pytest.approx(0.04 * 290)
+    # the typical exposed time per window (its lower quartile, from a histogram of 4.4 % bins): within 3 %
+    assert top.share == pytest.approx(40.0, rel=0.03) and top.exposed_ms == pytest.approx(40.0, rel=0.03)
+    assert top.exposed_s == pytest.approx(0.04 * 290)  # the rank's own measured sum, exactly
+    assert top.bytes_per_step == MB17 and top.bandwidth_gbps == pytest.approx(MB17 * 8 / 0.04 / 1e9, rel=0.03)
+    assert top.comm_s == pytest.approx(0.04 * 290, rel=0.03) and top.wait_s == pytest.approx(0.0, abs=0.4)
+    assert d.time_at_stake_s == pytest.approx(top.comm_s)
     assert out["Details"]["title"] == "Training waits for the gradient all-reduce up to 40 % of the time on 2 ranks"
     advice = out["Recommendation"]
     for words in ("no_sync", "bucket_cap_mb` (now 25)", "gradient_as_bucket_view=True", "ZeroRedundancyOptimizer",
@@ -79,8 +81,20 @@ def test_waiting_for_a_slower_rank_is_not_communication():
     d = _details(out)
     assert out["RuleTriggered"] == 0
     r0 = next(r for r in d.ranks if r.rank == 0)
-    assert r0.exposed_s == pytest.approx(0.04 * 290) and r0.comm_s == pytest.approx(0.002 * 290)
-    assert r0.wait_s == pytest.approx(0.038 * 290) and r0.share == pytest.approx(2.0)
+    assert r0.exposed_s == pytest.approx(0.04 * 290) and r0.comm_s == pytest.approx(0.002 * 290, rel=0.03)
+    assert r0.wait_s == pytest.approx(0.038 * 290, rel=0.03) and r0.share == pytest.approx(2.0, rel=0.03)
+
+
+def test_a_tail_of_steps_held_up_by_the_machine_is_not_the_transfer():
+    """Planted: 2 ms a step to reduce, but one step in three held up 30 ms more (a busy machine: the gloo threads
+    wait for a CPU). The mean would read 32 % of the step; the typical step (the lower quartile) says 2 %."""
+    gen = FwGen()
+    for rank in (0, 1):
+        _ddp_job(gen, rank=rank, exposed_ms=[32.0 if i % 3 == 0 else 2.0 for i in range(300)])
+    out = evaluate(CommunicationBound, whole(gen.table()))
+    top = _details(out).top
+    assert out["RuleTriggered"] == 0 and top is not None
+    assert top.exposed_s == pytest.approx(0.012 * 290, rel=0.02) and top.share == pytest.approx(2.0, rel=0.03)
 
 
 def test_no_sync_accumulation_counts_the_steps_that_reduced():
@@ -91,7 +105,7 @@ def test_no_sync_accumulation_counts_the_steps_that_reduced():
     d = _details(evaluate(CommunicationBound, whole(gen.table())))
     top = d.top
     assert top is not None and top.synced_steps == pytest.approx(390 / 4, abs=1)
-    assert top.exposed_ms == pytest.approx(80.0, rel=0.02) and top.share == pytest.approx(20.0, abs=0.5)
+    assert top.exposed_ms == pytest.approx(80.0, rel=0.03) and top.share == pytest.approx(20.0, rel=0.03)
 
 
 def test_ddp_samples_stand_in_where_steps_are_not_timed():
@@ -126,7 +140,8 @@ def test_the_loops_own_collectives_count_and_the_link_is_compared():
     assert out["RuleTriggered"] == 2 and not d.single_node
     assert {n.link_gbps for n in d.nodes} == {10.0}
     top = d.top
-    assert top is not None and top.source == "collectives" and top.bandwidth_gbps == pytest.approx(40e6 * 8 / 0.06 / 1e9)
+    assert top is not None and top.source == "collectives"
+    assert top.bandwidth_gbps == pytest.approx(40e6 * 8 / 0.06 / 1e9, rel=0.03)
     assert "of node algo-" in out["Recommendation"] and "Gb/s link" in out["Recommendation"]
     assert out["Details"]["title"].startswith("Training waits for collectives")
 

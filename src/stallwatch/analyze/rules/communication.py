@@ -3,7 +3,9 @@ all-reduce (and of the collectives the loop calls itself) — the time the step 
 was done — as a share of step time, over windows of steps; what it reduced, the bandwidth that implies, the node's
 link, and advice in the job's terms (bucket_cap_mb, gradient_as_bucket_view, no_sync accumulation, FSDP/ZeRO, the
 interconnect). The part of a rank's wait that is waiting for a slower rank is Straggler's: per window of steps only
-the least any rank waited — the transfer itself — is counted."""
+the least any rank typically waited — the transfer itself — is counted; and of a window's steps the lower quartile,
+so that steps held up by a busy machine (the collective's threads waiting for a CPU) do not make a compute-bound job
+look communication-bound."""
 
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ FSDP_NAMES = ("all_gather_into_tensor", "reduce_scatter_tensor", "_all_gather_ba
 
 @dataclass(frozen=True)
 class RankComm:
-    """One rank's communication per TRAIN step (after patience). `comm_s` is the exposed time less the waiting for
-    slower ranks (per window, the least any rank waited): what a fix to the communication could win back."""
+    """One rank's communication per TRAIN step (after patience). `comm_s` is the typical exposed time (per window,
+    the lower quartile of its steps', the least of any rank's) times the steps that reduced: the transfer, without the
+    waiting for slower ranks or for a CPU — what a fix to the communication could win back, at least."""
 
     node: str
     rank: int
@@ -42,7 +45,7 @@ class RankComm:
     exposed_s: float  # the rank's own exposed collective time, waiting for other ranks included
     comm_s: float
     share: float  # comm_s / step_s, %
-    exposed_ms: float  # comm_s per synced step
+    exposed_ms: float  # comm_s per synced step: the typical step's exposed time
     bytes_per_step: float | None
     total_ms: float | None  # the all-reduce per step, hidden part included (DDP's sampled average), where known
     hidden_pct: float | None  # of it, the share hidden behind backward (DDP's samples)
@@ -55,7 +58,12 @@ class RankComm:
 
     @property
     def wait_s(self) -> float:
+        """Exposed time beyond the typical transfer: waiting for slower ranks, or for a CPU."""
         return max(self.exposed_s - self.comm_s, 0.0)
+
+    @property
+    def mean_exposed_ms(self) -> float:
+        return 1000.0 * self.exposed_s / self.synced_steps if self.synced_steps else 0.0
 
     @property
     def key(self) -> str:
@@ -119,6 +127,7 @@ class _Rank:
 
     def __init__(self) -> None:
         self.windows: dict[int, list[int]] = {}
+        self.hist: dict[int, dict[int, int]] = {}  # window -> exposed µs bin -> steps
         self.per_step = False  # collectives recorded per step (measured, or the loop's own calls)
         self.ddp_measured = False
         self.fsdp = False
@@ -142,21 +151,42 @@ class _Rank:
             row[1] += int(sums[i])
             row[5], row[6] = min(row[5], int(lo[i])), max(row[6], int(hi[i]))
 
-    def add_exposed(self, w: np.ndarray, dur: np.ndarray) -> None:
-        uniq, inv = np.unique(w, return_inverse=True)
-        sums = np.bincount(inv, weights=dur, minlength=len(uniq))
-        for i, k in enumerate(uniq.tolist()):
-            self._row(k)[2] += int(sums[i])
-
-    def add_synced(self, w: np.ndarray, nbytes: np.ndarray) -> None:
-        """One entry per step that reduced: its window and bytes."""
+    def add_synced(self, w: np.ndarray, nbytes: np.ndarray, exposed: np.ndarray) -> None:
+        """One entry per step that reduced: its window, bytes and exposed µs (into the window's histogram too)."""
         uniq, inv = np.unique(w, return_inverse=True)
         counts = np.bincount(inv, minlength=len(uniq))
-        sums = np.bincount(inv, weights=nbytes, minlength=len(uniq))
+        byte_sums = np.bincount(inv, weights=nbytes, minlength=len(uniq))
+        exposed_sums = np.bincount(inv, weights=exposed, minlength=len(uniq))
+        bins = _bin(exposed)
         for i, k in enumerate(uniq.tolist()):
             row = self._row(k)
-            row[3] += int(sums[i])
+            row[2] += int(exposed_sums[i])
+            row[3] += int(byte_sums[i])
             row[4] += int(counts[i])
+            hist = self.hist.setdefault(k, {})
+            for b, c in zip(*np.unique(bins[inv == i], return_counts=True)):
+                hist[int(b)] = hist.get(int(b), 0) + int(c)
+
+
+BINS_PER_OCTAVE = 16  # exposed times kept per window as a histogram of log-spaced bins (≈ 4.4 % wide)
+TYPICAL_QUANTILE = 0.25  # of a window's steps, the exposed time a step needs when the machine does not hold it up
+
+
+def _bin(us: np.ndarray) -> np.ndarray:
+    return np.floor(BINS_PER_OCTAVE * np.log2(np.maximum(us, 0) + 1.0)).astype(np.int64)
+
+
+def _quantile(hist: Mapping[int, int], q: float) -> float:
+    """The q-quantile of a histogram of `_bin`s (each bin's geometric middle), µs."""
+    total = sum(hist.values())
+    if not total:
+        return 0.0
+    target, seen = q * (total - 1), 0
+    for b in sorted(hist):
+        seen += hist[b]
+        if seen > target:
+            return float(2.0 ** ((b + 0.5) / BINS_PER_OCTAVE) - 1.0)
+    return 0.0
 
 
 class CommunicationBound(Rule):
@@ -226,13 +256,14 @@ class CommunicationBound(Rule):
                 r = self._rank(node, rank)
                 r.per_step = True
                 r.ddp_measured |= bool((names[rows] == SYNC_EVENT).any())
-                r.add_exposed(windows(rows), np.maximum(cols.end[rows] - cols.start[rows], 0))
-                # per step number that reduced (one DDP event, or the loop's own calls): a synced step and its bytes
+                # per step number that reduced (one DDP event, or the loop's own calls): its bytes and exposed time
                 rows = rows[np.argsort(cols.step[rows], kind="stable")]
                 step = cols.step[rows]
                 first = np.r_[True, step[1:] != step[:-1]]
-                per = np.bincount(np.cumsum(first) - 1, weights=_bytes(table, rows))
-                r.add_synced(windows(rows[first]), per)
+                group = np.cumsum(first) - 1
+                dur = np.maximum(cols.end[rows] - cols.start[rows], 0)
+                r.add_synced(windows(rows[first]), np.bincount(group, weights=_bytes(table, rows)),
+                             np.bincount(group, weights=dur))
             for (node, rank), rows in cols.groups(fsdp, by_mode=False):
                 self._rank(node, rank).fsdp = True
             for i in np.flatnonzero(sampled).tolist():
@@ -268,6 +299,10 @@ class CommunicationBound(Rule):
                 for j in range(5):
                     have[j] += row[j]
                 have[5], have[6] = min(have[5], row[5]), max(have[6], row[6])
+            for k, hist in r.hist.items():
+                have_hist = mine.hist.setdefault(k, {})
+                for b, c in hist.items():
+                    have_hist[b] = have_hist.get(b, 0) + c
             mine.per_step |= r.per_step
             mine.ddp_measured |= r.ddp_measured
             mine.fsdp |= r.fsdp
@@ -287,16 +322,19 @@ class CommunicationBound(Rule):
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
         series = self._series()
+        series = {k: v for k, v in series.items() if any(x is not None for x in v[2].values())}
         if not series:
             return self.not_applicable("no collective was recorded in the training steps: a single-process job has "
                                        "none (DistributedDataParallel's gradient all-reduce, and the loop's own "
                                        "torch.distributed calls, are what this rule reads)")
         threshold = float(self.params["threshold"])
-        # per window, the least exposed time per step of any rank: the transfer, not the waiting for a slower rank
+        # per window, the least typical exposed time per step of any rank: the transfer, not waiting for a slower
+        # rank (or for a CPU: the lower quartile of the window's steps)
         least: dict[int, float] = {}
         for _, _, per_step in series.values():
             for k, v in per_step.items():
-                least[k] = min(least.get(k, v), v)
+                if v is not None:
+                    least[k] = min(least.get(k, v), v)
         nodes_of = sorted({n for n, _ in self._ranks})
         world = self._world_size(series)
         ranks: list[RankComm] = []
@@ -330,13 +368,14 @@ class CommunicationBound(Rule):
                                 datapoints=datapoints, details=out,
                                 recommendation=advice(details) if fired else None)
 
-    def _series(self) -> dict[tuple[str, int], tuple[str, _Rank, dict[int, float]]]:
+    def _series(self) -> dict[tuple[str, int], tuple[str, _Rank, dict[int, float | None]]]:
         """Per rank with steps and a source: (source, windows, exposed µs per step per window)."""
         out = {}
         for key, r in self._ranks.items():
             if r.per_step:
                 source = MEASURED if r.ddp_measured else CALLS
-                per_step = {k: row[2] / row[0] for k, row in r.windows.items() if row[0] > 0}
+                per_step = {k: _quantile(r.hist[k], TYPICAL_QUANTILE) if row[4] > 0 and r.hist.get(k) else None
+                            for k, row in r.windows.items() if row[0] > 0}
             else:
                 sample = self._sample(key)
                 if sample is None:
@@ -356,7 +395,7 @@ class CommunicationBound(Rule):
         sizes = [c.get("world_size") for c in self._config.values() if isinstance(c.get("world_size"), int)]
         return max(sizes) if sizes else (len(series) if len(series) > 1 else None)
 
-    def _entry(self, node: str, rank: int, source: str, r: _Rank, per_step: dict[int, float],
+    def _entry(self, node: str, rank: int, source: str, r: _Rank, per_step: dict[int, float | None],
                least: dict[int, float], threshold: float) -> RankComm:
         steps = step_us = exposed = comm = nbytes = synced = 0.0
         above = 0
@@ -365,11 +404,11 @@ class CommunicationBound(Rule):
             n, dur, exp, b, s, first, last = r.windows[k]
             if n == 0:
                 continue
-            mine = least[k] * n
+            reduced = s if source != SAMPLED else n  # steps that reduced (DDP's samples: every one)
+            mine = least.get(k, 0.0) * reduced if per_step[k] is not None else 0.0
             steps, step_us, comm = steps + n, step_us + dur, comm + mine
-            exposed += per_step[k] * n
-            # steps that reduced: DDP's measured events say which (none under no_sync); otherwise every step
-            nbytes, synced = nbytes + b, synced + (s if source == MEASURED else n)
+            exposed += exp if source != SAMPLED else (per_step[k] or 0.0) * n
+            nbytes, synced = nbytes + b, synced + reduced
             share = 100.0 * mine / dur if dur else 0.0
             above += share > threshold
             if worst is None or share > worst["share"]:
@@ -402,8 +441,9 @@ def advice(d: CommunicationDetails) -> str:
         return ""
     mb = f"{top.bytes_per_step / 1e6:,.1f} MB" if top.bytes_per_step else "its gradients"
     bw = f" ({top.bandwidth_gbps:,.2f} Gb/s effective)" if top.bandwidth_gbps else ""
-    head = (f"Rank {top.key} waited {top.exposed_ms:,.1f} ms a step ({top.share:.0f} % of its step time, "
-            f"{top.comm_s:,.1f} s in all) for the all-reduce of {mb} after backward's computation ended{bw}")
+    head = (f"Rank {top.key} typically waited {top.exposed_ms:,.1f} ms a step ({top.share:.0f} % of its step time, "
+            f"{top.comm_s:,.1f} s in all; {top.mean_exposed_ms:,.1f} ms on average) for the all-reduce of {mb} after "
+            f"backward's computation ended{bw}")
     if top.total_ms is not None and top.hidden_pct is not None:
         head += f"; DDP's own timing: {top.total_ms:,.1f} ms of all-reduce a step, {top.hidden_pct:.0f} % of it hidden"
     tips = []

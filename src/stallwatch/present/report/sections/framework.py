@@ -158,10 +158,12 @@ def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
     what = "the gradient all-reduce" if top.source != CALLS else "the loop's collectives"
     text = ("DistributedDataParallel reduces gradients with an all-reduce during backward. " if top.source != CALLS
             else "")
-    text += (f"After backward's computation ended, rank {top.rank} ({top.node}) waited {top.exposed_ms:,.1f} ms a step "
-             f"for {what} — {top.share:.0f} % of its step time, {top.comm_s:,.1f} s over {top.steps:,} steps")
+    text += (f"After backward's computation ended, rank {top.rank} ({top.node}) typically waited "
+             f"{top.exposed_ms:,.1f} ms a step for {what} — {top.share:.0f} % of its step time, {top.comm_s:,.1f} s "
+             f"over {top.steps:,} steps")
     if top.wait_s > 0.0005:
-        text += f" (not counting {top.wait_s:,.1f} s of waiting for slower ranks)"
+        text += (f" ({top.mean_exposed_ms:,.1f} ms on average: {top.wait_s:,.1f} s more in steps held up by a slower rank "
+                 "or a busy machine)")
     text += (", measured on every timed step." if measured else
              ", estimated from DDP's own averages over the iterations it samples (the first ones, then every "
              "100th)." if top.source == SAMPLED else ".")
@@ -173,12 +175,12 @@ def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
         text += (f": {top.bandwidth_gbps:,.2f} Gb/s over the exposed time." if top.bandwidth_gbps else ".")
     text += (f" The {COMMUNICATION_RULE} rule {'fired' if result.fired else 'did not fire'} (threshold "
              f"{d.threshold:g} % of step time).")
-    rows = [[r.key, r.steps, r.synced_steps, r.exposed_ms, r.share, r.comm_s, r.wait_s,
+    rows = [[r.key, r.steps, r.synced_steps, r.exposed_ms, r.mean_exposed_ms, r.share, r.comm_s, r.wait_s,
              None if r.bytes_per_step is None else r.bytes_per_step / 1e6, r.bandwidth_gbps, r.total_ms,
              r.hidden_pct, r.source] for r in d.ranks]
     return [Paragraph(text),
-            Table(["node/rank", "train steps", "steps reduced", "exposed per step (ms)", "exposed % of step",
-                   "exposed total (s)", "waiting for other ranks (s)", "MB per step", "effective Gb/s",
+            Table(["node/rank", "train steps", "steps reduced", "exposed, typical step (ms)", "exposed, mean (ms)",
+                   "typical % of step", "typical total (s)", "held up beyond it (s)", "MB per step", "effective Gb/s",
                    "all-reduce per step, DDP (ms)", "hidden (%)", "source"], rows,
                   "Gradient all-reduce per step (DDP)")]
 
