@@ -48,7 +48,8 @@ def test_every_step_records_its_exposed_all_reduce(runs):
         mine = [e for e in events if e["rank"] == rank]
         steps = {e["step"] for e in mine if e["kind"] == STEP and e["mode"] == TRAIN}
         sync = [e for e in mine if e["kind"] == COLLECTIVE and e["name"] == "ddp_gradient_sync"]
-        assert len(steps) == STEPS and {e["step"] for e in sync} == steps  # one per step, inside it
+        # one per step from the second on (DDP's timing of the first names the parameter ready last)
+        assert len(steps) == STEPS and {e["step"] for e in sync} == steps - {0}
         assert all(json.loads(e["args"])["bytes"] > 16e6 and e["end_us"] >= e["start_us"] for e in sync)
         (config,) = [json.loads(e["args"]) for e in mine if e["kind"] == "ddp"]
         assert (config["world_size"], config["device_type"], config["bucket_cap_mb"]) == (2, "cpu", 25.0)

@@ -52,7 +52,7 @@ def test_each_reducing_backward_records_its_exposed_all_reduce_and_no_sync_none(
     assert config[0] == CONFIG_KIND and json.loads(config[7])["bytes"] == (64 + 8) * 4
     assert json.loads(config[7])["device_type"] == "cpu" and json.loads(config[7])["world_size"] == 1
     recorded: list[tuple] = []
-    for _ in range(3):
+    for _ in range(4):  # the first one tells which parameter's gradient is ready last (DDP's own timing)
         _step(timer, model, recorded)
     with model.no_sync():
         _step(timer, model, recorded)
@@ -75,9 +75,20 @@ def test_the_users_communication_hook_still_runs(group):
     timer, _ = _timer(model)
     model.register_comm_hook(None, hook)  # after stallwatch found the model: nothing of ours is in the way
     recorded: list[tuple] = []
+    for _ in range(3):
+        _step(timer, model, recorded)
+    assert calls == [72, 72, 72] and len(recorded) == 2
+
+
+def test_uninstall_takes_the_parameters_hook_off(group):
+    model = DDP(torch.nn.Linear(8, 8))
+    timer, _ = _timer(model)
+    recorded: list[tuple] = []
     for _ in range(2):
         _step(timer, model, recorded)
-    assert calls == [72, 72] and len(recorded) == 2
+    timer.close()
+    _step(timer, model, recorded)
+    assert len(recorded) == 1 and not any(p._post_accumulate_grad_hooks for p in model.parameters())
 
 
 def test_a_model_on_another_device_is_not_timed_per_step(group):
@@ -85,5 +96,6 @@ def test_a_model_on_another_device_is_not_timed_per_step(group):
     model.device_type = "cuda"  # as a CUDA model reports itself: the host does not wait for NCCL
     timer, emitted = _timer(model)
     recorded: list[tuple] = []
-    _step(timer, model, recorded)
+    for _ in range(2):
+        _step(timer, model, recorded)
     assert recorded == [] and json.loads(emitted[0][7])["device_type"] == "cuda"

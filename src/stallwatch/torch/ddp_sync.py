@@ -3,12 +3,18 @@ gloo): DDP launches a bucket's all-reduce as soon as its gradients are ready, an
 finalizer waits for every bucket and copies the results into `.grad`. What the step waits for — the exposed
 part — runs from the end of backward's computation to the return of `backward()`.
 
-How, cheaply (two Python calls from autograd a step, none per bucket; docs/benchmarks.md): a pre-hook on the loss's grad_fn queues an autograd final
-callback when the graph starts running; final callbacks run in the order queued, so ours runs when the graph's
-computation is done, before DDP's finalizer (queued later, when the last bucket is ready). `backward()` returns
-after the finalizer. A communication hook would time each bucket too, but DDP allows one hook (a user's would
-then fail to register, or ours could not wrap one registered before the model was found), and a Python hook per
-bucket replaces DDP's C++ all-reduce with Python calls that cost more than the hooks' whole step budget.
+How, cheaply (one Python call from autograd a step, none per bucket; docs/benchmarks.md): a hook on the parameter
+whose gradient is ready last — DDP's own per-parameter timing (`reducer.get_backward_stats()`) names it after the
+first backward — notes the time when it is accumulated: the end of the graph's computation, just before DDP's own
+hook on it launches the last bucket's all-reduce (a tensor's post-accumulate-grad hook runs inside its accumulation,
+the reducer's after it). `backward()` returns after DDP's finalizer has waited for every bucket. (An autograd final
+callback queued from a pre-hook on each step's loss would find the graph's end without DDP's help, but registering a
+hook and queueing a callback cost ≈ 15 µs a step.)
+
+A communication hook would time each bucket too, but DDP allows one hook (a user's would then fail to register, or
+ours could not wrap one registered before the model was found), and a Python hook per bucket replaces DDP's C++
+all-reduce with Python calls that cost more than the hooks' whole step budget. Not timed: a model whose reducer's
+parameters are not its own `parameters()` that require grad (shared or ignored parameters): the hook is not placed.
 
 On CUDA the host does not wait for NCCL (the finalizer makes the stream wait), so nothing is measured there:
 DDP's own sampled timing (CUDA events) is what the rules read."""
@@ -18,19 +24,10 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-import torch
-
-from stallwatch.log import warn_once
 from stallwatch.records import COLLECTIVE
 
-_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 SYNC_EVENT = "ddp_gradient_sync"  # one per timed step that reduced gradients: the exposed part
 CONFIG_KIND = "ddp"  # one per model found: its communication settings
-
-
-def _failed(exc: Exception) -> None:
-    warn_once(f"hook-ddp-sync-{type(exc).__name__}", "stallwatch's DDP timing failed (%s: %s); training goes on",
-              type(exc).__name__, exc)
 
 
 def describe(model: Any) -> dict[str, Any]:
@@ -59,50 +56,53 @@ class GradientSyncTimer:
 
     def __init__(self, emit: Callable[[tuple], None], pid: int, now_us: Callable[[], int]) -> None:
         self._emit, self._pid, self._now = emit, pid, now_us
-        self._models: list[tuple[Any, str]] = []  # (model, the per-step event's args)
-        self._done_at: int | None = None  # when the graph's computation ended (our final callback)
-        self._args: str | None = None
+        self._models: list[list[Any]] = []  # [model, the per-step event's args, its parameters until the hook is on]
+        self._handles: list[Any] = []
+        self._done_at: int | None = None  # when the graph's computation ended (the last gradient's accumulation)
+        self._args: str | None = None  # set while a timed backward that reduces runs
 
     def found(self, model: Any) -> None:
         """A DDP model: its settings recorded once; timed per step when it lives on the CPU."""
         facts = describe(model)
         t = self._now()
         self._emit((CONFIG_KIND, type(model).__name__, t, t, "GLOBAL", None, self._pid, json.dumps(facts)))
-        if facts["device_type"] == "cpu":
-            self._models.append((model, json.dumps({"bytes": facts["bytes"]})))
+        if facts["device_type"] != "cpu" or not hasattr(getattr(model, "reducer", None), "get_backward_stats"):
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        if params:
+            self._models.append([model, json.dumps({"bytes": facts["bytes"]}), params])
 
-    def begin(self, args: tuple, kwargs: dict) -> None:
-        """`torch.autograd.backward` is called: when a DDP model will reduce, note when its graph is computed."""
+    def close(self) -> None:
+        """The parameters' hooks off (uninstall)."""
+        for h in self._handles:
+            h.remove()
+        self._handles, self._models = [], []
+
+    def _place(self, entry: list[Any]) -> None:
+        """The hook on the parameter DDP saw ready last (once it has timed a backward): from then on, every step."""
+        model, _, params = entry
+        stats = model.reducer.get_backward_stats()
+        if len(stats) != len(params) or not any(stats):
+            return  # no backward yet
+        last = max(range(len(stats)), key=stats.__getitem__)
+        self._handles.append(params[last].register_post_accumulate_grad_hook(self._last_ready))
+        entry[2] = None
+
+    def begin(self, _args: tuple, _kwargs: dict) -> None:
+        """`torch.autograd.backward` is called (timed): when a DDP model will reduce, time its exposed all-reduce."""
         self._done_at = self._args = None
-        models = self._models
-        if not models:
-            return
-        if len(models) == 1:
-            model, syncing = models[0]
-            if not model.require_backward_grad_sync:
-                return  # under no_sync(): nothing is reduced
-        else:
-            chosen = [a for m, a in models if m.require_backward_grad_sync]
-            if not chosen:
-                return
-            syncing = chosen[0] if len(chosen) == 1 else json.dumps(
-                {"bytes": sum(json.loads(a)["bytes"] for a in chosen)})
-        tensors = args[0] if args else kwargs.get("tensors")
-        fn = tensors.grad_fn if isinstance(tensors, torch.Tensor) else getattr(
-            next(iter(tensors), None) if tensors else None, "grad_fn", None)
-        if fn is None:
-            return
-        fn.register_prehook(self._graph_starts)
-        self._args = syncing
+        for entry in self._models:
+            if entry[0].require_backward_grad_sync:  # else under no_sync(): nothing is reduced
+                if entry[2] is not None:
+                    self._place(entry)
+                    if entry[2] is not None:
+                        continue
+                self._args = entry[1] if self._args is None else json.dumps(
+                    {"bytes": json.loads(self._args)["bytes"] + json.loads(entry[1])["bytes"]})
 
-    def _graph_starts(self, _grads: Any) -> None:
-        try:
-            _queue_callback(self._graph_done)
-        except Exception as exc:  # never into backward
-            _failed(exc)
-
-    def _graph_done(self) -> None:
-        self._done_at = self._now()
+    def _last_ready(self, _param: Any) -> None:
+        if self._args is not None:  # a timed step that reduces
+            self._done_at = self._now()
 
     def end(self, t1: int, record: Callable[[str, str, int, int, str], None]) -> None:
         """`backward()` returned at `t1`: the exposed all-reduce recorded as a collective of the step."""

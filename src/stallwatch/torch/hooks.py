@@ -115,6 +115,7 @@ class TorchHooks:
         self._patch_backward()
         self._hook_optimizer()
         self._patch_collectives()
+        self._undo.append(self._sync.close)
         self._start_discovery()
 
     def uninstall(self) -> None:
