@@ -14,7 +14,8 @@ Method
   (run by autograd), each wrapped in a perf_counter_ns timer whose own cost (calibrated: an empty timed
   call) is subtracted; median over all steps, and per round.
 * (2) What autograd adds to call them (acquiring the interpreter, building the arguments): a tiny graph's backward
-  (`(x * 2).sum()`), bare vs on a leaf whose post-accumulate-grad hook reads the clock, in paired rounds (order alternating);
+  (`(x * 2).sum()`), bare vs on a leaf whose post-accumulate-grad hook reads the clock, in paired rounds (order
+  alternating);
   per round the median step's CPU time (thread_time_ns: the training thread's own CPU, far less disturbed by
   other processes than the wall clock); shown as median [p25, p75] of the per-round differences.
 * The sum is what the backward hook adds to a DDP step on the CPU.

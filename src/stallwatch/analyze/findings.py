@@ -294,7 +294,8 @@ def _communication(r: RuleResult, s: JobSummary) -> list[Finding]:
     windows = sorted((int(e.worst_window["start_us"]), int(e.worst_window["end_us"])) for e in fired
                      if isinstance(e.worst_window, dict))
     evidence = {e.key: {"share": e.share, "exposed_ms_per_step": e.exposed_ms, "exposed_s": e.comm_s,
-                        "mean_exposed_ms_per_step": e.mean_exposed_ms, "held_up_s": e.wait_s, "bytes_per_step": e.bytes_per_step,
+                        "mean_exposed_ms_per_step": e.mean_exposed_ms, "held_up_s": e.wait_s,
+                        "bytes_per_step": e.bytes_per_step,
                         "all_reduce_ms_per_step": e.total_ms, "hidden_pct": e.hidden_pct,
                         "bandwidth_gbps": e.bandwidth_gbps, "source": e.source} for e in fired[:16]}
     evidence["link_gbps"] = {n.node: n.link_gbps for n in d.nodes}

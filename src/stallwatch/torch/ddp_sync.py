@@ -25,9 +25,8 @@ import json
 from typing import Any, Callable
 
 from stallwatch.records import COLLECTIVE
-
-SYNC_EVENT = "ddp_gradient_sync"  # one per timed step that reduced gradients: the exposed part
-CONFIG_KIND = "ddp"  # one per model found: its communication settings
+from stallwatch.records import DDP_CONFIG as CONFIG_KIND  # one per model found: its communication settings
+from stallwatch.records import DDP_SYNC as SYNC_EVENT  # one per timed step that reduced gradients: the exposed part
 
 
 def describe(model: Any) -> dict[str, Any]:

@@ -14,5 +14,6 @@ from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
 RULES: list = [
     CPUBottleneck, IOBottleneck, Dataloader, InputBound, GPUMemoryIncrease, BatchSize, LowGPUUtilization,
-    MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, OverallSystemUsage, OverallFrameworkMetrics,
+    MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, OverallSystemUsage,
+    OverallFrameworkMetrics,
 ]

@@ -20,10 +20,9 @@ from stallwatch.analyze.collectives import DDP_EVENT, averages
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_counts
 from stallwatch.analyze.rules.steps import new_events, rank_key
-from stallwatch.records import COLLECTIVE, STEP, TRAIN
+from stallwatch.records import COLLECTIVE, DDP_CONFIG, DDP_SYNC, STEP, TRAIN
 
-SYNC_EVENT = "ddp_gradient_sync"  # torch/ddp_sync.py: the exposed all-reduce of one step, measured
-CONFIG_KIND = "ddp"  # torch/ddp_sync.py: a DDP model's settings
+SYNC_EVENT, CONFIG_KIND = DDP_SYNC, DDP_CONFIG  # torch/ddp_sync.py: a step's exposed all-reduce; a model's settings
 MEASURED, SAMPLED, CALLS = "measured", "ddp_samples", "collectives"
 MIN_STEPS = 20  # steps after patience before a rank is judged
 US = 1_000_000
@@ -351,7 +350,7 @@ class CommunicationBound(Rule):
             if not mine:
                 continue
             nics = [n for n in (self._info.get(node) or {}).get("nics") or [] if isinstance(n, dict)]
-            speeds = [n.get("speed_mbps") for n in nics if isinstance(n.get("speed_mbps"), (int, float))]
+            speeds = [float(v) for v in (n.get("speed_mbps") for n in nics) if isinstance(v, (int, float))]
             nodes.append(NodeComm(node, [e.rank for e in mine], max(e.share for e in mine),
                                   max(e.comm_s for e in mine), max(speeds) / 1000.0 if speeds else None, nics,
                                   any(e.triggered for e in mine)))
@@ -392,7 +391,7 @@ class CommunicationBound(Rule):
         return averages(known[2]) if known else None
 
     def _world_size(self, series: Mapping[tuple[str, int], Any]) -> int | None:
-        sizes = [c.get("world_size") for c in self._config.values() if isinstance(c.get("world_size"), int)]
+        sizes = [v for v in (c.get("world_size") for c in self._config.values()) if isinstance(v, int)]
         return max(sizes) if sizes else (len(series) if len(series) > 1 else None)
 
     def _entry(self, node: str, rank: int, source: str, r: _Rank, per_step: dict[int, float | None],

@@ -11,7 +11,7 @@ from bokeh.layouts import row
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.collectives import DDP_EVENT
-from stallwatch.analyze.rules.communication import CALLS, MEASURED, SAMPLED, CommunicationDetails
+from stallwatch.analyze.rules.communication import CALLS, MEASURED, SAMPLED, SYNC_EVENT, CommunicationDetails
 from stallwatch.analyze.rules.steps import mode_order
 from stallwatch.present.report.breakdowns import pie
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
@@ -103,7 +103,7 @@ def _general(details: Mapping[str, Any]) -> list[Block]:
         out.append(Chart(pie(_seconds(general, GENERAL_LABELS), unit="seconds", title="General framework events"),
                          "General framework events"))
     collectives = {name: v for name, v in ((details.get("events") or {}).get(COLLECTIVE) or {}).items()
-                   if name != DDP_EVENT}  # DDP's samples of its own timing are not calls
+                   if name not in (DDP_EVENT, SYNC_EVENT)}  # DDP's own all-reduce: said per step below
     if collectives:
         total = sum(v["total_us"] for v in collectives.values()) / 1e6
         out.append(Paragraph(f"Collective operations called through torch.distributed (all-reduce, broadcast, "
@@ -162,14 +162,14 @@ def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
              f"{top.exposed_ms:,.1f} ms a step for {what} — {top.share:.0f} % of its step time, {top.comm_s:,.1f} s "
              f"over {top.steps:,} steps")
     if top.wait_s > 0.0005:
-        text += (f" ({top.mean_exposed_ms:,.1f} ms on average: {top.wait_s:,.1f} s more in steps held up by a slower rank "
-                 "or a busy machine)")
+        text += (f" ({top.mean_exposed_ms:,.1f} ms on average: {top.wait_s:,.1f} s more in steps held up by a slower "
+                 "rank or a busy machine)")
     text += (", measured on every timed step." if measured else
              ", estimated from DDP's own averages over the iterations it samples (the first ones, then every "
              "100th)." if top.source == SAMPLED else ".")
     if top.total_ms is not None and top.hidden_pct is not None:
-        text += (f" DDP's own timing puts the whole all-reduce at {top.total_ms:,.1f} ms a step, {top.hidden_pct:.0f} % "
-                 "of it hidden behind backward.")
+        text += (f" DDP's own timing puts the whole all-reduce at {top.total_ms:,.1f} ms a step, "
+                 f"{top.hidden_pct:.0f} % of it hidden behind backward.")
     if top.bytes_per_step:
         text += f" It reduced {top.bytes_per_step / 1e6:,.1f} MB a step"
         text += (f": {top.bandwidth_gbps:,.2f} Gb/s over the exposed time." if top.bandwidth_gbps else ".")
