@@ -45,6 +45,8 @@ FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"
 COLLECTIVE = "collective"
+DDP_SYNC = "ddp_gradient_sync"  # a `collective`: the exposed part of DDP's gradient all-reduce in one step
+DDP_CONFIG = "ddp"  # a DDP model's communication settings, once
 LOSS = "loss"  # events a process had to drop (args: events, steps; start/end: their first and last start)
 OVERHEAD = "overhead"  # a marker: stallwatch's own time in the training process (args: own_ns, window_ns, calls)
 # a marker: steps counted but not timed while steps were sampled, one per stretch between timed ones and mode

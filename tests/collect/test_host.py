@@ -205,3 +205,16 @@ def test_a_core_going_offline_blanks_cpu_for_that_interval(monkeypatch, use_proc
     assert math.isnan(values[r.MetricKey(r.CPU, r.CPU_UTIL)])
     assert math.isnan(values[r.MetricKey("cpu0", r.CPU_UTIL)])
     assert values[r.MetricKey(r.MEMORY, r.MEM_USED_BYTES)] > 0  # the rest of the snapshot is still there
+
+
+def test_nic_speeds_read_the_kernels_link_speed_and_say_unknown_otherwise(tmp_path):
+    """/sys/class/net/<nic>/speed in Mb/s; a virtual NIC (the file unreadable) or a link that is down (-1): None."""
+    from stallwatch.collect.host import nic_speeds
+
+    for name, speed in (("eth0", "25000\n"), ("eth1", "-1\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "speed").write_text(speed)
+    (tmp_path / "veth0").mkdir()
+    assert nic_speeds(["eth0", "eth1", "veth0"], sys_net=str(tmp_path)) == [
+        {"name": "eth0", "speed_mbps": 25000}, {"name": "eth1", "speed_mbps": None},
+        {"name": "veth0", "speed_mbps": None}]

@@ -26,7 +26,11 @@ def _torchrun(*args: str) -> list[str]:
 
 
 def _straggler(run: Path) -> dict:
-    return json.loads((run / "rules" / "Straggler.json").read_text())
+    return _rule(run, "Straggler")
+
+
+def _rule(run: Path, name: str) -> dict:
+    return json.loads((run / "rules" / f"{name}.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +52,22 @@ def test_the_slow_rank_is_named(one_node):
     (s,) = r["Details"]["stragglers"]
     assert (s["rank"], r["RuleTriggered"]) == (1, 1)
     assert 0.02 <= s["excess_s_per_step"] <= 0.045  # the planted 30 ms, give or take the machine's noise
-    assert r["Details"]["ranks"][f"{s['node']}/1"]["basis"] == "backward"  # DDP: the wait is inside backward
+    # DDP: the wait is the exposed all-reduce at the end of backward, timed on every step (torch/ddp_sync.py)
+    assert r["Details"]["ranks"][f"{s['node']}/1"]["basis"] == "collectives"
     finding = RunAnalysis(str(one_node["slow"])).findings.findings
     assert any(f.rule == "Straggler" and f.where.ranks == [f"{s['node']}/1"] for f in finding)
+    # rank 0 waits ~30 ms a step inside the all-reduce, for rank 1: not communication (CommunicationBound is silent)
+    comm = _rule(one_node["slow"], "CommunicationBound")
+    assert comm["Status"] == "ok" and comm["RuleTriggered"] == 0
+    fast = comm["Details"]["ranks"][f"{s['node']}/0"]
+    assert fast["exposed_s"] > 3 * fast["comm_s"]
 
 
 def test_equal_ranks_are_silent(one_node):
     r = _straggler(one_node["equal"])
     assert r["Status"] == "ok" and r["RuleTriggered"] == 0 and r["Details"]["stragglers"] == []
+    comm = _rule(one_node["equal"], "CommunicationBound")  # a compute-bound DDP job: its all-reduce is no finding
+    assert comm["Status"] == "ok" and comm["RuleTriggered"] == 0
 
 
 def test_live_detection_after_onset(tmp_path: Path):

@@ -60,15 +60,23 @@ def gradient_sync(samples: pa.Table, train_steps: dict[tuple[str, int], int]) ->
             newest[key] = (row["start_us"], args)
     out = []
     for key in sorted(newest):
-        args = newest[key][1]
-        comm, overlap, backward = (_ms(args.get(k)) for k in (
-            "avg_backward_comm_time_us", "avg_backward_compute_comm_overlap_time_us", "avg_backward_compute_time_us"))
-        if comm is None:
+        sample = averages(newest[key][1])
+        if sample is None:
             continue
-        out.append(GradientSync(node=key[0], rank=key[1], samples=counts[key], comm_ms=comm,
-                                overlap_ms=min(overlap or 0.0, comm), backward_ms=backward or 0.0,
-                                train_steps=train_steps.get(key, 0)))
+        comm, overlap, backward = sample
+        out.append(GradientSync(node=key[0], rank=key[1], samples=counts[key], comm_ms=comm, overlap_ms=overlap,
+                                backward_ms=backward, train_steps=train_steps.get(key, 0)))
     return out
+
+
+def averages(args: dict) -> tuple[float, float, float] | None:
+    """DDP's running averages in one sample's args, ms: (all-reduce, of which overlapping backward, backward's
+    computation); None when the sample has no all-reduce time."""
+    comm, overlap, backward = (_ms(args.get(k)) for k in (
+        "avg_backward_comm_time_us", "avg_backward_compute_comm_overlap_time_us", "avg_backward_compute_time_us"))
+    if comm is None:
+        return None
+    return comm, min(overlap or 0.0, comm), backward or 0.0
 
 
 def _ms(value: object) -> float | None:

@@ -284,6 +284,28 @@ def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
                     {"stragglers": stragglers[:16], "median_step_s": r.details.get("median_step_s")})]
 
 
+@translates("CommunicationBound")
+def _communication(r: RuleResult, s: JobSummary) -> list[Finding]:
+    from stallwatch.analyze.rules.communication import CommunicationDetails
+
+    d = CommunicationDetails.from_json(r.details)
+    top = d.top
+    if not r.fired or top is None:
+        return []
+    fired = d.fired
+    windows = sorted((int(e.worst_window["start_us"]), int(e.worst_window["end_us"])) for e in fired
+                     if isinstance(e.worst_window, dict))
+    evidence = {e.key: {"share": e.share, "exposed_ms_per_step": e.exposed_ms, "exposed_s": e.comm_s,
+                        "mean_exposed_ms_per_step": e.mean_exposed_ms, "held_up_s": e.wait_s,
+                        "bytes_per_step": e.bytes_per_step,
+                        "all_reduce_ms_per_step": e.total_ms, "hidden_pct": e.hidden_pct,
+                        "bandwidth_gbps": e.bandwidth_gbps, "source": e.source} for e in fired[:16]}
+    evidence["link_gbps"] = {n.node: n.link_gbps for n in d.nodes}
+    return [finding(r, s, "comm", d.title or "Training waits for communication", _over_all_steps(d.time_at_stake_s, s),
+                    Where(sorted({e.node for e in fired}), [e.key for e in fired], [], windows[:LISTED_WINDOWS]),
+                    evidence)]
+
+
 def _over_all_steps(stake: Any, s: JobSummary) -> float | None:
     """A time at stake summed over steps, for all of them: where steps were sampled (analyze/sampled.py) the
     rule saw the timed ones only, which ran in a share `timed_share` of the ranks' loop time."""

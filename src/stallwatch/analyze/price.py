@@ -80,6 +80,9 @@ def run_cost(price_per_hour: float, summary: JobSummary, findings: Findings, *, 
     straggler = next((f for f in findings.findings if f.rule == "Straggler"), None)
     if straggler is not None and straggler.time_at_stake_s and summary.loop_s > 0:
         waiting["straggler wait"] = loop_cost * min(straggler.time_at_stake_s / summary.loop_s, 1.0)
+    comm = next((f for f in findings.findings if f.rule == "CommunicationBound"), None)
+    if comm is not None and comm.time_at_stake_s and summary.loop_s > 0:
+        waiting["communication wait"] = loop_cost * min(comm.time_at_stake_s / summary.loop_s, 1.0)
     return RunCost(price_per_hour, nodes, hours, total, parts, waiting,
                    _advice(total, findings, usage_mean, usage_max, data_wait_pct))
 

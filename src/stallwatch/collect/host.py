@@ -30,6 +30,20 @@ def physical_nics(names: list[str], sys_net: str = "/sys/class/net") -> list[str
     return real or [n for n in names if n != "lo"]
 
 
+def nic_speeds(names: list[str], sys_net: str = "/sys/class/net") -> list[dict[str, object]]:
+    """Each NIC's link speed in Mb/s as the kernel reports it (`/sys/class/net/<nic>/speed`); None where it cannot
+    say (a virtual NIC, a link that is down): what the communication rule compares its bandwidth with."""
+    out: list[dict[str, object]] = []
+    for name in names[:64]:
+        try:
+            with open(os.path.join(sys_net, name, "speed")) as f:
+                speed: int | None = int(f.read().strip())
+        except (OSError, ValueError):
+            speed = None
+        out.append({"name": name, "speed_mbps": speed if speed is not None and speed > 0 else None})
+    return out
+
+
 CpuRows = list[tuple[float, float, float]]  # per core: cumulative (total, idle incl. iowait, iowait)
 
 
@@ -70,6 +84,7 @@ class HostReader:
         self._disk_set = frozenset(d.encode() for d in self._disks)
         nics = psutil.net_io_counters(pernic=True, nowrap=False) or {}
         self._nics = physical_nics(list(nics))
+        self.nics = list(self._nics)  # the NICs whose traffic is summed (their link speeds go in the node record)
         self._nic_set = frozenset(n.encode() for n in self._nics)
         self._prev = self._read()
 

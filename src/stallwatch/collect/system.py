@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from stallwatch.collect.gpu import GpuReader
-from stallwatch.collect.host import HostReader
+from stallwatch.collect.host import HostReader, nic_speeds
 from stallwatch.collect.proctree import ProcessTreeReader
 from stallwatch.records import MetricKey
 
@@ -56,6 +56,7 @@ class SystemSampler:
             "cpu_cores_logical": self.host.cores,
             "cpu_cores_physical": psutil.cpu_count(logical=False),
             "memory_total_bytes": int(vm.total),
+            "nics": nic_speeds(self.host.nics),
             "gpus": self.gpus.devices,
             "gpu_driver": self.gpus.driver_version(),
             "gpu_absent_reason": self.gpus.reason_absent,

@@ -104,6 +104,8 @@ _GPU = _record({"index": _int(0, 1 << 16), "name": _text, "uuid": _text,
 _RANK = _record({"rank": _int(0, _INT32), "local_rank": _int(0, _INT32), "world_size": _int(1, _INT32),
                  "pid": _optional(PID)}, required=("rank",))  # null: unknown (an imported run)
 
+_NIC = _record({"name": _text, "speed_mbps": _optional(_int(1, 1 << 40))}, required=("name",))
+
 _INTERVAL_FROM = _record({"from_us": TIME, "sample_interval_ms": _int(1, 86_400_000)},
                          required=("from_us", "sample_interval_ms"))
 
@@ -115,7 +117,7 @@ NODE_FIELDS: dict[str, Check] = {
     "node": _text, "hostname": _text, "start_us": TIME, "end_us": _optional(TIME), "command": TEXT_LIST,
     "cwd": _text, "job_pid": PID, "exit_code": _optional(_int(-(2**31), _INT32)), "status": _text,
     "cpu_cores_logical": _int(1, 1 << 20), "cpu_cores_physical": _optional(_int(1, 1 << 20)),
-    "memory_total_bytes": COUNT, "gpus": _list_of(_GPU), "gpu_driver": _optional(_text),
+    "memory_total_bytes": COUNT, "nics": _list_of(_NIC), "gpus": _list_of(_GPU), "gpu_driver": _optional(_text),
     "gpu_absent_reason": _optional(_text), "sample_interval_ms": _int(1, 86_400_000), "metrics": TEXT_LIST,
     "sample_intervals": _list_of(_INTERVAL_FROM), "ranks": _list_of(_RANK), "samples_written": COUNT, "samples_dropped": COUNT, "ticks_missed": COUNT,
     "sampler_cpu_s": SECONDS, "sampler_max_rss_bytes": COUNT, "platform": _text, "python": _text,

@@ -19,6 +19,7 @@ import torch
 from stallwatch.log import warn_once
 from stallwatch.records import COLLECTIVE
 from stallwatch.torch import dataloader as dl
+from stallwatch.torch.ddp_sync import GradientSyncTimer
 from stallwatch.torch.probe import Probe
 from stallwatch.torch.steps import StepTracker, now_us
 
@@ -92,6 +93,7 @@ class TorchHooks:
         self._optim_calls: list[tuple[Any, int]] = []  # (call's key, start) of the optimizer steps in progress
         self._ddp: list[Any] = []  # DistributedDataParallel models found: their own timing samples are read
         self._ddp_seen: dict[int, int] = {}  # id(model) -> the sampled iteration already recorded
+        self._sync = GradientSyncTimer(emit, pid, now_us)  # DDP's exposed all-reduce, per step (CPU models)
         self._steps = 0
         self.enabled = True
         self.on_discovery: Callable[[], None] | None = None  # the session listens to steps again
@@ -118,6 +120,7 @@ class TorchHooks:
         self._patch_backward()
         self._hook_optimizer()
         self._patch_collectives()
+        self._undo.append(self._sync.close)
         self._start_discovery()
 
     def uninstall(self) -> None:
@@ -359,6 +362,7 @@ class TorchHooks:
             self._stop_discovery()
         if type(module).__name__ == "DistributedDataParallel" and hasattr(module, "_get_ddp_logging_data"):
             self._ddp.append(module)
+            _guard("ddp", self._sync.found, module)
 
     def _wrap_forward(self, cls: type) -> None:
         """Time the model's forward with a wrapper on its class: module hooks would send every call down
@@ -471,9 +475,11 @@ class TorchHooks:
 
     # -- backward, optimizer, collectives -------------------------------------------------------------
     def _timed(self, what: str, record: Callable[[int, tuple, dict], None],
-               counted: Callable[[], None] | None = None) -> Callable[..., Any]:
-        """A wrapper factory for `_patch`: the original runs exactly once; `record(t0, args, kwargs)` after
-        it, its failures said once and swallowed. While steps are counted, not timed, `counted()` instead."""
+               counted: Callable[[], None] | None = None,
+               before: Callable[[tuple, dict], None] | None = None) -> Callable[..., Any]:
+        """A wrapper factory for `_patch`: the original runs exactly once; `before(args, kwargs)` ahead of it and
+        `record(t0, args, kwargs)` after it, their failures said once and swallowed. While steps are counted, not
+        timed, `counted()` instead."""
         hooks, tracker = self, self.tracker
 
         def build(original, probed):
@@ -492,6 +498,11 @@ class TorchHooks:
                         except Exception as exc:
                             _failed(what, exc)
                 t0 = now_us()
+                if before is not None:
+                    try:
+                        before(args, kwargs)
+                    except Exception as exc:
+                        _failed(what, exc)
                 try:
                     return original(*args, **kwargs)
                 finally:
@@ -503,10 +514,15 @@ class TorchHooks:
         return lambda original: self.probe.wrap(build, original)
 
     def _patch_backward(self) -> None:
-        tracker = self.tracker
+        tracker, sync = self.tracker, self._sync
+
+        def record(t0: int, _a: tuple, _k: dict) -> None:
+            t1 = now_us()
+            tracker.backward(t0, t1)
+            sync.end(t1, tracker.other)  # DDP's exposed all-reduce inside it, where it was timed
+
         self._patch(torch.autograd, "backward",
-                    self._timed("backward", lambda t0, _a, _k: tracker.backward(t0, now_us()),
-                                counted=tracker.pair_backward), hot=True)
+                    self._timed("backward", record, counted=tracker.pair_backward, before=sync.begin), hot=True)
         self._pair_hot.add((torch.autograd, "backward"))
 
     def _hook_optimizer(self) -> None:

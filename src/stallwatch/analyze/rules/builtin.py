@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stallwatch.analyze.rules.bottleneck import CPUBottleneck, IOBottleneck
+from stallwatch.analyze.rules.communication import CommunicationBound
 from stallwatch.analyze.rules.dataloader import Dataloader
 from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetrics
 from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization
@@ -13,5 +14,6 @@ from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
 RULES: list = [
     CPUBottleneck, IOBottleneck, Dataloader, InputBound, GPUMemoryIncrease, BatchSize, LowGPUUtilization,
-    MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, OverallSystemUsage, OverallFrameworkMetrics,
+    MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, OverallSystemUsage,
+    OverallFrameworkMetrics,
 ]

@@ -17,7 +17,7 @@ CAPTURE_S = 5.0  # a capture's length (a detailed window also stops after 100 st
 LEAD_S = 1.0  # the capture starts this long after the rule fired: the job picks the config up at a step boundary
 INPUT_RULES = ("InputBound", "Dataloader", "StepOutlier")  # + data-loader timing
 HOST_RULES = ("CPUBottleneck", "IOBottleneck")  # + Python profiling
-OTHER_RULES = ("LowGPUUtilization", "Straggler", "GPUMemoryIncrease", "BatchSize")
+OTHER_RULES = ("LowGPUUtilization", "Straggler", "CommunicationBound", "GPUMemoryIncrease", "BatchSize")
 
 
 class Escalation:

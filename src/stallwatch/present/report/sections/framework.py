@@ -11,6 +11,7 @@ from bokeh.layouts import row
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.collectives import DDP_EVENT
+from stallwatch.analyze.rules.communication import CALLS, MEASURED, SAMPLED, SYNC_EVENT, CommunicationDetails
 from stallwatch.analyze.rules.steps import mode_order
 from stallwatch.present.report.breakdowns import pie
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
@@ -20,6 +21,7 @@ from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZ
 SECTION_ID = "framework"
 TITLE = "Framework metrics summary"
 RULE = "OverallFrameworkMetrics"
+COMMUNICATION_RULE = "CommunicationBound"
 PHASE_TEXT = ("The training loop's time, from its first step's start to its last step's end, went to TRAIN steps, EVAL "
               "steps, and others: the time between steps (after one step has finished and before the next step has "
               "started). Ideally, most of it is spent in TRAIN and EVAL steps. Steps that are neither are recorded as "
@@ -130,7 +132,7 @@ def _general(details: Mapping[str, Any]) -> list[Block]:
     # No pie of these three against each other: their shares of one another read as shares of the loop ("87 %
     # waiting for data" beside a data wait of 10.7 % of step time). Their share of each mode's steps is above.
     collectives = {name: v for name, v in ((details.get("events") or {}).get(COLLECTIVE) or {}).items()
-                   if name != DDP_EVENT}  # DDP's samples of its own timing are not calls
+                   if name not in (DDP_EVENT, SYNC_EVENT)}  # DDP's own all-reduce: said per step below
     if collectives:
         total = sum(v["total_us"] for v in collectives.values()) / 1e6
         out.append(Paragraph(f"Collective operations called through torch.distributed (all-reduce, broadcast, "
@@ -169,24 +171,48 @@ def _ranks(details: Mapping[str, Any]) -> list[Block]:
 
 
 def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
-    """DDP's gradient all-reduce runs inside backward on every step: per step, its time, the part hidden
-    behind backward and the exposed part."""
-    sync = analysis.gradient_sync
-    if not sync:
+    """The training step's collectives, per rank — DDP's gradient all-reduce above all: the exposed part the step
+    waited for, its bytes and bandwidth, DDP's own timing of the whole. The CommunicationBound rule's numbers, so
+    this paragraph and the rule's finding tell one story."""
+    result = analysis.rule(COMMUNICATION_RULE)
+    if result is None or not result.applies:
         return []
-    rows = [[f"{g.node}/{g.rank}", g.train_steps, g.comm_ms, g.overlap_ms, g.exposed_ms, g.backward_ms,
-             g.comm_total_s, g.exposed_total_s, g.samples] for g in sync]
-    worst = max(sync, key=lambda g: g.exposed_total_s)
-    text = (f"DistributedDataParallel synchronises gradients with an all-reduce inside backward on every training "
-            f"step. Per step it took {worst.comm_ms:,.1f} ms on rank {worst.rank} ({worst.node}), "
-            f"{worst.overlap_pct:.0f} % of it hidden behind backward's computation; the exposed "
-            f"{worst.exposed_ms:,.1f} ms per step, about {worst.exposed_total_s:,.1f} s over {worst.train_steps:,} "
-            "steps, is time the step waited for the network. These are DDP's own averages over the iterations it "
-            "samples (the first ones, then every 100th), scaled to the steps.")
+    try:
+        d = CommunicationDetails.from_json(result.details)
+    except (KeyError, TypeError, ValueError):
+        return []
+    top = d.top
+    if top is None:
+        return []
+    measured = top.source == MEASURED
+    what = "the gradient all-reduce" if top.source != CALLS else "the loop's collectives"
+    text = ("DistributedDataParallel reduces gradients with an all-reduce during backward. " if top.source != CALLS
+            else "")
+    text += (f"After backward's computation ended, rank {top.rank} ({top.node}) typically waited "
+             f"{top.exposed_ms:,.1f} ms a step for {what} — {top.share:.0f} % of its step time, {top.comm_s:,.1f} s "
+             f"over {top.steps:,} steps")
+    if top.wait_s > 0.0005:
+        text += (f" ({top.mean_exposed_ms:,.1f} ms on average: {top.wait_s:,.1f} s more in steps held up by a slower "
+                 "rank or a busy machine)")
+    text += (", measured on every timed step." if measured else
+             ", estimated from DDP's own averages over the iterations it samples (the first ones, then every "
+             "100th)." if top.source == SAMPLED else ".")
+    if top.total_ms is not None and top.hidden_pct is not None:
+        text += (f" DDP's own timing puts the whole all-reduce at {top.total_ms:,.1f} ms a step, "
+                 f"{top.hidden_pct:.0f} % of it hidden behind backward.")
+    if top.bytes_per_step:
+        text += f" It reduced {top.bytes_per_step / 1e6:,.1f} MB a step"
+        text += (f": {top.bandwidth_gbps:,.2f} Gb/s over the exposed time." if top.bandwidth_gbps else ".")
+    text += (f" The {COMMUNICATION_RULE} rule {'fired' if result.fired else 'did not fire'} (threshold "
+             f"{d.threshold:g} % of step time).")
+    rows = [[r.key, r.steps, r.synced_steps, r.exposed_ms, r.mean_exposed_ms, r.share, r.comm_s, r.wait_s,
+             None if r.bytes_per_step is None else r.bytes_per_step / 1e6, r.bandwidth_gbps, r.total_ms,
+             r.hidden_pct, r.source] for r in d.ranks]
     return [Paragraph(text),
-            Table(["node/rank", "train steps", "all-reduce per step (ms)", "overlapping backward (ms)",
-                   "exposed (ms)", "backward compute (ms)", "all-reduce total (s, est.)", "exposed total (s, est.)",
-                   "DDP samples"], rows, "Gradient all-reduce per step (DDP)")]
+            Table(["node/rank", "train steps", "steps reduced", "exposed, typical step (ms)", "exposed, mean (ms)",
+                   "typical % of step", "typical total (s)", "held up beyond it (s)", "MB per step", "effective Gb/s",
+                   "all-reduce per step, DDP (ms)", "hidden (%)", "source"], rows,
+                  "Gradient all-reduce per step (DDP)")]
 
 
 def _ratio(details: Mapping[str, Any]) -> list[Block]:
