@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.contention import CPUContentionDetails
 from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.summary import JobFate, JobSummary
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
@@ -265,6 +266,23 @@ def _input_bound(r: RuleResult, s: JobSummary) -> list[Finding]:
     return [finding(r, s, "data", title, _over_all_steps(stake, s),
                     Where(_strings(r.details.get("nodes")), _strings(r.details.get("ranks_fired")),
                           steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]), evidence)]
+
+
+@translates("CPUContention")
+def _contention(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    d = CPUContentionDetails.from_json(r.details)
+    evidence = {key: {"runq_s": w.runq_s, "share": w.share, "steps": w.steps} for key, w in d.ranks.items()
+                if w.triggered}
+    for node in d.nodes_fired[:16]:
+        n = d.nodes[node]
+        evidence[node] = {"causes": n.causes, "load": n.load_mean, "cores": n.cores, "steal_pct": n.steal_pct,
+                          "others_cpu_pct": n.others_cpu_pct, "throttled_periods": n.throttled_periods,
+                          "throttled_s": n.throttled_s, "quota_cores": n.quota_cores,
+                          "processes": n.competitors[:3]}
+    return [finding(r, s, "cpu", d.title or "The training thread waits for a CPU",
+                    _over_all_steps(d.time_at_stake_s, s), Where(d.nodes_fired, d.ranks_fired), evidence)]
 
 
 @translates("Straggler")
