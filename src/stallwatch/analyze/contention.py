@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 
 from stallwatch.records import STEP
 
-RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})'  # at most 15 digits: a run directory is untrusted
+RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})\D'  # at most 15 digits: a run directory is untrusted
 _CACHE = "_runq_us"
 
 

@@ -107,8 +107,9 @@ class _NodeSums:
             self.counts[key] = self.counts.get(key, 0) + int(ok.size)
 
     def mean(self, key: str) -> float | None:
+        """Rounded to 6 places: the same whatever order the snapshots were summed in (one chunk or many)."""
         n = self.counts.get(key, 0)
-        return self.sums[key] / n if n else None
+        return round(self.sums[key] / n, 6) if n else None
 
 
 class CPUContention(Rule):
@@ -212,15 +213,15 @@ class CPUContention(Rule):
         others = max(cpu - proc, 0.0) if cpu is not None and proc is not None else None
         competitors = [c for c in s.info.get("cpu_competitors") or [] if isinstance(c, dict)][:MAX_NAMED_PROCESSES]
         throttled = int(round(s.sums.get("throttled", 0.0)))
-        throttled_s = s.sums.get("throttled_s", 0.0) * 1.0
+        throttled_s = round(s.sums.get("throttled_s", 0.0), 6)
         load = s.mean("load")
         steal = s.mean("steal")
         causes = []
         if fired:
             if throttled > 0 and throttled_s > 0:
                 causes.append(LIMIT)
-            if (others is not None and others >= OTHERS_PCT) or (load is not None and cores and load > cores
-                                                                  and others is not None and others >= 1.0):
+            # the load counts the job's own threads too: other processes are named by the CPU they used
+            if others >= OTHERS_PCT if others is not None else (load is not None and cores and load > cores):
                 causes.append(OVERSUBSCRIBED)
             if steal is not None and steal >= STEAL_PCT:
                 causes.append(STEAL)
