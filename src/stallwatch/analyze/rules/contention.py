@@ -106,6 +106,14 @@ class _NodeSums:
             self.sums[key] = self.sums.get(key, 0.0) + float(ok.astype(np.float64).sum())
             self.counts[key] = self.counts.get(key, 0) + int(ok.size)
 
+    def merge(self, other: _NodeSums) -> None:
+        for key, value in other.sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.counts[key] = self.counts.get(key, 0) + other.counts[key]
+        self.max_load = max(self.max_load, other.max_load)
+        self.quota = other.quota if other.quota is not None else self.quota
+        self.info = {**self.info, **other.info}
+
     def mean(self, key: str) -> float | None:
         """Rounded to 6 places: the same whatever order the snapshots were summed in (one chunk or many)."""
         n = self.counts.get(key, 0)
@@ -176,6 +184,18 @@ class CPUContention(Rule):
             acc[1] += int(np.maximum(cols.end[rows] - cols.start[rows], 0).sum())
             acc[2] += int(runq.sum())
             acc[3] += int(np.count_nonzero(runq))
+
+    def merge(self, other: Rule, node: str) -> None:
+        """Fold in `other`, fed only `node`'s chunks: its sums for `node` (every figure is a sum per node or rank)."""
+        assert isinstance(other, CPUContention)
+        self._events += other._events
+        for key, acc in other._ranks.items():
+            if key[0] == node:
+                mine = self._ranks.setdefault(key, [0, 0, 0, 0])
+                for i, v in enumerate(acc):
+                    mine[i] += v
+        if node in other._nodes:
+            self._nodes.setdefault(node, _NodeSums()).merge(other._nodes[node])
 
     def result(self) -> RuleResult:
         if self._events == 0 or not self._ranks:
