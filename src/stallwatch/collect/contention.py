@@ -45,10 +45,10 @@ class CgroupFiles:
     period: str | None = None
 
 
-def cgroup_files(pid: int | str = "self", root: str = CGROUP_ROOT) -> CgroupFiles | None:
+def cgroup_files(pid: int | str = "self", root: str = CGROUP_ROOT, proc: str = "/proc") -> CgroupFiles | None:
     """Where a process's cgroup keeps its CPU statistics and limit; None where none can be read."""
     try:
-        with open(f"/proc/{pid}/cgroup", "rb") as fh:
+        with open(f"{proc}/{pid}/cgroup", "rb") as fh:
             lines = fh.read().decode(errors="replace").splitlines()
     except OSError:
         return None
