@@ -19,6 +19,7 @@ from stallwatch.timeutil import format_duration
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 SEVERITIES = (HIGH, MEDIUM, LOW)
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05  # of the training loop's time at stake
+MACHINE_RULES = ("CPUContention",)  # findings about what the machine did to the job: a healthy job can have them
 LISTED_STEPS = 20
 LISTED_WINDOWS = 20
 
@@ -338,7 +339,9 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
     found = _fold_outliers_into_input(_fold_loader_into_input(found))
     found.sort(key=lambda f: (-(f.time_at_stake_s if f.time_at_stake_s is not None else -1.0),
                               SEVERITIES.index(f.severity), f.id))
-    healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
+    # the machine's share (another process, a CPU limit, steal) is a finding, not a fault of the job's own
+    healthy = not [f for f in found if f.rule not in MACHINE_RULES] \
+        and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
         and not summary.loop_undetermined
     said = verdict(summary, found, health or [], not_judged(results))
     return Findings(summary.uri, summary.fate, said, healthy, found,

@@ -448,7 +448,7 @@ def _step_shares(numbers: np.ndarray, durations: np.ndarray, all_steps: np.ndarr
                  wait_rows: np.ndarray | None, runq: np.ndarray | None = None) -> np.ndarray:
     """Each step's wait as % of the step (0.01 % resolution, at most 100), from the waits of the same rank
     with the same step number in this chunk (a step's events arrive together); with `runq`, of the step's own
-    time, less its wait for a CPU (analyze/contention.py: a fetch preempted by another process is not slow)."""
+    time, less its wait for a CPU spread over the step (analyze/contention.py)."""
     waited = np.zeros(len(numbers), np.int64)
     if wait_rows is not None and len(wait_rows):
         order = np.argsort(numbers, kind="stable")
@@ -457,7 +457,7 @@ def _step_shares(numbers: np.ndarray, durations: np.ndarray, all_steps: np.ndarr
         hit = numbers[order][pos] == all_steps[wait_rows]
         np.add.at(waited, order[pos[hit]], all_durations[wait_rows][hit])
     if runq is not None and runq.any():
-        durations, _, waited = own_waits(durations, np.minimum(waited, durations), runq)
+        durations, waited, _ = own_waits(durations, np.minimum(waited, durations), runq)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(durations > 0, np.minimum(100.0 * waited / np.maximum(durations, 1), 100.0), 0.0)
     return np.round(share, 2)
