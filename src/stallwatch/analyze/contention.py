@@ -5,17 +5,22 @@ stall (CPUContention names that time instead). Runs recorded without it read as 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.records import STEP
 
+if TYPE_CHECKING:
+    from stallwatch.analyze.rules.steps import FrameworkColumns
+
 RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})\D'  # at most 15 digits: a run directory is untrusted
 _CACHE = "_runq_us"
 
 
-def runq_column(cols) -> np.ndarray:
+def runq_column(cols: FrameworkColumns) -> np.ndarray:
     """Per row of a FrameworkColumns (analyze/rules/steps.py), the step's run-queue delay in µs (0 where the row
     is not a step or its args do not say); decoded once per table and shared by the rules that ask."""
     cached = cols.__dict__.get(_CACHE)
@@ -32,7 +37,7 @@ def runq_column(cols) -> np.ndarray:
     return out
 
 
-def step_runq(cols, rows: np.ndarray) -> np.ndarray:
+def step_runq(cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
     """The run-queue delay (µs) of the step rows `rows`, at most each step's duration."""
     runq = runq_column(cols)[rows]
     return np.minimum(runq, np.maximum(cols.end[rows] - cols.start[rows], 0))
