@@ -39,7 +39,8 @@ def _loop(runq_slow_us: int, *, n: int = 400, runq_us: int = 0) -> FwGen:
 def test_runq_is_read_from_the_steps_args_and_nothing_else():
     table = pa.table({"node": ["a"] * 5, "rank": [0] * 5, "kind": [STEP, STEP, STEP, FORWARD, STEP],
                       "mode": [TRAIN] * 5, "step": [0, 1, 2, 2, 3], "start_us": [0] * 5, "end_us": [10] * 5,
-                      "args": ['{"runq_us": 7}', '{"runq_us":12}', "", '{"runq_us": 5}', '{"runq_us": 9' + "9" * 30 + "}"]})
+                      "args": ['{"runq_us": 7}', '{"runq_us":12}', "", '{"runq_us": 5}',
+                               '{"runq_us": 9' + "9" * 30 + "}"]})
     assert runq_column(FrameworkColumns(table)).tolist() == [7, 12, 0, 0, 0]  # 31 digits: not a number it reads
 
 

@@ -128,7 +128,8 @@ class CPUContention(Rule):
     threads and workers.
 
     Evaluation points: each rank. RuleTriggered = ranks that fire; Violations = the same; Datapoints = steps.
-    Sums are exact per rank and node, so one chunk or many give the same result."""
+    Sums are exact per rank (µs) and per node (snapshot means rounded to 6 places), so one chunk or many give the
+    same result."""
 
     name = "CPUContention"
     metrics = (CPU_UTIL, CPU_STEAL, LOAD_1, CPU_THROTTLED, CPU_THROTTLED_S, CPU_QUOTA_CORES, RUNQ_MS_PER_S,
@@ -275,7 +276,8 @@ def _advice(d: CPUContentionDetails) -> str:
     for node in d.nodes_fired[:8]:
         n = d.nodes[node]
         waits = [w for w in d.ranks.values() if w.node == node and w.triggered]
-        head = (f"On node {node}, the training thread of {len(waits)} rank(s) waited {max(w.runq_s for w in waits):.1f} s "
+        waited = max(w.runq_s for w in waits)
+        head = (f"On node {node}, the training thread of {len(waits)} rank(s) waited {waited:.1f} s "
                 f"for a CPU (up to {max(w.share for w in waits):.0f} % of step time)")
         parts = []
         for cause in n.causes:
