@@ -37,6 +37,16 @@ PROC_COUNT = "num_procs"
 WORKERS_ALIVE = "workers_alive"
 WORKERS_BUSY = "workers_busy"
 WORKERS_CPU_UTIL = "workers_cpu_util"
+# CPU contention (collect/contention.py, proctree.py): what takes CPUs from the job
+CGROUP = "cgroup"  # the job's cgroup (its CPU limit)
+CPU_STEAL = "cpu_steal"  # cpu: % of the node's CPU time a hypervisor gave to others
+LOAD_1 = "load1"  # cpu: 1-minute load average (runnable + uninterruptible tasks)
+CPU_THROTTLED = "cpu_throttled"  # cgroup: CFS periods throttled in the interval
+CPU_THROTTLED_S = "cpu_throttled_s"  # cgroup: seconds throttled in the interval
+CPU_QUOTA_CORES = "cpu_quota_cores"  # cgroup: the CPU limit in cores (quota / period); null when unlimited
+RUNQ_MS_PER_S = "runq_ms_per_s"  # proc: run-queue delay of the job's processes' main threads, ms per second
+WORKERS_RUNQ_MS_PER_S = "workers_runq_ms_per_s"  # proc: the same, of its data-loader workers alone
+NVCSW_PER_S = "nvcsw_per_s"  # proc: involuntary context switches of the job's processes' main threads, per second
 
 # Framework event kinds (what the training loop was doing), and the phases of a step.
 STEP = "step"

@@ -114,19 +114,31 @@ def scenario(request, tmp_path_factory: pytest.TempPathFactory):
     return request.param, expected, RunAnalysis(str(run))
 
 
+# The machine's own share: on a busy machine (other processes on the job's cores) CPUContention names the time
+# the training thread waited for a CPU; every other verdict is the same as on an idle one (test_contention.py).
+CONTENTION = "CPUContention"
+
+
+def _job_findings(analysis: RunAnalysis) -> list:
+    return [f for f in analysis.findings.findings if f.rule != CONTENTION]
+
+
 def test_the_right_rules_fire_and_no_others(scenario):
     name, expected, analysis = scenario
-    fired = {r.name for r in analysis.rule_results if r.fired}
+    fired = {r.name for r in analysis.rule_results if r.fired} - {CONTENTION}
     assert fired == set(expected), f"{name}: fired {sorted(fired)}, planted for {expected}"
 
 
 def test_the_top_finding_is_the_planted_problem(scenario):
     name, expected, analysis = scenario
     found = analysis.findings
+    own = _job_findings(analysis)
     if not expected:
-        assert found.healthy and found.findings == [] and found.verdict.startswith("Healthy"), found.verdict
+        assert own == [] and found.healthy, [f.title for f in own]
+        if not found.findings:
+            assert found.verdict.startswith("Healthy"), found.verdict
         return
-    assert found.findings[0].rule == expected[0], [f.rule for f in found.findings]
+    assert own[0].rule == expected[0], [f.rule for f in found.findings]
     assert found.verdict.startswith(found.findings[0].title)
 
 
@@ -150,7 +162,7 @@ def test_stalls_are_named_by_step(scenario):
     if name != "stalls":
         pytest.skip("only the stalls scenario names steps")
     stalls = set(SCENARIOS["stalls"][0]["stalls"])
-    named = set(analysis.findings.findings[0].where.steps)
+    named = set(_job_findings(analysis)[0].where.steps)
     # the planted stalls are named; on a loaded machine one or two other fetches may really stall too
     assert len(named & stalls) >= len(stalls) // 2 and len(named - stalls) <= 2, (sorted(named), sorted(stalls))
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.contention import CPUContentionDetails
 from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.summary import JobFate, JobSummary
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
@@ -18,6 +19,7 @@ from stallwatch.timeutil import format_duration
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 SEVERITIES = (HIGH, MEDIUM, LOW)
 HIGH_SHARE, MEDIUM_SHARE = 0.20, 0.05  # of the training loop's time at stake
+MACHINE_RULES = ("CPUContention",)  # findings about what the machine did to the job: a healthy job can have them
 LISTED_STEPS = 20
 LISTED_WINDOWS = 20
 
@@ -269,6 +271,23 @@ def _input_bound(r: RuleResult, s: JobSummary) -> list[Finding]:
                           steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]), evidence)]
 
 
+@translates("CPUContention")
+def _contention(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    d = CPUContentionDetails.from_json(r.details)
+    evidence = {key: {"runq_s": w.runq_s, "share": w.share, "steps": w.steps} for key, w in d.ranks.items()
+                if w.triggered}
+    for node in d.nodes_fired[:16]:
+        n = d.nodes[node]
+        evidence[node] = {"causes": n.causes, "load": n.load_mean, "cores": n.cores, "steal_pct": n.steal_pct,
+                          "others_cpu_pct": n.others_cpu_pct, "throttled_periods": n.throttled_periods,
+                          "throttled_s": n.throttled_s, "quota_cores": n.quota_cores,
+                          "processes": n.competitors[:3]}
+    return [finding(r, s, "cpu", d.title or "The training thread waits for a CPU",
+                    _over_all_steps(d.time_at_stake_s, s), Where(d.nodes_fired, d.ranks_fired), evidence)]
+
+
 @translates("Straggler")
 def _straggler(r: RuleResult, s: JobSummary) -> list[Finding]:
     stragglers = [x for x in r.details.get("stragglers") or [] if isinstance(x, dict)]
@@ -344,7 +363,9 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
     found = _fold_outliers_into_input(_fold_loader_into_input(found))
     found.sort(key=lambda f: (-(f.time_at_stake_s if f.time_at_stake_s is not None else -1.0),
                               SEVERITIES.index(f.severity), f.id))
-    healthy = not found and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
+    # the machine's share (another process, a CPU limit, steal) is a finding, not a fault of the job's own
+    healthy = not [f for f in found if f.rule not in MACHINE_RULES] \
+        and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
         and not summary.loop_undetermined
     said = verdict(summary, found, health or [], not_judged(results))
     return Findings(summary.uri, summary.fate, said, healthy, found,

@@ -11,7 +11,8 @@ from stallwatch import records as r
 from stallwatch.collect import procfs
 from stallwatch.records import MetricKey
 
-PROC_METRICS = (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE, r.WORKERS_BUSY, r.WORKERS_CPU_UTIL)
+PROC_METRICS = (r.PROC_CPU_UTIL, r.PROC_RSS_BYTES, r.PROC_COUNT, r.WORKERS_ALIVE, r.WORKERS_BUSY, r.WORKERS_CPU_UTIL,
+                r.RUNQ_MS_PER_S, r.WORKERS_RUNQ_MS_PER_S, r.NVCSW_PER_S)
 # A worker counts as busy when it used at least this share of one core during the interval.
 BUSY_CORE_FRACTION = 0.10
 # The tree is looked at on a back-off: every TREE_REFRESH_MIN_S right after it changed (a job starting its
@@ -33,6 +34,8 @@ class _Member:
     is_worker: bool
     cpu_s: float | None = None
     stat: procfs.ProcFile | None = None  # its /proc/<pid>/stat, kept open while it is followed
+    runq_ns: int | None = None  # its main thread's run-queue delay so far (/proc/<pid>/schedstat)
+    nvcsw: int | None = None  # its main thread's involuntary context switches so far
 
     def close(self) -> int:
         """Its kept file closed; 1 if it had one."""
@@ -87,6 +90,10 @@ class ProcessTreeReader:
         self._pids = None
         self._next_refresh = 0.0
         self._delay = self._min_refresh_s
+
+    def pids(self) -> set[int]:
+        """The job's processes followed now."""
+        return set(self._members)
 
     def close(self) -> None:
         for m in self._members.values():
@@ -190,7 +197,7 @@ class ProcessTreeReader:
             self._refresh(now)
         cpu_total = rss = 0.0
         count = alive = busy = 0
-        workers_cpu = 0.0
+        workers_cpu = runq = workers_runq = switches = 0.0
         gone = []
         for pid, m in self._members.items():
             reading = _read_process(m)
@@ -202,10 +209,14 @@ class ProcessTreeReader:
             m.cpu_s = cpu_s
             cpu_total += used
             rss += mem
+            waited, switched = _contention(m)
+            runq += waited
+            switches += switched
             count += 1
             if m.is_worker:
                 alive += 1
                 workers_cpu += used
+                workers_runq += waited
                 if used >= BUSY_CORE_FRACTION * dt:
                     busy += 1
         for pid in gone:
@@ -216,7 +227,7 @@ class ProcessTreeReader:
             self._delay = self._min_refresh_s
         capacity = dt * self._cores
         return [100.0 * cpu_total / capacity, rss, float(count), float(alive), float(busy),
-                100.0 * workers_cpu / capacity]
+                100.0 * workers_cpu / capacity, runq / 1e6 / dt, workers_runq / 1e6 / dt, switches / dt]
 
 
 def _read_process(member: _Member) -> tuple[float, int] | None:
@@ -232,6 +243,23 @@ def _read_process(member: _Member) -> tuple[float, int] | None:
             return t.user + t.system, proc.memory_info().rss
     except psutil.Error:
         return None
+
+
+def _contention(member: _Member) -> tuple[float, float]:
+    """Its main thread's run-queue delay (ns) and involuntary context switches since the last read (0 the first
+    time, and off Linux): time it was ready to run but another task had the CPU."""
+    pid = member.proc.pid
+    try:
+        runq = int(procfs._read(f"/proc/{pid}/schedstat").split()[1])
+        status = procfs._read(f"/proc/{pid}/status")
+        at = status.index(b"nonvoluntary_ctxt_switches:")
+        nvcsw = int(status[at + 27:].split(b"\n", 1)[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+    waited = 0.0 if member.runq_ns is None else max(runq - member.runq_ns, 0)
+    switched = 0.0 if member.nvcsw is None else max(nvcsw - member.nvcsw, 0)
+    member.runq_ns, member.nvcsw = runq, nvcsw
+    return float(waited), float(switched)
 
 
 def _alive(proc: psutil.Process) -> bool:

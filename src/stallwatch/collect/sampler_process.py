@@ -206,6 +206,10 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         watcher.close()
     events.close()
     node_record["ranks"] = events.identities()
+    try:
+        node_record["cpu_competitors"] = [c.to_json() for c in sampler.competitors()]
+    except Exception:  # what other processes did is a detail: never a reason to lose the node record
+        pass
     sampler.close()
     node_record.update(status="finished" if "exit_code" in node_record else "sampler_stopped",
                        samples_written=writer.samples_written, samples_dropped=writer.samples_dropped,

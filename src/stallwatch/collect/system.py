@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 
+from stallwatch.collect.contention import Competitor, ContentionReader
 from stallwatch.collect.gpu import GpuReader
 from stallwatch.collect.host import HostReader, nic_speeds
 from stallwatch.collect.proctree import ProcessTreeReader
@@ -24,7 +25,9 @@ class SystemSampler:
         self.host = HostReader()
         self.gpus = GpuReader(nvml=nvml, enabled=gpu)
         self.tree = ProcessTreeReader(cores=self.host.cores)
-        self.keys: list[MetricKey] = self.host.keys() + self.gpus.keys() + self.tree.keys()
+        self.contention = ContentionReader(self.tree.pids)
+        self.keys: list[MetricKey] = (self.host.keys() + self.gpus.keys() + self.tree.keys()
+                                      + self.contention.keys())
         # Timestamps: the wall clock read once, then advanced on the monotonic clock. They never go
         # backwards when NTP steps the clock, and NTP's rate corrections (slewing) still apply.
         self._wall0_ns = time.time_ns()
@@ -35,18 +38,25 @@ class SystemSampler:
 
     def set_job_pid(self, pid: int) -> None:
         self.tree.set_root(pid)
+        self.contention.set_job_pid(pid)
 
     def snapshot(self) -> tuple[int, list[float]]:
         ts = self.now_us()
         values = self.host.read()
         values += self.gpus.read()
         values += self.tree.read()
+        values += self.contention.read()
         return ts, values
+
+    def competitors(self) -> list[Competitor]:
+        """The processes outside the job that used the most CPU while it ran (stored in the node record)."""
+        return self.contention.competitors()
 
     def close(self) -> None:
         self.gpus.close()
         self.host.close()
         self.tree.close()
+        self.contention.close()
 
     def describe_node(self) -> dict[str, Any]:
         """Static facts about the machine, stored with the node so the rules can compare against them."""

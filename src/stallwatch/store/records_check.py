@@ -106,6 +106,8 @@ _RANK = _record({"rank": _int(0, _INT32), "local_rank": _int(0, _INT32), "world_
 
 _NIC = _record({"name": _text, "speed_mbps": _optional(_int(1, 1 << 40))}, required=("name",))
 
+_COMPETITOR = _record({"pid": PID, "name": _text, "cpu_s": SECONDS}, required=("pid", "cpu_s"))
+
 _INTERVAL_FROM = _record({"from_us": TIME, "sample_interval_ms": _int(1, 86_400_000)},
                          required=("from_us", "sample_interval_ms"))
 
@@ -123,6 +125,7 @@ NODE_FIELDS: dict[str, Check] = {
     "sampler_cpu_s": SECONDS, "sampler_max_rss_bytes": COUNT, "platform": _text, "python": _text,
     "sampler_pid": PID, "sampler_end_us": TIME, "exit_signal": _optional(_signal),
     "interrupted": lambda v: isinstance(v, bool), "imported": _json_object,
+    "cpu_competitors": _list_of(_COMPETITOR),
 }
 WINDOW_FIELDS: dict[str, Check] = {
     "layer": _text, "start_us": TIME, "end_us": _optional(TIME), "mode": _text,

@@ -19,6 +19,7 @@ import time
 from typing import Callable, Protocol
 
 from stallwatch.log import warn_once
+from stallwatch.torch.runqueue import RunQueueClock
 from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN, UNTIMED
 
 LOADER, EXPLICIT, OPTIMIZER_SOURCE, PAIRS = "loader", "explicit", "optimizer", "pairs"
@@ -58,7 +59,7 @@ class StepListener(Protocol):
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
                  "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated",
-                 "first_optimizer", "next_at", "counted")
+                 "first_optimizer", "next_at", "counted", "runq0")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -83,6 +84,7 @@ class _Step:
         self.first_optimizer: int | None = None
         self.next_at: int | None = None
         self.counted = False  # the rest of an iteration that was counted, not timed: never recorded
+        self.runq0 = -1  # the training thread's run-queue delay (ns) when the step began; -1: not read
 
 
 class StepTracker:
@@ -120,6 +122,10 @@ class StepTracker:
         self.on_rate: Callable[[int], None] | None = None
         self._timed = 0  # steps recorded (timed), all modes
         self.several_loaders = False  # a step asked two loaders for batches: steps are not sampled
+        # Each step's run-queue delay (the time the training thread waited for a CPU): one read per boundary, the
+        # reading at a step's end reused as the next one's start when they meet (most loops)
+        self._runq = RunQueueClock()
+        self._runq_at = -1
 
     @property
     def in_step(self) -> bool:
@@ -637,6 +643,7 @@ class StepTracker:
 
     def _begin(self, step: _Step) -> None:
         self._open = step
+        step.runq0 = self._runq_at if step.start_us == self._last_end and self._runq_at >= 0 else self._runq.read()
         if self._carried:
             step.events[:0] = self._carried
             self._carried = []
@@ -667,10 +674,12 @@ class StepTracker:
             self.on_rate(end_us)
         if step.loader is not None and step.work:
             self._loader_modes[step.loader] = mode
+        runq = self._runq_at = self._runq.read()
+        waited = (runq - step.runq0) // 1000 if step.runq0 >= 0 and runq >= 0 else 0
         # One record per step, its phases inside: the fewest objects built in the training thread. All
         # tuples of plain values: the garbage collector stops tracking them while they wait to be sent
         # (lists would stay tracked and, thousands at a time, trigger full collections of the job's heap).
-        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid, "",
-                    tuple(step.events)))
+        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid,
+                    f'{{"runq_us": {waited}}}' if waited > 0 else "", tuple(step.events)))
         if self.listener is not None:
             self.listener.on_step_end(mode, number, step.start_us, end_us)

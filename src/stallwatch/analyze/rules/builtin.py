@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stallwatch.analyze.rules.bottleneck import CPUBottleneck, IOBottleneck
 from stallwatch.analyze.rules.communication import CommunicationBound
+from stallwatch.analyze.rules.contention import CPUContention
 from stallwatch.analyze.rules.dataloader import Dataloader
 from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetrics
 from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization
@@ -13,7 +14,7 @@ from stallwatch.analyze.rules.straggler import Straggler
 from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
 RULES: list = [
-    CPUBottleneck, IOBottleneck, Dataloader, InputBound, GPUMemoryIncrease, BatchSize, LowGPUUtilization,
-    MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, OverallSystemUsage,
-    OverallFrameworkMetrics,
+    CPUBottleneck, IOBottleneck, CPUContention, Dataloader, InputBound, GPUMemoryIncrease, BatchSize,
+    LowGPUUtilization, MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound,
+    OverallSystemUsage, OverallFrameworkMetrics,
 ]

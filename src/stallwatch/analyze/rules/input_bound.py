@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from stallwatch.analyze import contention
 from stallwatch.analyze.rules import loaders as ld
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.dataloader import _SpanMedian
@@ -38,24 +39,30 @@ class _Rank:
     def __init__(self) -> None:
         self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
         self.wait_step, self.wait = Appendable(narrow=True), Appendable(narrow=True)
+        self.runq = Appendable(narrow=True)  # each step's run-queue delay (µs), beside its duration
         self.workers: list[float] = []
 
     @property
     def nbytes(self) -> int:
-        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.wait_step, self.wait))
+        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.wait_step, self.wait, self.runq))
 
     def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(numbers, starts, durations, waits) in step-number order (then start); waits summed per step."""
+        return self.steps_and_runq()[:4]
+
+    def steps_and_runq(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """`steps()` and each step's run-queue delay (None where the rank's steps never recorded one)."""
         number, start, dur = self.step.view(), self.start.view(), self.dur.view()
         order = np.lexsort((start, number))
         number, start, dur = number[order], start[order], dur[order]
+        runq = self.runq.view()[order] if self.runq.n == len(order) and self.runq.n else None
         wait = np.zeros(len(number), np.int64)
         if self.wait.n and len(number):
             ws, wd = self.wait_step.view(), self.wait.view()
             first = np.searchsorted(number, ws)  # a step number's first occurrence takes its waits
             ok = (first < len(number)) & (number[np.minimum(first, len(number) - 1)] == ws)
             np.add.at(wait, first[ok], wd[ok])
-        return number, start, dur, np.minimum(wait, dur)
+        return number, start, dur, np.minimum(wait, dur), runq
 
 
 MIN_SHORT_RUN_STEPS = 20  # after patience: fewer steps than a window are judged as one window from this many
@@ -78,9 +85,13 @@ class RankFacts:
 
 
 def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
-               patience: int, threshold: float) -> RankFacts:
-    """A rank's facts from its steps in step order (`_Rank.steps()`)."""
+               patience: int, threshold: float, runq: np.ndarray | None = None) -> RankFacts:
+    """A rank's facts from its steps in step order (`_Rank.steps()`); with `runq` (each step's run-queue delay),
+    judged on the steps' own time (analyze/contention.py): waiting for a CPU is not waiting for data."""
     n = len(number)
+    floor = wait
+    if runq is not None and runq.any():
+        dur, wait, floor = contention.own_waits(dur, wait, runq)
     body = slice(min(patience, n), n)
     w, d = wait[body], dur[body]
     above = 0
@@ -104,12 +115,12 @@ def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.
     if waiting.size:
         # a few long stalls (the first steps, where workers start, are start-up, not stalls)
         median = float(np.median(waiting))
-        is_stall = (wait > STALL_FACTOR * median) & (wait > STALL_STEP_SHARE * np.median(dur))
+        is_stall = (floor > STALL_FACTOR * median) & (floor > STALL_STEP_SHARE * np.median(dur))
         is_stall[:body.start if body.start < n else 0] = False
-        stall_wait = float(wait[is_stall].sum())
+        stall_wait = float(floor[is_stall].sum())
         stalls = {"median_wait_ms": median / 1000.0, "stalls": int(is_stall.sum()), "stall_wait_s": stall_wait / US}
         if is_stall.any() and stall_wait >= STALL_SHARE * float(wait.sum()):
-            order = np.argsort(-wait[is_stall], kind="stable")[:MAX_NAMED]
+            order = np.argsort(-floor[is_stall], kind="stable")[:MAX_NAMED]
             named, stalled = sorted(int(x) for x in number[is_stall][order]), True
     return RankFacts(n=n, wait_us=int(wait.sum()), step_us=int(dur.sum()), body=body.start, worst=worst,
                      above=above, stalls=stalls, named=named, stalled=stalled)
@@ -251,6 +262,7 @@ class InputBound(Rule):
             r.step.extend(cols.step[rows])
             r.start.extend(cols.start[rows])
             r.dur.extend(dur)
+            r.runq.extend(contention.step_runq(cols, rows))
         for (node, rank, mode), rows in cols.groups(cols.kind_is(DATA_WAIT) & (cols.step >= 0)):
             streamed = self._streamed.get((node, rank, mode))
             if streamed is not None:
@@ -320,10 +332,10 @@ class InputBound(Rule):
 
     def _judge(self, key: tuple[str, int, str], r: _Rank) -> dict[str, Any]:
         """One rank's Details entry (its verdict with it): all `result()` needs of it once its data is complete."""
-        number, start, dur, wait = r.steps()
+        number, start, dur, wait, runq = r.steps_and_runq()
         return self._entry(key, rank_facts(number, start, dur, wait, window=self.params["window"],
                                            patience=self.params["patience"],
-                                           threshold=float(self.params["threshold"])))
+                                           threshold=float(self.params["threshold"]), runq=runq))
 
     def _entry(self, key: tuple[str, int, str], f: RankFacts) -> dict[str, Any]:
         """A rank's Details entry from its facts (its steps held in memory, or its node read again)."""

@@ -44,7 +44,7 @@ PIECE_EVENTS = 1 << 18  # events of a node read again at once, at the node's mea
 TOP = 1 << 16  # largest durations kept per series: the largest normal step is among them unless more are outliers
 SUB_BITS = 8  # buckets per octave of duration: 2^8 (0.4 % wide; exact below 512 µs)
 PERCENTILES = (99, 95, 50)
-REPLAY_FIELDS = ("kind", "mode", "step", "end_us")
+REPLAY_FIELDS = ("kind", "mode", "step", "end_us", "args")  # args: the steps' run-queue delay (analyze/contention.py)
 
 
 def bucket_of(us: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stallwatch.analyze.contention import own_time, step_runq
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.gpu import check_non_negative
 from stallwatch.analyze.rules.stats import Distribution
@@ -519,8 +520,9 @@ class StepOutlier(Rule):
                                   np.maximum(cols.end[rows] - cols.start[rows], 0))
         for key, rows in cols.groups(is_step & in_mode):
             s = series_of(key)
-            if s is not None:
-                s.add_steps(cols.step[rows], cols.start[rows], cols.end[rows] - cols.start[rows])
+            if s is not None:  # judged on the steps' own time: waiting for a CPU is CPUContention's
+                s.add_steps(cols.step[rows], cols.start[rows],
+                            own_time(cols.end[rows] - cols.start[rows], step_runq(cols, rows)))
 
     def _stream_long_nodes(self) -> None:
         """Where a node's steps held in memory pass NODE_BYTES, its largest series are streamed from now on, until

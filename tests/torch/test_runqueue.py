@@ -1,0 +1,62 @@
+"""Each step records its training thread's run-queue delay (`runq_us`): one read of the thread's schedstat per
+step boundary, reused where one step ends as the next begins; nothing when there is no delay or no reading."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from stallwatch.records import STEP
+from stallwatch.torch.runqueue import RunQueueClock
+from stallwatch.torch.steps import StepTracker, now_us
+
+
+class _Clock:
+    """A run-queue clock that advances by the given ns at each read (-1: unknown)."""
+
+    def __init__(self, *steps: int) -> None:
+        self.steps, self.reads, self.value = list(steps), 0, 0
+
+    def read(self) -> int:
+        self.reads += 1
+        step = self.steps.pop(0) if self.steps else 0
+        if step < 0:
+            return -1
+        self.value += step
+        return self.value
+
+
+def _loop(tracker: StepTracker, n: int) -> None:
+    for _ in range(n):
+        w = tracker.batch_begin(1, True)
+        tracker.batch_end(1, w, False)
+        t = now_us()
+        tracker.forward(t, t, "Net", True)
+        tracker.backward(t, t)
+    tracker.finish()
+
+
+def test_each_step_says_how_long_it_waited_for_a_cpu_with_one_read_per_boundary():
+    events: list[tuple] = []
+    tracker = StepTracker(events.append, 1)
+    tracker._runq = clock = _Clock(0, 3_000_000, 0, 1_500, -1)  # type: ignore[assignment]
+    _loop(tracker, 4)
+    steps = [e for e in events if e[0] == STEP]
+    assert [s[7] for s in steps] == ['{"runq_us": 3000}', "", '{"runq_us": 1}', ""]
+    assert clock.reads == 5  # the first step's start, then each step's end (the next one's start)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstats")
+def test_the_clock_reads_this_threads_delay_and_a_forked_child_its_own():
+    clock = RunQueueClock()
+    first = clock.read()
+    assert first >= 0 and clock.read() >= first
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child's clock names the child's thread, not its parent's
+        os.write(w, str(clock.read()).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert int(os.read(r, 64)) < first + 10**9
+    clock.close()
