@@ -69,7 +69,14 @@ def test_exit_codes(run_stallwatch, runs: Path, tmp_path: Path):
     assert run_stallwatch("info").returncode == 2  # a usage error
     assert run_stallwatch("summary", str(runs / "20251122-054000-aaaaaa"), "--node", "nope").returncode == 2
     run = runs / "20251122-054000-aaaaaa"
-    assert run_stallwatch("summary", str(run), "--fail-on", "any").returncode == 0  # nothing found
+    p = run_stallwatch("summary", str(run), "--fail-on", "any")
+    assert p.returncode == 0  # nothing found
+    # the report's path, as `stallwatch run` ends (or the command that writes it)
+    assert f"stallwatch: no report yet: `stallwatch report {run}` writes it" in p.stderr
+    (run / "report.html").write_text("<html></html>")
+    p = run_stallwatch("summary", str(run))
+    assert f"stallwatch: report {run / 'report.html'}" in p.stderr
+    (run / "report.html").unlink()
     assert run_stallwatch("ls", str(tmp_path)).returncode == 0
 
 

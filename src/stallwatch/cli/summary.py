@@ -28,7 +28,22 @@ def cmd_summary(args: argparse.Namespace) -> int:
         print(json_out.dumps(json_out.summary_json(analysis, args.node)))
     else:
         print(summary_text(analysis, args.node))
+        print(_report_line(run), file=sys.stderr)  # as `stallwatch run` ends
     return 1 if fails(analysis.findings, args.fail_on) else 0
+
+
+def _report_line(run: Any) -> str:
+    """Where the run's report is, or the command that writes it."""
+    from stallwatch.store import layout
+
+    try:
+        there = run.location.exists(layout.REPORT_HTML)
+    except OSError:
+        there = False
+    if not there:
+        return f"stallwatch: no report yet: `stallwatch report {run.uri}` writes it"
+    where = run.location.local_path(layout.REPORT_HTML) if not run.location.remote else f"{run.uri}/{layout.REPORT_HTML}"
+    return f"stallwatch: report {where}"
 
 
 def fails(findings: Any, fail_on: str | None) -> bool:
