@@ -80,6 +80,22 @@ def test_exit_codes(run_stallwatch, runs: Path, tmp_path: Path):
     assert run_stallwatch("ls", str(tmp_path)).returncode == 0
 
 
+def test_rules_again_rewrite_the_findings_and_say_the_report_is_stale(run_stallwatch, tmp_path: Path):
+    """`stallwatch rules RUN --param …` rewrote rules/*.json while findings.json (which `ls`, `summary` and the
+    dashboard read) and report.html kept the earlier story, without a word."""
+    run = tmp_path / "run"
+    make_run(run, nodes=("algo-1",))
+    (run / "findings.json").write_text('{"verdict": "the earlier story"}')
+    (run / "report.html").write_text("<html>the earlier story</html>")
+    p = run_stallwatch("rules", str(run), "--param", "MaxInitializationTime.threshold=0.02")
+    assert p.returncode == 0, p.stderr
+    assert json.loads((run / "findings.json").read_text())["verdict"] != "the earlier story"
+    assert "report.html still show the earlier evaluation" in p.stderr and f"stallwatch report {run}" in p.stderr
+    # a subset of the rules rewrites nothing else, and says so
+    p = run_stallwatch("rules", str(run), "--rule", "OverallSystemUsage")
+    assert "findings.json and report.html still show the earlier evaluation" in p.stderr
+
+
 def test_fail_on_findings(run_stallwatch, tmp_path_factory: pytest.TempPathFactory):
     """The generated GPU run has planted problems: --fail-on any exits 1; a severity above its worst finding
     exits 0."""

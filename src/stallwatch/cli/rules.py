@@ -51,6 +51,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     _write_rules(run, results)
+    if not args.follow:
+        _derived_files_follow(run, results, whole=not args.rule)
     if args.json:
         from stallwatch.present import json_out
 
@@ -89,6 +91,36 @@ def _write_rules(run: Any, results: list) -> None:
         write_results(run.location, results)
     except OSError as exc:
         print(f"stallwatch rules: cannot write the results into {run.uri} ({exc})", file=sys.stderr)
+
+
+def _derived_files_follow(run: Any, results: list, *, whole: bool) -> None:
+    """What the rules' results feed follows them: findings.json is rewritten from them (`summary`, `ls` and the
+    dashboard read it); a report is said to show the earlier evaluation. A subset of the rules (`--rule`)
+    rewrites nothing else and says so: one run never tells two stories without a word."""
+    from stallwatch.store import layout, run_files
+
+    try:
+        had_report = run.location.exists(layout.REPORT_HTML)
+        had_findings = run.location.exists(run_files.FINDINGS_JSON)
+    except OSError:
+        return
+    stale = []
+    if whole:
+        try:
+            from stallwatch.analyze.analysis import RunAnalysis
+
+            RunAnalysis(run, rule_results=results).write_findings()
+        except Exception as exc:
+            print(f"stallwatch rules: findings.json could not be rewritten ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+            stale.append(run_files.FINDINGS_JSON) if had_findings else None
+    elif had_findings:
+        stale.append(run_files.FINDINGS_JSON)
+    if had_report:
+        stale.append(layout.REPORT_HTML)
+    if stale:
+        print(f"stallwatch rules: {' and '.join(stale)} still show the earlier evaluation: `stallwatch report "
+              f"{run.uri}` rewrites them from these results", file=sys.stderr)
 
 
 def _follow_line(run: Any, results: list, final: bool, to_stderr: bool = False) -> None:
