@@ -64,6 +64,19 @@ def test_ls_newest_first_from_the_records(run_stallwatch, runs: Path):
     assert doc["runs"][0]["duration_s"] == pytest.approx(30.0, abs=1.5)
 
 
+def test_a_copied_run_is_listed_by_the_folder_that_opens_it_with_its_recorded_id_beside(run_stallwatch, runs: Path,
+                                                                                        tmp_path: Path):
+    """A run copied to another folder was listed under the id in its run.json, which opens nothing."""
+    import shutil
+
+    shutil.copytree(runs / "20251122-054000-aaaaaa", tmp_path / "copied" / "baseline")
+    doc = json.loads(run_stallwatch("ls", str(tmp_path / "copied"), "--json").stdout)
+    assert [(r["id"], r["run_id"]) for r in doc["runs"]] == [("baseline", "20251122-054000-aaaaaa")]
+    text = run_stallwatch("ls", str(tmp_path / "copied")).stdout
+    assert "baseline (id 20251122-054000-aaaaaa)" in text
+    assert run_stallwatch("info", str(tmp_path / "copied" / "baseline")).returncode == 0
+
+
 def test_exit_codes(run_stallwatch, runs: Path, tmp_path: Path):
     assert run_stallwatch("info", str(tmp_path / "nowhere")).returncode == 2  # not a run: an input error
     assert run_stallwatch("info").returncode == 2  # a usage error

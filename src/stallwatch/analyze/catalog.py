@@ -12,7 +12,7 @@ from stallwatch.store.catalog import RunRecords
 
 @dataclass(frozen=True)
 class RunRow:
-    id: str
+    id: str  # the handle that opens it: its folder's name (what `info`, `report`, `#run=` take)
     uri: str
     status: str  # running | succeeded | failed | killed | interrupted | stopped | unknown
     exit_code: int | None
@@ -23,9 +23,11 @@ class RunRow:
     steps: dict[str, int] | None  # None when the run has no findings.json yet (still running, or older)
     top_finding: str | None
     verdict: str | None
+    run_id: str = ""  # the id its run.json records: another than `id` for a run copied or moved
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "uri": self.uri, "status": self.status, "exit_code": self.exit_code,
+        return {"id": self.id, "run_id": self.run_id, "uri": self.uri, "status": self.status,
+                "exit_code": self.exit_code,
                 "signal": self.signal, "start_us": self.start_us, "duration_s": self.duration_s,
                 "nodes": self.nodes, "steps": self.steps, "top_finding": self.top_finding, "verdict": self.verdict}
 
@@ -42,10 +44,11 @@ def run_row(records: RunRecords) -> RunRow:
     found = f.get("findings") if isinstance(f.get("findings"), list) else []
     top = found[0].get("title") if found and isinstance(found[0], dict) else None
     steps = f.get("steps") if isinstance(f.get("steps"), dict) else None
-    return RunRow(str(records.run.get("run_id") or records.name), records.uri, fate.state, fate.code, fate.signal,
+    return RunRow(records.name, records.uri, fate.state, fate.code, fate.signal,
                   start, (max(ends) - start) / 1e6 if done and start is not None else None, sorted(nodes),
                   {str(k): int(v) for k, v in steps.items() if _int(v) is not None} if steps is not None else None,
-                  str(top) if top else None, str(f["verdict"]) if isinstance(f.get("verdict"), str) else None)
+                  str(top) if top else None, str(f["verdict"]) if isinstance(f.get("verdict"), str) else None,
+                  str(records.run.get("run_id") or records.name))
 
 
 def run_rows(found: list[RunRecords]) -> list[RunRow]:

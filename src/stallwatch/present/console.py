@@ -143,7 +143,7 @@ def runs_table(rows: Sequence[RunRow]) -> str:
     def steps(r: RunRow) -> str:
         return "-" if r.steps is None else (", ".join(f"{n:,} {m}" for m, n in r.steps.items()) or "0")
 
-    lines = [[r.id, status(r), format_us(r.start_us), format_duration(r.duration_s) if r.duration_s is not None
+    lines = [[r.id if r.run_id in ("", r.id) else f"{r.id} (id {r.run_id})", status(r), format_us(r.start_us), format_duration(r.duration_s) if r.duration_s is not None
               else "-", ",".join(r.nodes) or "-", steps(r), textwrap.shorten(r.top_finding or "-", 60)]
              for r in rows]
     return table(["run", "status", "start", "duration", "nodes", "steps", "top finding"], lines, "lllrlrl")

@@ -68,7 +68,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         doc = documents.runs_doc(served.root, rows)
         for row, out in zip(rows, doc["runs"]):
             out["id"] = row_id(row, served)
-            out["run_id"] = row.id
+            out["run_id"] = row.run_id
         doc["single"] = served.single
         return doc
 

@@ -73,7 +73,7 @@ async function renderRuns() {
   t.appendChild(el("tr", {}, ...["Run", "Status", "Start", "Duration", "Nodes", "Top finding"].map(h => el("th", {}, h))));
   for (const r of doc.runs) {
     t.appendChild(el("tr", { class: "clickable", dataset: { run: r.id }, onclick: () => openRun(r.id) },
-      el("td", {}, r.run_id), el("td", { class: "text" }, r.status + (r.exit_code ? ` (${r.exit_code})` : "")),
+      el("td", {}, r.run_id && r.run_id !== r.id ? `${r.id} (id ${r.run_id})` : r.id), el("td", { class: "text" }, r.status + (r.exit_code ? ` (${r.exit_code})` : "")),
       el("td", { class: "text" }, fmtUs(r.start_us)), el("td", {}, fmtDur(r.duration_s)), el("td", { class: "text" }, r.nodes.join(", ")),
       el("td", { class: "text" }, r.top_finding || (r.verdict ? "–" : ""))));
   }
