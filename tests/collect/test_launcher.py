@@ -281,12 +281,14 @@ def test_the_job_is_told_where_its_run_is(tmp_path):
     assert p.stdout.decode().split() == [str(run), "n7", "run"]
 
 
-def test_unsupported_location_still_runs_the_command(tmp_path):
+def test_an_unsupported_location_is_a_usage_error_before_anything_starts(tmp_path):
+    """A gs:// URI is a typo'd flag like any other: refused at once with the form to use (exit 2, as argparse
+    does), before the job starts, rather than a job that runs unprofiled or a local folder named 'gs:'."""
     p = stallwatch(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", "gs://bucket/run", "--",
                    *job(tmp_path, "", exit_code=6))
-    assert p.returncode == 6
-    assert p.stdout == PAYLOAD
-    assert "unsupported run location" in p.stderr
+    assert p.returncode == 2 and p.stdout == b""
+    assert "gs://" in p.stderr and "s3://bucket/prefix/run" in p.stderr
+    assert not (tmp_path / "gs:").exists()
 
 
 def test_a_job_stopped_and_continued_by_someone_else_keeps_the_launcher_running(tmp_path):

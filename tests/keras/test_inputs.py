@@ -37,7 +37,8 @@ def test_slow_py_dataset_is_input_bound_with_keras_advice(slow):
     loader = analysis.rule("Dataloader")
     assert loader.fired and loader.details["keras"]
     assert "PyDataset" in loader.recommendation and "pin_memory" not in loader.recommendation
-    assert analysis.findings.findings[0].rule == "InputBound"
+    # on a busy machine CPUContention may rank above it: the only finding a verdict may gain beside other work
+    assert [f.rule for f in analysis.findings.findings if f.rule != "CPUContention"][0] == "InputBound"
 
 
 @pytest.mark.parametrize("backend", [backend_param("torch")])

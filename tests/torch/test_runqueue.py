@@ -1,5 +1,6 @@
-"""Each step records its training thread's run-queue delay (`runq_us`): one read of the thread's schedstat per
-step boundary, reused where one step ends as the next begins; nothing when there is no delay or no reading."""
+"""Each step records its training thread's run-queue delay (`runq_us`) and, where a DataLoader wait opened it, the
+part of it inside that wait (`wait_runq_us`): one read of the thread's schedstat per step boundary, reused where one
+step ends as the next begins, and one when the read ends; nothing when there is no delay or no reading."""
 
 from __future__ import annotations
 
@@ -37,14 +38,15 @@ def _loop(tracker: StepTracker, n: int) -> None:
     tracker.finish()
 
 
-def test_each_step_says_how_long_it_waited_for_a_cpu_with_one_read_per_boundary():
+def test_each_step_says_how_long_it_waited_for_a_cpu_and_how_much_of_it_in_its_read():
     events: list[tuple] = []
     tracker = StepTracker(events.append, 1)
-    tracker._runq = clock = _Clock(0, 3_000_000, 0, 1_500, -1)  # type: ignore[assignment]
+    tracker._runq = clock = _Clock(0, 1_000_000, 2_000_000, 0, 0, 1_000, 500, -1, -1)  # type: ignore[assignment]
     _loop(tracker, 4)
     steps = [e for e in events if e[0] == STEP]
-    assert [s[7] for s in steps] == ['{"runq_us": 3000}', "", '{"runq_us": 1}', ""]
-    assert clock.reads == 5  # the first step's start, then each step's end (the next one's start)
+    assert [s[7] for s in steps] == ['{"runq_us": 3000, "wait_runq_us": 1000}', '{"runq_us": 0, "wait_runq_us": 0}',
+                                     '{"runq_us": 1, "wait_runq_us": 1}', ""]
+    assert clock.reads == 9  # the first step's start, then each step's read and its end (the next one's start)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstats")

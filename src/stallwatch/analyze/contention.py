@@ -17,23 +17,24 @@ if TYPE_CHECKING:
     from stallwatch.analyze.rules.steps import FrameworkColumns
 
 RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})\D'  # at most 15 digits: a run directory is untrusted
-_CACHE = "_runq_us"
+WAIT_RUNQ_PATTERN = r'"wait_runq_us":\s*(?P<runq>\d{1,15})\D'  # of it, the part in the step's opening wait
 
 
-def runq_column(cols: FrameworkColumns) -> np.ndarray:
-    """Per row of a FrameworkColumns (analyze/rules/steps.py), the step's run-queue delay in µs (0 where the row
-    is not a step or its args do not say); decoded once per table and shared by the rules that ask."""
-    cached = cols.__dict__.get(_CACHE)
+def runq_column(cols: FrameworkColumns, pattern: str = RUNQ_PATTERN, missing: int = 0) -> np.ndarray:
+    """Per row of a FrameworkColumns (analyze/rules/steps.py), a step's run-queue delay in µs read by `pattern`
+    (`missing` where the row is not a step or its args do not say); decoded once per table and shared by the
+    rules that ask."""
+    cache = f"_runq_{pattern}"
+    cached = cols.__dict__.get(cache)
     if cached is not None:
         return cached
-    out = np.zeros(cols.n, np.int64)
+    out = np.full(cols.n, missing, np.int64)
     rows = np.flatnonzero(cols.kind_is(STEP))
     if rows.size and "args" in cols.table.column_names:
         args = cols.table["args"].take(pa.array(rows))
-        found = pc.struct_field(pc.extract_regex(args, RUNQ_PATTERN), [0])
-        values = pc.fill_null(pc.cast(found, pa.int64()), 0).to_numpy(zero_copy_only=False)
-        out[rows] = values
-    cols.__dict__[_CACHE] = out
+        found = pc.struct_field(pc.extract_regex(args, pattern), [0])
+        out[rows] = pc.fill_null(pc.cast(found, pa.int64()), missing).to_numpy(zero_copy_only=False)
+    cols.__dict__[cache] = out
     return out
 
 
@@ -43,18 +44,31 @@ def step_runq(cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
     return np.minimum(runq, np.maximum(cols.end[rows] - cols.start[rows], 0))
 
 
+def wait_runq(cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
+    """Of the step rows' run-queue delay, the part measured inside the wait that opened the step (µs); -1 where it
+    was not measured (no DataLoader wait first, or a run recorded before it was)."""
+    return runq_column(cols, WAIT_RUNQ_PATTERN, -1)[rows]
+
+
 def own_time(dur: np.ndarray, runq: np.ndarray) -> np.ndarray:
     """Each step's own time: its duration less the time its training thread waited for a CPU."""
     return np.maximum(dur - np.minimum(runq, dur), 0)
 
 
-def own_waits(dur: np.ndarray, wait: np.ndarray, runq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def own_waits(dur: np.ndarray, wait: np.ndarray, runq: np.ndarray,
+              in_wait: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Steps' own time, their wait for data as a share of it, and the least of their wait that was the loader's.
-    Where in a step its run-queue delay fell is not recorded: for shares it is spread over the step (the share
-    waiting is the measured one), and a stall must be long even if every bit of the delay fell in its wait
+    Where the delay inside the wait was measured (`in_wait` ≥ 0, see `wait_runq`) the wait loses exactly that: a
+    sleeping read is never runnable, so a busy machine does not shrink it. Elsewhere it is spread over the step (the
+    share waiting is the measured one), and a stall must be long even if every bit of the delay fell in its wait
     (a 0.1 ms fetch preempted for 10 ms is not a slow read)."""
     runq = np.minimum(runq, dur)
     own = dur - runq
     with np.errstate(invalid="ignore", divide="ignore"):
         spread = np.where(dur > 0, wait - (runq * wait) // np.maximum(dur, 1), wait)
-    return own, np.minimum(np.maximum(spread, 0), own), np.maximum(wait - runq, 0)
+    floor = np.maximum(wait - runq, 0)
+    if in_wait is not None:
+        measured = in_wait >= 0
+        exact = np.maximum(wait - np.minimum(np.maximum(in_wait, 0), runq), 0)
+        spread, floor = np.where(measured, exact, spread), np.where(measured, exact, floor)
+    return own, np.minimum(np.maximum(spread, 0), own), floor

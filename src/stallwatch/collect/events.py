@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
-import fcntl
 import json
 import marshal
 import os
@@ -30,6 +29,7 @@ from collections import deque
 from typing import Any, Callable
 
 from stallwatch.collect.acks import SentLine, Unacked, ack_of
+from stallwatch.fds import above_standard
 from stallwatch.log import warn_once
 from stallwatch.records import FrameworkEvent
 
@@ -452,11 +452,7 @@ def above_standard_fds(sock: socket.socket) -> socket.socket:
     a socket that got descriptor 0, 1 or 2 moves above them (close-on-exec, like every socket)."""
     if sock.fileno() > 2:
         return sock
-    try:
-        moved = socket.socket(fileno=fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, 3))
-    finally:
-        sock.close()
-    return moved
+    return socket.socket(fileno=above_standard(sock.detach()))
 
 
 def encode_batch(batch: list[tuple]) -> bytes:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from stallwatch.fds import above_standard
+
 PATH = "/proc/thread-self/schedstat"  # run time, run-queue delay (ns), timeslices — of the thread that opens it
 _getpid = os.getpid
 _pread = os.pread
@@ -43,7 +45,7 @@ class RunQueueClock:
                 pass
         self._pid = _getpid()
         try:
-            self._fd = os.open(PATH, os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = above_standard(os.open(PATH, os.O_RDONLY | os.O_CLOEXEC))
         except OSError:
             self._fd = None
 

@@ -59,7 +59,7 @@ class StepListener(Protocol):
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
                  "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated",
-                 "first_optimizer", "next_at", "counted", "runq0")
+                 "first_optimizer", "next_at", "counted", "runq0", "wait_runq")
 
     def __init__(self, start_us: int, mode: str | None, predicted_mode: str, predicted_step: int,
                  loader: int | None = None) -> None:
@@ -85,6 +85,9 @@ class _Step:
         self.next_at: int | None = None
         self.counted = False  # the rest of an iteration that was counted, not timed: never recorded
         self.runq0 = -1  # the training thread's run-queue delay (ns) when the step began; -1: not read
+        # of that, the part spent in the step's opening wait for its batch (µs); -1: not measured. Spread over the
+        # step, a preempted training thread read as less data wait than a sleeping read really took
+        self.wait_runq = -1
 
 
 class StepTracker:
@@ -168,6 +171,7 @@ class StepTracker:
         args = self._wait_args.get(loader) or self._loader_args(loader)
         if self.source == EXPLICIT:
             if self._open is not None and not self._open.work:  # fetched inside `with prof.step():`
+                self._opening_wait(self._open)
                 self._add(self._open, DATA_WAIT, "next_batch", t0, t1, args)
             elif not exhausted:  # fetched for the next step (before its mark, or after this one's work)
                 self._pending.append((t0, t1, args))
@@ -182,7 +186,15 @@ class StepTracker:
             if not step.work:
                 self._open = None  # the request that found the loader empty: no step
             return
+        self._opening_wait(step)
         self._add(step, DATA_WAIT, "next_batch", t0, t1, args)
+
+    def _opening_wait(self, step: _Step) -> None:
+        """A wait for a batch that opens `step` just ended: the run-queue delay since the step began is the wait's."""
+        if step.runq0 >= 0 and not step.events and not step.work:
+            runq = self._runq.read()
+            if runq >= 0:
+                step.wait_runq = max(runq - step.runq0, 0) // 1000
 
     def _loader_args(self, loader: int) -> str:
         """A data wait's args name the loader it waited for (its `dataloader` event's `key`): made once per loader,
@@ -378,8 +390,11 @@ class StepTracker:
         step.name = name
         for t0, t1, args in self._pending:
             self._add(step, DATA_WAIT, "next_batch", t0, t1, args)
+        fetched_before = bool(self._pending)
         self._pending.clear()
         self._begin(step)
+        if fetched_before and step.runq0 >= 0:
+            step.wait_runq = 0  # its delay is read from the mark, after the fetch: none of it fell in the wait
 
     def end_step(self) -> None:
         if self._open is not None and self.paused_at is None:
@@ -679,7 +694,11 @@ class StepTracker:
         # One record per step, its phases inside: the fewest objects built in the training thread. All
         # tuples of plain values: the garbage collector stops tracking them while they wait to be sent
         # (lists would stay tracked and, thousands at a time, trigger full collections of the job's heap).
-        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid,
-                    f'{{"runq_us": {waited}}}' if waited > 0 else "", tuple(step.events)))
+        if step.wait_runq >= 0:
+            args = f'{{"runq_us": {waited}, "wait_runq_us": {step.wait_runq}}}'
+        else:
+            args = f'{{"runq_us": {waited}}}' if waited > 0 else ""
+        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid, args,
+                    tuple(step.events)))
         if self.listener is not None:
             self.listener.on_step_end(mode, number, step.start_us, end_us)

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stallwatch.analyze.contention import own_waits, runq_column
+from stallwatch.analyze.contention import own_waits, runq_column, wait_runq
 from stallwatch.analyze.rules.contention import CPUContention
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.rules.steps import FrameworkColumns, StepOutlier
@@ -19,9 +19,10 @@ from ._fw_gen import MS, S, T0, FwGen, evaluate, node_info, random_chunks, run_i
 SLOW = list(range(30, 400, 30))  # 13 steps
 
 
-def _loop(runq_slow_us: int, *, n: int = 400, runq_us: int = 0) -> FwGen:
+def _loop(runq_slow_us: int, *, n: int = 400, runq_us: int = 0, in_wait: int | None = None) -> FwGen:
     """10 ms steps waiting 0.1 ms for data; the SLOW steps wait 200 ms more, of which `runq_slow_us` the training
-    thread was waiting for a CPU; every other step waited `runq_us` for one."""
+    thread was waiting for a CPU; every other step waited `runq_us` for one. With `in_wait`, each step also says
+    how much of its delay fell in its wait (as the hooks record it)."""
     gen = FwGen()
     starts = T0 + np.arange(n, dtype=np.int64) * 300 * MS
     for i, t in enumerate(starts.tolist()):
@@ -29,7 +30,10 @@ def _loop(runq_slow_us: int, *, n: int = 400, runq_us: int = 0) -> FwGen:
         wait = (200_100 if slow else 100)
         dur = 10 * MS + (wait - 100)
         runq = runq_slow_us if slow else runq_us
-        gen.events("algo-1", 0, STEP, "train_step", TRAIN, i, t, t + dur, f'{{"runq_us": {runq}}}' if runq else "")
+        args = f'{{"runq_us": {runq}}}' if runq else ""
+        if in_wait is not None:
+            args = f'{{"runq_us": {runq}, "wait_runq_us": {min(in_wait, runq)}}}'
+        gen.events("algo-1", 0, STEP, "train_step", TRAIN, i, t, t + dur, args)
         gen.events("algo-1", 0, DATA_WAIT, "next_batch", TRAIN, i, t, t + wait)
         gen.events("algo-1", 0, FORWARD, "Net", TRAIN, i, t + wait, t + dur)
     gen.dataloader(num_workers=0)
@@ -47,6 +51,41 @@ def test_runq_is_read_from_the_steps_args_and_nothing_else():
 def test_own_waits_spread_the_delay_for_shares_and_take_it_all_for_stalls():
     own, share_wait, floor = own_waits(np.array([100, 100]), np.array([50, 5]), np.array([40, 40]))
     assert own.tolist() == [60, 60] and share_wait.tolist() == [30, 3] and floor.tolist() == [10, 0]
+
+
+def test_the_delay_measured_in_the_wait_is_taken_from_the_wait_alone():
+    """A step of 100 whose 40 of delay fell outside its 50 of sleeping read: the wait stays 50 (spread, it read 30),
+    and a measured 0 is told from a step that never said (-1)."""
+    own, share_wait, floor = own_waits(np.array([100, 100, 100]), np.array([50, 50, 50]), np.array([40, 40, 40]),
+                                       np.array([0, 30, -1]))
+    assert own.tolist() == [60, 60, 60] and share_wait.tolist() == [50, 20, 30] and floor.tolist() == [50, 20, 10]
+    table = pa.table({"node": ["a"] * 3, "rank": [0] * 3, "kind": [STEP] * 3, "mode": [TRAIN] * 3, "step": [0, 1, 2],
+                      "start_us": [0] * 3, "end_us": [10] * 3,
+                      "args": ['{"runq_us": 7, "wait_runq_us": 0}', '{"runq_us": 7}', '{"wait_runq_us": 3}']})
+    cols = FrameworkColumns(table)
+    assert wait_runq(cols, np.arange(3)).tolist() == [0, -1, 3] and runq_column(cols).tolist() == [7, 7, 0]
+
+
+def test_sleeping_reads_on_a_busy_machine_stay_data_waits():
+    """Each step sleeps 20 ms in its read (2 ms more waking up on a busy CPU), computes 5 ms and waits 100 ms for a
+    CPU outside its read: spread over the step the read shrank to 4 ms (17 %: silent, as a Keras PyDataset read
+    at load 10); measured where it fell, the read is 80 % of the step's own time."""
+    def loop(measured: bool) -> FwGen:
+        gen = FwGen()
+        for i in range(300):
+            t = T0 + i * 200 * MS
+            wait, dur, runq = 22 * MS, 127 * MS, 102 * MS
+            args = f'{{"runq_us": {runq}, "wait_runq_us": {2 * MS}}}' if measured else f'{{"runq_us": {runq}}}'
+            gen.events("algo-1", 0, STEP, "train_step", TRAIN, i, t, t + dur, args)
+            gen.events("algo-1", 0, DATA_WAIT, "next_batch", TRAIN, i, t, t + wait)
+            gen.events("algo-1", 0, FORWARD, "Net", TRAIN, i, t + wait, t + dur)
+        gen.dataloader(num_workers=0)
+        return gen
+
+    spread = evaluate(InputBound, whole(loop(False).table()))["Details"]["ranks"]["algo-1/0/TRAIN"]
+    exact = evaluate(InputBound, whole(loop(True).table()))["Details"]["ranks"]["algo-1/0/TRAIN"]
+    assert not spread["triggered"] and spread["wait_share"] < 20, spread
+    assert exact["triggered"] and exact["cause"] == "main_process" and exact["wait_share"] == pytest.approx(80), exact
 
 
 def test_a_wait_for_a_cpu_is_not_a_data_stall():

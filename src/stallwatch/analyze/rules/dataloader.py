@@ -12,7 +12,7 @@ from stallwatch.analyze.rules import loaders as ld
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.stats import Distribution, ValueCounts
 from stallwatch.analyze.rules.steps import Appendable, new_events, unmeasured_waits
-from stallwatch.analyze.contention import own_waits, step_runq
+from stallwatch.analyze.contention import own_waits, step_runq, wait_runq
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 PIN_MEMORY_ADVICE = ("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster and "
@@ -197,7 +197,7 @@ class Dataloader(Rule):
             waits_by_rank = dict(cols.groups(cols.kind_is(DATA_WAIT) & mask & (cols.step >= 0), by_mode=False))
             for key, rows in cols.groups(cols.kind_is(STEP) & mask & (cols.step >= 0), by_mode=False):
                 step_shares = _step_shares(cols.step[rows], duration[rows], cols.step, duration, waits_by_rank.get(key),
-                                           step_runq(cols, rows))
+                                           step_runq(cols, rows), wait_runq(cols, rows))
                 dists.setdefault(key, Distribution(2, np.float64)).add(step_shares)
         loaders = np.flatnonzero(cols.kind_is(DATALOADER))
         if loaders.size:
@@ -484,10 +484,11 @@ def _keras_line(e: dict[str, Any], details: dict[str, Any]) -> str:
 
 
 def _step_shares(numbers: np.ndarray, durations: np.ndarray, all_steps: np.ndarray, all_durations: np.ndarray,
-                 wait_rows: np.ndarray | None, runq: np.ndarray | None = None) -> np.ndarray:
+                 wait_rows: np.ndarray | None, runq: np.ndarray | None = None,
+                 in_wait: np.ndarray | None = None) -> np.ndarray:
     """Each step's wait as % of the step (0.01 % resolution, at most 100), from the waits of the same rank
     with the same step number in this chunk (a step's events arrive together); with `runq`, of the step's own
-    time, less its wait for a CPU spread over the step (analyze/contention.py)."""
+    time, less its wait for a CPU (`in_wait`: the part measured in the wait; analyze/contention.py)."""
     waited = np.zeros(len(numbers), np.int64)
     if wait_rows is not None and len(wait_rows):
         order = np.argsort(numbers, kind="stable")
@@ -496,7 +497,7 @@ def _step_shares(numbers: np.ndarray, durations: np.ndarray, all_steps: np.ndarr
         hit = numbers[order][pos] == all_steps[wait_rows]
         np.add.at(waited, order[pos[hit]], all_durations[wait_rows][hit])
     if runq is not None and runq.any():
-        durations, waited, _ = own_waits(durations, np.minimum(waited, durations), runq)
+        durations, waited, _ = own_waits(durations, np.minimum(waited, durations), runq, in_wait)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(durations > 0, np.minimum(100.0 * waited / np.maximum(durations, 1), 100.0), 0.0)
     return np.round(share, 2)

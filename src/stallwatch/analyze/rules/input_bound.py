@@ -40,29 +40,34 @@ class _Rank:
         self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
         self.wait_step, self.wait = Appendable(narrow=True), Appendable(narrow=True)
         self.runq = Appendable(narrow=True)  # each step's run-queue delay (µs), beside its duration
+        self.in_wait = Appendable(narrow=True)  # of it, the part measured in its opening wait (-1: not measured)
         self.workers: list[float] = []
 
     @property
     def nbytes(self) -> int:
-        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.wait_step, self.wait, self.runq))
+        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.wait_step, self.wait, self.runq,
+                                               self.in_wait))
 
     def steps(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(numbers, starts, durations, waits) in step-number order (then start); waits summed per step."""
         return self.steps_and_runq()[:4]
 
-    def steps_and_runq(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """`steps()` and each step's run-queue delay (None where the rank's steps never recorded one)."""
+    def steps_and_runq(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                                      np.ndarray | None]:
+        """`steps()`, each step's run-queue delay and the part of it in the step's opening wait (None where the
+        rank's steps never recorded one)."""
         number, start, dur = self.step.view(), self.start.view(), self.dur.view()
         order = np.lexsort((start, number))
         number, start, dur = number[order], start[order], dur[order]
         runq = self.runq.view()[order] if self.runq.n == len(order) and self.runq.n else None
+        in_wait = self.in_wait.view()[order] if runq is not None and self.in_wait.n == len(order) else None
         wait = np.zeros(len(number), np.int64)
         if self.wait.n and len(number):
             ws, wd = self.wait_step.view(), self.wait.view()
             first = np.searchsorted(number, ws)  # a step number's first occurrence takes its waits
             ok = (first < len(number)) & (number[np.minimum(first, len(number) - 1)] == ws)
             np.add.at(wait, first[ok], wd[ok])
-        return number, start, dur, np.minimum(wait, dur), runq
+        return number, start, dur, np.minimum(wait, dur), runq, in_wait
 
 
 MIN_SHORT_RUN_STEPS = 20  # after patience: fewer steps than a window are judged as one window from this many
@@ -85,13 +90,14 @@ class RankFacts:
 
 
 def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
-               patience: int, threshold: float, runq: np.ndarray | None = None) -> RankFacts:
+               patience: int, threshold: float, runq: np.ndarray | None = None,
+               in_wait: np.ndarray | None = None) -> RankFacts:
     """A rank's facts from its steps in step order (`_Rank.steps()`); with `runq` (each step's run-queue delay),
     judged on the steps' own time (analyze/contention.py): waiting for a CPU is not waiting for data."""
     n = len(number)
     floor = wait
     if runq is not None and runq.any():
-        dur, wait, floor = contention.own_waits(dur, wait, runq)
+        dur, wait, floor = contention.own_waits(dur, wait, runq, in_wait)
     body = slice(min(patience, n), n)
     w, d = wait[body], dur[body]
     above = 0
@@ -263,6 +269,7 @@ class InputBound(Rule):
             r.start.extend(cols.start[rows])
             r.dur.extend(dur)
             r.runq.extend(contention.step_runq(cols, rows))
+            r.in_wait.extend(contention.wait_runq(cols, rows))
         for (node, rank, mode), rows in cols.groups(cols.kind_is(DATA_WAIT) & (cols.step >= 0)):
             streamed = self._streamed.get((node, rank, mode))
             if streamed is not None:
@@ -332,10 +339,11 @@ class InputBound(Rule):
 
     def _judge(self, key: tuple[str, int, str], r: _Rank) -> dict[str, Any]:
         """One rank's Details entry (its verdict with it): all `result()` needs of it once its data is complete."""
-        number, start, dur, wait, runq = r.steps_and_runq()
+        number, start, dur, wait, runq, in_wait = r.steps_and_runq()
         return self._entry(key, rank_facts(number, start, dur, wait, window=self.params["window"],
                                            patience=self.params["patience"],
-                                           threshold=float(self.params["threshold"]), runq=runq))
+                                           threshold=float(self.params["threshold"]), runq=runq,
+                                           in_wait=in_wait))
 
     def _entry(self, key: tuple[str, int, str], f: RankFacts) -> dict[str, Any]:
         """A rank's Details entry from its facts (its steps held in memory, or its node read again)."""
