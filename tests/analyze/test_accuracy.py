@@ -135,8 +135,7 @@ def test_the_top_finding_is_the_planted_problem(scenario):
     own = _job_findings(analysis)
     if not expected:
         assert own == [] and found.healthy, [f.title for f in own]
-        if not found.findings:
-            assert found.verdict.startswith("Healthy"), found.verdict
+        assert found.verdict.startswith("Healthy"), found.verdict  # beside other work too (CPUContention after it)
         return
     assert own[0].rule == expected[0], [f.rule for f in found.findings]
     assert found.verdict.startswith(found.findings[0].title)

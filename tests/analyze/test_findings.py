@@ -210,3 +210,18 @@ def test_a_starved_loop_names_the_worker_count_once():
         (f,) = build_findings([loader, starved], _summary(loop_s=12.0)).findings
         assert "num_workers=7" not in f.recommendation and f.recommendation.startswith("Fix what InputBound found.")
         assert (PIN_MEMORY_ADVICE in f.recommendation) is kept
+
+
+def test_a_healthy_job_on_a_busy_machine_reads_healthy_and_then_says_what_the_machine_did():
+    """CPUContention is about the machine, not the job: the verdict stays Healthy, with the contention after it."""
+    contention = _rule("CPUContention", 1, {
+        "ranks": {"algo-1/0": {"node": "algo-1", "rank": 0, "steps": 1000, "step_s": 100.0, "runq_s": 30.0,
+                               "share": 30.0, "triggered": True}},
+        "nodes": {}, "threshold": 10.0, "time_at_stake_s": 30.0, "ranks_fired": ["algo-1/0"],
+        "nodes_with_contention": [], "cause": "oversubscribed", "title": "Other processes take the job's CPUs"})
+    found = build_findings([contention], _summary())
+    assert found.healthy and [f.rule for f in found.findings] == ["CPUContention"]
+    assert found.verdict.startswith("Healthy: no rule found a problem in the job itself"), found.verdict
+    assert "The machine slowed it: other processes take the job's CPUs: about 30.0 s" in found.verdict
+    both = build_findings([contention, _outliers()], _summary())  # a finding of the job's own: no longer healthy
+    assert not both.healthy and not both.verdict.startswith("Healthy")

@@ -59,7 +59,8 @@ def test_a_communication_bound_job_has_it_as_its_top_finding(runs):
     r = _rule(runs["comm"])
     assert r["Status"] == "ok" and r["RuleTriggered"] >= 1
     analysis = RunAnalysis(str(runs["comm"]))
-    top = analysis.findings.findings[0]
+    # beside other work CPUContention may rank above it: the one finding a busy machine may add
+    top = next(f for f in analysis.findings.findings if f.rule != "CPUContention")
     assert top.rule == "CommunicationBound", [f.rule for f in analysis.findings.findings]
     assert "gradient_as_bucket_view=True" in top.recommendation and "no_sync" in top.recommendation
     # the report's DDP paragraph says the same numbers as the finding (one source: the rule's details)

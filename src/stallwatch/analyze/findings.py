@@ -428,6 +428,7 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudg
         state = "is still running" if fate.state == "running" else fate.phrase()
         return (f"No training step was recorded (the job {state}, {lasted}): nothing in the training loop can be "
                 "judged." + (f" {top.title}." if top else ""))
+    machine_only = top is not None and not summary.loop_undetermined and all(f.rule in MACHINE_RULES for f in found)
     if top is not None:
         stake = ""
         if top.time_at_stake_s is not None and summary.loop_s > 0:
@@ -436,6 +437,11 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudg
             whole = (f"the job's {format_duration(summary.duration_s or 0)}" if outside
                      else f"the {format_duration(summary.loop_s)} training loop")
             stake = f": about {format_duration(top.time_at_stake_s)} of {whole} at stake"
+        if machine_only:  # the job itself is healthy: what the machine did to it is said after that, not instead
+            because = f" ({'; '.join(health)})" if health else ""
+            state = "So far healthy: no rule has found a problem in the job itself" if fate.state == "running" \
+                else f"Healthy: no rule found a problem in the job itself{because}"
+            return f"{state}. The machine slowed it: {_lower(top.title)}{stake}."
         more = f" ({len(found)} findings)" if len(found) > 1 else ""
         prefix = "So far: " if fate.state == "running" else ""
         return f"{prefix}{top.title}{stake}{more}."

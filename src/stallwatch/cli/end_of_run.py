@@ -155,7 +155,7 @@ def _write_run_report(analysis: _Analysis, results: list | None) -> None:
 
         where = build_report(_with_results(analysis, results))
     except ImportError as exc:
-        print(f"stallwatch: no report: {exc.name or exc} is not installed ({install_command('dashboard')}); "
+        print(f"stallwatch: no report: {_package(exc)} is not installed ({install_command('dashboard')}); "
               f"`stallwatch report {uri}` writes it once it is", file=sys.stderr)
         return
     except Exception as exc:
@@ -200,3 +200,8 @@ def _start_report_builder(uri: str) -> None:
         return
     print(f"stallwatch: report {run_files.report_uri(location)} (being written in the background; it opens now and "
           "shows the report once it is there)", file=sys.stderr)
+
+
+def _package(exc: ImportError) -> str:
+    """The package to install: `bokeh`, not the submodule whose import failed first (`bokeh.models`)."""
+    return (exc.name or str(exc)).split(".")[0]

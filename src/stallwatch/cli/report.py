@@ -36,7 +36,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         finally:
             engine.close()
     except ImportError as exc:
-        print(f"stallwatch report: {exc.name or exc} is not installed: {install_command('dashboard')}",
+        print(f"stallwatch report: {_package(exc)} is not installed: {install_command('dashboard')}",
               file=sys.stderr)
         return 1
     except Exception as exc:
@@ -44,3 +44,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     print(where)
     return 0
+
+
+def _package(exc: ImportError) -> str:
+    """The package to install: `bokeh`, not the submodule whose import failed first (`bokeh.models`)."""
+    return (exc.name or str(exc)).split(".")[0]
