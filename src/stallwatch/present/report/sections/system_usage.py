@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.breakdowns import device_bars
 from stallwatch.present.report.model import (
@@ -21,7 +22,17 @@ from stallwatch.present.report.model import (
     Table,
     Verdict,
 )
-from stallwatch.records import CPU_UTIL, DISK_READ_BPS, DISK_WRITE_BPS, GPU_MEM_UTIL, GPU_UTIL, NET_RX_BPS, NET_TX_BPS
+from stallwatch.records import (
+    CPU_UTIL,
+    DISK,
+    DISK_READ_BPS,
+    DISK_WRITE_BPS,
+    GPU_MEM_UTIL,
+    GPU_UTIL,
+    NET,
+    NET_RX_BPS,
+    NET_TX_BPS,
+)
 
 SECTION_ID = "system-usage"
 TITLE = "System usage statistics"
@@ -34,8 +45,8 @@ STATS = ("max", "p99", "p95", "p50", "min")
 METRICS = ("CPU", "CPU memory", "GPU", "GPU memory", "I/O", "Network")  # the rule's names, in its order
 UNITS = {"CPU": "%", "CPU memory": "%", "GPU": "%", "GPU memory": "%", "I/O": "% (I/O wait)", "Network": "MB/s"}
 MB = 1e6
-RATES = {DISK_READ_BPS: "disk read", DISK_WRITE_BPS: "disk write", NET_RX_BPS: "network received",
-         NET_TX_BPS: "network sent"}
+RATES = {m: catalogue.metric(device, m).track for device, m in  # type: ignore[union-attr]
+         ((DISK, DISK_READ_BPS), (DISK, DISK_WRITE_BPS), (NET, NET_RX_BPS), (NET, NET_TX_BPS))}
 BUSY = 70.0  # the seeds' threshold for "well utilized" (p95 / p50 above it)
 SATURATED = 90.0  # a core this busy (p95) is the limit, whatever the total says (CPUBottleneck's cpu_threshold)
 
