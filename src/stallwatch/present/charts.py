@@ -254,7 +254,8 @@ def step_heatmap(names: Sequence[str], first_step: int, steps_per_column: int, v
     row_name = CustomJSHover(args={"names": list(names)},
                              code="const i = Math.floor(value); return i >= 0 && i < names.length ? names[i] : ''")
     cell = CustomJSHover(args={"top": top, "unit": unit},
-                         code=f"return value == {NO_DATA} ? 'no step' : '≈ ' + (value * top / 254).toPrecision(3) "
+                         code=f"return value == {NO_DATA} ? 'no step' : '≈ ' + "
+                              "Number((value * top / 254).toPrecision(3)).toLocaleString('en-US') "
                               "+ ' ' + unit")
     f.add_tools(HoverTool(tooltips=[("", "$y{row}"), ("step", "$x{0,0}"), ("mean", "@image{cell}")],
                           formatters={"$y": row_name, "@image": cell}))

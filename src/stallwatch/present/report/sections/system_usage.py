@@ -33,6 +33,7 @@ from stallwatch.records import (
     NET_RX_BPS,
     NET_TX_BPS,
 )
+from stallwatch.units import format_value
 
 SECTION_ID = "system-usage"
 TITLE = "System usage statistics"
@@ -69,11 +70,12 @@ def build(analysis: RunAnalysis) -> list[Section]:
                 rows.append([node, metric, UNITS[metric], *(_num(stats.get(k), scale) for k in STATS)])
     blocks.append(Table(["node", "metric", "unit", *STATS], rows))
     devices = details.get("devices") or {}
-    rates = [[node, RATES[metric], "MB/s", *(_num(stats.get(k), MB) for k in STATS)]
+    # each value in the unit that reads (1.2 kB/s, 35 MB/s), not all in MB/s (0.0012 MB/s)
+    rates = [[node, RATES[metric], *(format_value(stats.get(k), "B/s") for k in STATS)]
              for node in nodes for dev in (devices.get(node) or {}).values()
              for metric, stats in dev.items() if metric in RATES]
     if rates:
-        blocks.append(Table(["node", "throughput", "unit", *STATS], rates, "Disk and network throughput"))
+        blocks.append(Table(["node", "throughput", *STATS], rates, "Disk and network throughput"))
     for node in nodes:
         chart = _device_chart(node, devices.get(node) or {})
         if chart is not None:
