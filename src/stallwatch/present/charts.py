@@ -33,7 +33,7 @@ TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 NO_DATA = 255  # heatmap cells without a value (the rest are whole percent, 0-100)
 NO_DATA_COLOR = catalogue.NO_DATA_COLOUR
 HEAT_PALETTE = list(catalogue.HEAT_PALETTE)  # the dashboard's heatmaps use the same
-_EXTRA = ("#bcbd22", "#7f7f7f", "#17becf", "#8c564b", "#e377c2")
+_EXTRA = catalogue.SERIES_PALETTE[::-1]  # spans or marks the catalogue does not name (none today)
 
 
 @dataclass
