@@ -417,7 +417,11 @@ let recentSteps = [];
 function drawSteps(steps) {
   recentSteps = steps.slice(-30);
   const keys = ["data_wait", "forward", "backward", "optimizer", "other"];
-  Charts.stacked($("chart-steps"), { title: "time per step", unit: "ms", keys, items: recentSteps.map(s => ({ label: s.step, parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
+  // a step of another mode than TRAIN is named with its mode's initial (E12: EVAL step 12), so the axis never
+  // reads as one sequence of numbers across modes
+  const name = s => s.mode && s.mode !== "TRAIN" ? `${s.mode[0]}${s.step ?? ""}` : s.step;
+  const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))];
+  Charts.stacked($("chart-steps"), { title: `time per step (${modes.join(", ") || "no steps yet"})`, unit: "ms", keys, items: recentSteps.map(s => ({ label: name(s), parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
 }
 
 function renderBadges() {
