@@ -53,7 +53,7 @@ def test_time_breakdowns_collectives_and_ranks(tmp_path: Path):
     assert [r[0] for r in per_rank.rows] == ["algo-1/0", "algo-1/1", "algo-2/0", "algo-2/1"]
     assert per_rank.columns[2:5] == ["TRAIN %", "EVAL %", "others %"]
     events = next(b for b in main.blocks if isinstance(b, Table) and b.caption.startswith("Framework events"))
-    assert ["collective", "all_reduce", calls] in [r[:3] for r in events.rows]
+    assert ["collectives", "all_reduce", calls] in [r[:3] for r in events.rows]  # the catalogue's label
     # both devices: the ratio pie, labelled right (SageMaker swapped the labels)
     cpu_us = sum(s for _, d, _, s, _ in OPERATORS if d == "cpu")
     gpu_us = sum(s for _, d, _, s, _ in OPERATORS if d == "cuda")

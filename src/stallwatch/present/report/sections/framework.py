@@ -145,7 +145,7 @@ def _general(details: Mapping[str, Any]) -> list[Block]:
         out.append(Paragraph("No collective operations were recorded: a single-process job has none; a distributed "
                              "job's collectives are recorded when they run through torch.distributed."))
     events = details.get("events") or {}
-    rows = [[kind, name, v["count"], v["total_us"] / 1e6, v["total_us"] / 1e3 / max(v["count"], 1)]
+    rows = [[catalogue.label(kind), name, v["count"], v["total_us"] / 1e6, v["total_us"] / 1e3 / max(v["count"], 1)]
             for kind, names in events.items() for name, v in names.items()]
     rows.sort(key=lambda r: -r[3])
     if rows:
