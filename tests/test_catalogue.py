@@ -9,7 +9,7 @@ import pytest
 from bokeh.palettes import Viridis256
 
 from stallwatch import catalogue, records
-from stallwatch.units import format_value, number, unit_of_key
+from stallwatch.units import format_keyed, format_value, number, unit_of_key
 
 
 @pytest.mark.parametrize("family", [catalogue.STEP_PARTS, catalogue.MODES, catalogue.JOB_PARTS, catalogue.FLAGS])
@@ -68,3 +68,11 @@ def test_a_value_reads_in_three_significant_digits_and_the_right_unit(value, uni
 def test_numbers_are_never_scientific_nor_fifteen_digits():
     assert number(0.000123456) == "0.000123" and number(123456.789) == "123,457" and number(0.1 + 0.2) == "0.3"
     assert unit_of_key("time_at_stake_s") == "s" and unit_of_key("rss_bytes") == "B" and unit_of_key("steps") == ""
+
+
+def test_a_named_value_reads_by_what_its_name_says():
+    assert format_keyed("wait_share", 31.52) == "31.5 %" and format_keyed("share", 83.61) == "83.6 %"
+    assert format_keyed("pid", 6439) == "6439" and format_keyed("worst_rank", 12) == "12"
+    assert format_keyed("excess_us", 1234.0) == "1.23 ms" and format_keyed("triggered", False) == "no"
+    assert format_keyed("start_us", 1_764_382_882_000_000) == "2025-11-29 02:21:22 UTC"
+    assert format_keyed("steps", 12_000) == "12,000" and format_keyed("quota_cores", None) == "–"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallwatch import records as r
-from stallwatch.units import UNITS
+from stallwatch import units
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,10 @@ OTHERS_COLOUR = "#b8bec8"  # a pie's wedge of everything not listed
 HIGHLIGHT_COLOUR = "#d62728"  # a bar or row that stands out
 PLAIN_COLOUR = "#4c9be8"  # a bar that does not
 NO_DATA_COLOUR = "#e0e0e0"  # a heatmap cell without a value
+# How good or bad a statement is — the report's verdicts, the dashboard's findings and run states: (colour, tint).
+LEVELS = {"good": ("#2e8540", "#eaf6ec"), "info": ("#2b5fab", "#eaf1fb"), "warn": ("#c98a00", "#fdf5e2"),
+          "issue": ("#c0392b", "#fbeceb")}
+SEVERITY_LEVEL = {"high": "issue", "medium": "warn", "low": "info"}  # a finding's severity, as a level
 # Utilization heatmaps, report and dashboard alike: Viridis (purple idle, yellow busy), 256 levels.
 _VIRIDIS = ("44015444025544035745055845065A45085B46095C460B5E460C5F460E61470F62471163471265471466471567471669"
             "47186A48196B481A6C481C6E481D6F481E70482071482172482273482374472575472676472777472878472A79472B7A"
@@ -203,4 +207,6 @@ def to_json() -> dict[str, Any]:
                          "colour": m.colour} for m in (*METRICS, NETWORK_TOTAL)],
             "series_palette": list(SERIES_PALETTE), "others_colour": OTHERS_COLOUR,
             "highlight_colour": HIGHLIGHT_COLOUR, "no_data_colour": NO_DATA_COLOUR, "heat_palette": list(HEAT_PALETTE),
-            "units": {name: u.to_json() for name, u in UNITS.items()}}
+            "levels": {k: {"colour": c, "tint": t} for k, (c, t) in LEVELS.items()},
+            "severity_level": dict(SEVERITY_LEVEL),
+            **units.to_json()}

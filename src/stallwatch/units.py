@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 
@@ -80,13 +81,42 @@ def axis(unit: str) -> tuple[str, float]:
 
 
 # What a key's suffix says about its unit, for numbers shown by name (a finding's evidence, a rule's details).
-SUFFIX_UNITS = (("_us", "us"), ("_ms", "ms"), ("_s", "s"), ("_pct", "%"), ("_percent", "%"), ("_bytes", "B"),
-                ("_bps", "B/s"), ("_gbps", "Gb/s"))
+SUFFIX_UNITS = (("_us", "us"), ("_ms", "ms"), ("_s", "s"), ("_pct", "%"), ("_percent", "%"), ("_share", "%"),
+                ("_bytes", "B"), ("_bps", "B/s"), ("_gbps", "Gb/s"))
+KEY_UNITS = {"share": "%", "percent": "%"}  # whole keys that name their unit
+MOMENT_US = 1e15  # a µs value above this (2001 onwards) is a time since the epoch
+PLAIN_KEYS = ("pid", "rank", "step", "port", "window", "code")  # identifiers: shown as they are (pid 6439)
 
 
 def unit_of_key(key: str) -> str:
-    """The unit a key's suffix names ("" when none): `time_at_stake_s` is seconds, `rss_bytes` bytes."""
+    """The unit a key's name says ("" when none): `time_at_stake_s` is seconds, `rss_bytes` bytes, `wait_share` %."""
+    if key in KEY_UNITS:
+        return KEY_UNITS[key]
     for suffix, unit in SUFFIX_UNITS:
         if key.endswith(suffix):
             return unit
     return ""
+
+
+def format_keyed(key: str, value: Any) -> str:
+    """A named value as text, by what its name says: identifiers as they are, numbers in the unit the name
+    names (`format_value`), true/false as yes/no; what the dashboard does for a finding's evidence."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if key in PLAIN_KEYS or key.endswith(tuple(f"_{k}" for k in PLAIN_KEYS)):
+            return str(value)
+        unit = unit_of_key(key)
+        if unit == "us" and value > MOMENT_US:  # a moment, not a duration
+            return datetime.fromtimestamp(value / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return format_value(value, unit)
+    return str(value)
+
+
+def to_json() -> dict[str, Any]:
+    """The units and the rules for named values, as the dashboard applies them."""
+    return {"units": {name: u.to_json() for name, u in UNITS.items()}, "suffix_units": [list(x) for x in SUFFIX_UNITS],
+            "key_units": dict(KEY_UNITS), "plain_keys": list(PLAIN_KEYS),
+            "moment_us": MOMENT_US}

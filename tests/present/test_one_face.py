@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from stallwatch import catalogue
-from stallwatch.units import format_value
+from stallwatch.units import format_keyed, format_value
 from tests.present.dashboard.conftest import Dashboard, start_dashboard
 
 SCREENS = Path(os.environ.get("STALLWATCH_SCREENS") or "/tmp/stallwatch-screens")
@@ -146,7 +146,13 @@ def test_the_dashboard_draws_each_phase_in_the_reports_colour(page: Any, served:
     pie = json.loads(page.get_attribute("#phase-pie", "data-colours"))
     assert set(pie) == {"Initialization", "Training loop", "Finalization"}
     page.wait_for_selector(".finding, #findings p")
+    for summary in page.locator(".finding details summary, #rules details summary").all()[:3]:
+        summary.click()  # evidence and a rule's details open, to be looked at
     page.screenshot(path=str(SCREENS / "one-face-overview.png"), full_page=True)
+    for card in page.locator(".finding").all():  # a finding in the colour of the report's verdict of its level
+        severity = card.get_attribute("class").split()[-1]
+        colour = catalogue.LEVELS[catalogue.SEVERITY_LEVEL[severity]][0]
+        assert card.evaluate("e => getComputedStyle(e).borderLeftColor") == _rgb(colour)
     page.goto(served.link("#run=real&view=nodes"))
     page.wait_for_selector("#chart-steps[data-colours]")
     page.wait_for_selector("#chart-heat[data-palette]")
@@ -171,12 +177,22 @@ def test_the_page_formats_numbers_as_the_reports_code_does(page: Any, served: Da
              (-0.5, "%"), (None, "%")]
     shown = page.evaluate("cases => cases.map(([v, u]) => Cat.fmt(v, u))", [list(c) for c in cases])
     assert shown == [format_value(v, u) for v, u in cases]
+    keyed = [("time_at_stake_s", 2.34), ("wait_share", 31.52), ("pid", 6439), ("rank", 3), ("rss_bytes", 3.2e8),
+             ("start_us", 1_764_382_882_000_000), ("excess_us", 1234.0), ("triggered", True), ("steps", 12_000),
+             ("node", "algo-1"), ("quota_cores", None)]
+    assert page.evaluate("cases => cases.map(([k, v]) => Cat.value(k, v))", [list(c) for c in keyed]) == \
+        [format_keyed(k, v) for k, v in keyed]
     assert "0.0012" not in " ".join(shown) and "1.2 kB/s" in shown
     # evidence and rule details are tables of formatted values, not raw JSON
     page.wait_for_selector("#rules details")
     assert page.locator("#rules pre, #findings pre").count() == 0
     details = page.locator("#rules .kv-data").all_inner_texts()
     assert details and not any(re.search(r"\d\.\d{6,}", t) for t in details), details
+
+
+def _rgb(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgb({r}, {g}, {b})"
 
 
 # -- one document ---------------------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ const Cat = (() => {
     const r = await fetch("/api/catalogue", { credentials: "same-origin" });
     if (!r.ok) throw new Error(`catalogue: ${r.status} ${r.statusText}`);
     doc = await r.json();
+    // the levels' colours (good … issue) as CSS variables: the findings, rule states and run badges are drawn
+    // in the report's verdict colours
+    for (const [level, c] of Object.entries(doc.levels)) {
+      document.documentElement.style.setProperty(`--level-${level}`, c.colour);
+      document.documentElement.style.setProperty(`--tint-${level}`, c.tint);
+    }
     for (const group of ["step_parts", "modes", "job_parts", "flags"]) {
       for (const p of doc[group]) {
         for (const name of [p.key, p.label, ...p.aliases]) {
@@ -69,18 +75,25 @@ const Cat = (() => {
     if (!unit || unit === "count") return number(value);
     return `${number(value)} ${unit}`;
   }
-  const SUFFIXES = [["_us", "us"], ["_ms", "ms"], ["_s", "s"], ["_pct", "%"], ["_percent", "%"], ["_bytes", "B"],
-                    ["_bps", "B/s"], ["_gbps", "Gb/s"]];
-  const unitOfKey = key => { for (const [s, u] of SUFFIXES) if (String(key).endsWith(s)) return u; return ""; };
-  // A key's value as text: numbers formatted by the unit its name says, times (…_us of a moment) as UTC.
+  // The unit a key's name says (units.unit_of_key): `time_at_stake_s` seconds, `wait_share` %.
+  function unitOfKey(key) {
+    key = String(key);
+    if (doc.key_units[key]) return doc.key_units[key];
+    for (const [s, u] of doc.suffix_units) if (key.endsWith(s)) return u;
+    return "";
+  }
+  // A named value as text (units.format_keyed): identifiers as they are, numbers in the unit the name says,
+  // moments (…_us since the epoch) as UTC times.
   function value(key, v) {
     if (v === null || v === undefined) return "–";
+    if (typeof v === "boolean") return v ? "yes" : "no";
     if (typeof v === "number") {
+      key = String(key);
+      if (doc.plain_keys.some(k => key === k || key.endsWith("_" + k))) return String(v);
       const unit = unitOfKey(key);
-      if (unit === "us" && v > 1e15) return new Date(v / 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+      if (unit === "us" && v > doc.moment_us) return new Date(v / 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
       return fmt(v, unit);
     }
-    if (typeof v === "boolean") return v ? "yes" : "no";
     return String(v);
   }
   // Viridis, as the report's heatmaps: `f` in [0, 1]; null: the no-data grey.
