@@ -120,6 +120,10 @@ def test_every_phase_has_its_one_colour_in_every_chart_of_the_report(real_run: P
     for label, colours in phases.items():
         assert colours == {catalogue.colour(label).lower()}, (label, colours)
     assert all(label.strip() for label in found), "a slice or line without a name"
+    # the heatmaps' colour scale is the catalogue's (the dashboard's too: test below)
+    mappers = [o for o in _bokeh_objects((real_run / "report.html").read_text(encoding="utf-8")).values()
+               if o["name"] == "LinearColorMapper"]
+    assert mappers and all(tuple(_value(m["attributes"]["palette"])) == catalogue.HEAT_PALETTE for m in mappers)
 
 
 # -- the dashboard ------------------------------------------------------------------------------------------
@@ -183,6 +187,9 @@ def test_the_page_formats_numbers_as_the_reports_code_does(page: Any, served: Da
     assert page.evaluate("cases => cases.map(([k, v]) => Cat.value(k, v))", [list(c) for c in keyed]) == \
         [format_keyed(k, v) for k, v in keyed]
     assert "0.0012" not in " ".join(shown) and "1.2 kB/s" in shown
+    heat = page.evaluate("[Cat.heat(0), Cat.heat(0.5), Cat.heat(1), Cat.heat(null)]")
+    assert heat == [catalogue.HEAT_PALETTE[0], catalogue.HEAT_PALETTE[128], catalogue.HEAT_PALETTE[-1],
+                    catalogue.NO_DATA_COLOUR]  # as Bokeh's LinearColorMapper picks them in the report
     # evidence and rule details are tables of formatted values, not raw JSON
     page.wait_for_selector("#rules details")
     assert page.locator("#rules pre, #findings pre").count() == 0
