@@ -36,7 +36,7 @@ def test_version_and_module(run_stallwatch):
     assert p.returncode == 0 and p.stdout.strip() == want
 
 
-@pytest.mark.parametrize("command, schema", [("info", "stallwatch.info/1"), ("summary", "stallwatch.summary/1"),
+@pytest.mark.parametrize("command, schema", [("info", "stallwatch.info/1"), ("summary", "stallwatch.summary/2"),
                                              ("rules", "stallwatch.rules/1")])
 def test_json_is_one_document_on_stdout(run_stallwatch, runs: Path, command: str, schema: str):
     run = runs / "20251122-064000-bbbbbb"

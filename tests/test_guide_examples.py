@@ -108,7 +108,7 @@ def test_input_bound_is_found_and_the_fix_makes_it_go_away(guide):
     assert fix_first.count("num_workers=") - fix_first.count("num_workers=0") <= 1  # one worker count, said once
     compare = _one(ran, "stallwatch compare runs/slow runs/fixed").stdout
     assert re.search(r"the median TRAIN step is [\d.]+ % faster", compare)
-    before, after = map(float, re.search(r"data_wait\s+([\d.]+)\s+([\d.]+)", compare).groups())
+    before, after = map(float, re.search(r"waiting for data\s+([\d.]+)\s+([\d.]+)", compare).groups())
     assert after < before / 2  # on a quiet machine the finding goes away (18 % of step time); a loaded one waits more
 
 

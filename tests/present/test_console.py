@@ -32,15 +32,15 @@ def test_table_without_rows_and_default_alignment():
 
 @pytest.mark.parametrize(("value", "unit", "text"), [
     (0, "B", "0 B"),
-    (1023, "B", "1023 B"),
-    (1023.6, "B", "1.0 KB"),  # not "1024 B"
-    (1024, "B", "1.0 KB"),
-    (1536, "B/s", "1.5 KB/s"),
-    (1024**2 - 1, "B", "1.0 MB"),  # not "1024.0 KB"
-    (5 * 1024**3, "B", "5.0 GB"),
-    (3 * 1024**4, "B/s", "3.0 TB/s"),
-    (2048 * 1024**4, "B", "2048.0 TB"),  # T is the largest prefix
-    (-2048, "B", "-2.0 KB"),
+    (999, "B", "999 B"),
+    (999.6, "B", "1 kB"),  # not "1,000 B"
+    (1024, "B", "1.02 kB"),
+    (1536, "B/s", "1.54 kB/s"),
+    (999_999, "B", "1 MB"),  # not "1,000 kB"
+    (5e9, "B", "5 GB"),
+    (3e12, "B/s", "3 TB/s"),
+    (2048e12, "B", "2,048 TB"),  # T is the largest prefix
+    (-2048, "B", "-2.05 kB"),
     (42.345, "%", "42.3%"),
     (100, "%", "100.0%"),
     (4, "", "4.0"),
@@ -48,7 +48,8 @@ def test_table_without_rows_and_default_alignment():
     (math.nan, "B", "-"),
 ])
 def test_human(value, unit, text):
-    """Byte sizes get binary prefixes, percentages one decimal, NaN a dash."""
+    """Byte sizes climb the units' decimal ladder (as on the report and the dashboard), percentages one decimal,
+    NaN a dash."""
     assert human(value, unit) == text
 
 
@@ -59,8 +60,9 @@ def test_usage_table_rows():
     lines = usage_table(stats).splitlines()
     assert lines[0].split() == ["node", "metric", "mean", "p50", "p95", "max"]
     assert lines[2].split() == ["algo-1", "CPU", "total", "47.5%", "47.5%", "93.2%", "98.0%"]
-    assert lines[3].split() == ["algo-1", "Disk", "read", "2.0", "KB/s", "1.0", "KB/s", "4.0", "KB/s", "8.0", "KB/s"]
-    assert lines[2].endswith("98.0%") and lines[3].endswith("8.0 KB/s")  # right-aligned numbers
+    assert lines[3].split() == ["algo-1", "Disk", "read", "2.05", "kB/s", "1.02", "kB/s", "4.1", "kB/s", "8.19",
+                                "kB/s"]
+    assert lines[2].endswith("98.0%") and lines[3].endswith("8.19 kB/s")  # right-aligned numbers
 
 
 def test_run_summary_with_data():

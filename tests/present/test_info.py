@@ -8,6 +8,7 @@ from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.info import _compact, render_info
 from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
+from stallwatch.units import format_value
 from tests.run_builder import T0, make_run, node_record, write_node_json
 
 
@@ -38,8 +39,8 @@ def test_render_info_of_a_small_run(tmp_path):
     assert lines[3] == ("span       2025-11-22 05:40:00 UTC → 2025-11-22 05:40:32 UTC (32.5 s)")
 
     files = [p for p in root.rglob("*") if p.is_file()]
-    size_kb = sum(p.stat().st_size for p in files) / 1024
-    assert lines[4] == f"size       {size_kb:.1f} KB in {len(files)} files"
+    size = sum(p.stat().st_size for p in files)
+    assert lines[4] == f"size       {format_value(size, 'B')} in {len(files)} files"
     # run.json + 2 node records, 3 segments per node, a system rollup per node, 2 framework files
     assert len(files) == 3 + 6 + 2 + 2
 

@@ -252,6 +252,17 @@ def test_steps_enclose_their_phases_on_the_same_thread(exported):
     assert forward["args"]["name"] == "Net" and forward["cat"] == "forward"  # the module is kept in args
 
 
+def test_each_phase_gets_the_catalogues_trace_colour(exported):
+    """chrome://tracing colours a slice by its `cname`: each phase the one the catalogue gives it."""
+    from stallwatch import catalogue
+
+    events = Trace(exported).on("node algo-2", "rank 0")
+    for e in (e for e in events if e.get("cat") in PHASES):
+        assert e["cname"] == catalogue.phase(e["cat"]).trace_colour, e
+    assert len({e["cname"] for e in events if e.get("cat") in PHASES}) == len(PHASES)
+    assert all("cname" not in e for e in events if e.get("cat") == "step")
+
+
 def test_an_event_that_cannot_nest_goes_to_an_extra_lane(exported):
     t = Trace(exported)
     (ddp,) = [e for e in t.on("node algo-1", "rank 1 · overlapping 1")]

@@ -71,9 +71,9 @@ class Findings:
     steps: dict[str, int] = field(default_factory=dict)  # per mode, all ranks (what `stallwatch ls` shows)
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run,
-                "exit": {"code": self.fate.code, "signal": self.fate.signal, "interrupted": self.fate.interrupted,
-                         "state": self.fate.state, "stop_reason": self.fate.stop_reason, "node": self.fate.node},
+        fate = {"code": self.fate.code, "signal": self.fate.signal, "interrupted": self.fate.interrupted,
+                "state": self.fate.state, "stop_reason": self.fate.stop_reason, "node": self.fate.node}
+        return {"run": self.run, "fate": fate, "exit": dict(fate),  # exit: fate's old name, kept one release
                 "verdict": self.verdict, "healthy": self.healthy, "training_loop_s": _round(self.loop_s),
                 "steps": dict(self.steps),
                 "evidence": list(self.evidence), "notes": list(self.notes),

@@ -9,6 +9,7 @@ from typing import Mapping
 
 import numpy as np
 
+from stallwatch import catalogue, units
 from stallwatch.analyze.results import RuleResult
 from stallwatch.records import TRAIN
 
@@ -24,7 +25,8 @@ class Column:
 
 USAGE = {"CPU": Column("CPU", "%", points=15), "GPU": Column("GPU", "%", points=15),
          "CPU memory": Column("CPU memory", "%", points=15), "GPU memory": Column("GPU memory", "%", points=15),
-         "I/O": Column("I/O wait", "%", points=10), "Network": Column("Network", "MB/s", ratio=1.5)}
+         "I/O": Column(catalogue.metric("cpu", "cpu_iowait").label, "%", points=10),  # type: ignore[union-attr]
+         "Network": Column("Network", units.axis(catalogue.NETWORK_TOTAL.unit)[0], ratio=1.5)}
 STEP = Column("Training step", "ms", ratio=1.15)
 
 

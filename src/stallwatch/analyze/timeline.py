@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from stallwatch import catalogue, units
 from stallwatch.analyze.downsample import minmax
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.steps import FrameworkColumns
@@ -24,7 +25,7 @@ METRICS = tuple(OverallSystemUsage.metrics)
 POINT_BUDGET = 64_000  # points over all lines (≈ 12 bytes each): buckets per line = budget / (2 × lines)
 MIN_BUCKETS, MAX_BUCKETS = 300, 2000
 MAX_MARKERS = 500  # outlier steps drawn (the slowest); the rule lists at most 100 per rank and phase
-PHASE_LABELS = {TRAIN: "Training", EVAL: "Evaluation", GLOBAL: "Other steps"}
+PHASE_LABELS = {mode: catalogue.label(mode) for mode in (TRAIN, EVAL, GLOBAL)}
 Rules = Mapping[str, RuleResult]
 
 
@@ -71,13 +72,20 @@ def _nanmean(columns: list[np.ndarray]) -> np.ndarray:
         return np.where(count > 0, total / np.maximum(count, 1), np.nan).astype(np.float32)
 
 
+def _title(device: str, metric: str) -> str:
+    entry = catalogue.metric(device, metric)
+    assert entry is not None, (device, metric)
+    return entry.title
+
+
 TIMELINE_METRICS = (
-    Metric("CPU utilization (all cores)", "%", _column("cpu", "cpu_util")),
-    Metric("GPU utilization (mean of the node's GPUs)", "%", _gpu_mean("gpu_util")),
-    Metric("CPU memory", "% used", _column("memory", "mem_util")),
-    Metric("GPU memory (mean of the node's GPUs)", "% used", _gpu_mean("gpu_mem_util")),
-    Metric("I/O wait (all cores)", "%", _column("cpu", "cpu_iowait"), percent=False, y_format="0.00"),
-    Metric("Network (received + sent)", "MB/s", _network, percent=False, y_format="0.00"),
+    Metric(_title("cpu", "cpu_util"), "%", _column("cpu", "cpu_util")),
+    Metric(_title("gpu0", "gpu_util"), "%", _gpu_mean("gpu_util")),
+    Metric(_title("memory", "mem_util"), "% used", _column("memory", "mem_util")),
+    Metric(_title("gpu0", "gpu_mem_util"), "% used", _gpu_mean("gpu_mem_util")),
+    Metric(_title("cpu", "cpu_iowait"), "%", _column("cpu", "cpu_iowait"), percent=False, y_format="0.00"),
+    Metric(catalogue.NETWORK_TOTAL.title, units.axis(catalogue.NETWORK_TOTAL.unit)[0], _network, percent=False,
+           y_format="0.00"),
 )
 
 

@@ -8,24 +8,33 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stallwatch import catalogue
 from stallwatch import records as r
 from stallwatch.records import COLUMN_SEP, TIMESTAMP, MetricKey
 
-# (label, device selector, metric, unit): a selector is a device name or a prefix ending in '*'.
+
+def _row(device: str, metric: str, selector: str | None = None) -> tuple[str, str, str, str]:
+    """(label, device selector, metric, unit) of a catalogue metric; a selector is a device name or a prefix
+    ending in '*'."""
+    entry = catalogue.metric(device, metric)
+    assert entry is not None, (device, metric)
+    return entry.label, selector or device, metric, "" if entry.unit == "count" else entry.unit
+
+
 USAGE_ROWS = (
-    ("CPU total", r.CPU, r.CPU_UTIL, "%"),
-    ("CPU busiest core", "cpu*", r.CPU_UTIL, "%"),
-    ("I/O wait", r.CPU, r.CPU_IOWAIT, "%"),
-    ("Memory", r.MEMORY, r.MEM_UTIL, "%"),
-    ("GPU", "gpu*", r.GPU_UTIL, "%"),
-    ("GPU memory", "gpu*", r.GPU_MEM_UTIL, "%"),
-    ("Disk read", r.DISK, r.DISK_READ_BPS, "B/s"),
-    ("Disk write", r.DISK, r.DISK_WRITE_BPS, "B/s"),
-    ("Network rx", r.NET, r.NET_RX_BPS, "B/s"),
-    ("Network tx", r.NET, r.NET_TX_BPS, "B/s"),
-    ("Job CPU", r.PROC, r.PROC_CPU_UTIL, "%"),
-    ("Job memory (RSS)", r.PROC, r.PROC_RSS_BYTES, "B"),
-    ("Loader workers alive", r.PROC, r.WORKERS_ALIVE, ""),
+    _row(r.CPU, r.CPU_UTIL),
+    ("CPU busiest core", "cpu*", r.CPU_UTIL, "%"),  # a statistic of the cores, not a stored metric
+    _row(r.CPU, r.CPU_IOWAIT),
+    _row(r.MEMORY, r.MEM_UTIL),
+    _row("gpu0", r.GPU_UTIL, "gpu*"),
+    _row("gpu0", r.GPU_MEM_UTIL, "gpu*"),
+    _row(r.DISK, r.DISK_READ_BPS),
+    _row(r.DISK, r.DISK_WRITE_BPS),
+    _row(r.NET, r.NET_RX_BPS),
+    _row(r.NET, r.NET_TX_BPS),
+    _row(r.PROC, r.PROC_CPU_UTIL),
+    _row(r.PROC, r.PROC_RSS_BYTES),
+    _row(r.PROC, r.WORKERS_ALIVE),
 )
 
 

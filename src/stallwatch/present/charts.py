@@ -24,20 +24,16 @@ from bokeh.models import (
     LinearColorMapper,
     Range1d,
 )
-from bokeh.palettes import Category10_10, Category20_20, Viridis256
 from bokeh.plotting import figure
 
+from stallwatch import catalogue
 from stallwatch.analyze.series import HeatRows, Hist, Marker, Panel, Span
 
 TOOLS = "xpan,xwheel_zoom,box_zoom,reset,save"
 NO_DATA = 255  # heatmap cells without a value (the rest are whole percent, 0-100)
-NO_DATA_COLOR = "#e0e0e0"
-SPAN_COLORS = {"Initialization": "#9e9e9e", "Finalization": "#616161", "Training": "#4c9be8", "Evaluation": "#5cb85c",
-               "Other steps": "#b39ddb", "CPU bottleneck": "#d62728", "I/O bottleneck": "#9467bd",
-               "Low GPU utilization": "#8c564b", "GPU memory increase": "#e377c2", "Small batch": "#17becf"}
-MARKER_COLORS = {"Outlier step": "#ff7f0e", "Low GPU utilization (last)": "#8c564b",
-                 "GPU memory increase (last)": "#e377c2", "Small batch (last)": "#17becf"}
-_EXTRA = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+NO_DATA_COLOR = catalogue.NO_DATA_COLOUR
+HEAT_PALETTE = list(catalogue.HEAT_PALETTE)  # the dashboard's heatmaps use the same
+_EXTRA = catalogue.SERIES_PALETTE[::-1]  # spans or marks the catalogue does not name (none today)
 
 
 @dataclass
@@ -51,7 +47,7 @@ class Overlay:
     extra_colors: list[str] = field(default_factory=list)
 
     def color(self, label: str) -> str:
-        return _color(label, {**SPAN_COLORS, **MARKER_COLORS}, self.extra_colors)
+        return _color(label, self.extra_colors)
 
 
 def ms(ts_us: np.ndarray | int | Sequence[int]) -> Any:
@@ -60,12 +56,15 @@ def ms(ts_us: np.ndarray | int | Sequence[int]) -> Any:
 
 
 def palette(n: int) -> list[str]:
-    return list(Category10_10[:n]) if n <= 10 else [Category20_20[i % 20] for i in range(n)]
+    """Colours for `n` lines that are no phase (nodes, devices), in order: the catalogue's series palette."""
+    return [catalogue.SERIES_PALETTE[i % len(catalogue.SERIES_PALETTE)] for i in range(n)]
 
 
-def _color(label: str, known: dict[str, str], seen: list[str]) -> str:
-    if label in known:
-        return known[label]
+def _color(label: str, seen: list[str]) -> str:
+    """A span's, flag's or marker's colour: the catalogue's for its phase or flag, else one of a few spares."""
+    known = catalogue.colour(label)
+    if known is not None:
+        return known
     if label not in seen:
         seen.append(label)
     return _EXTRA[seen.index(label) % len(_EXTRA)]
@@ -99,7 +98,7 @@ def timeline(panels: Sequence[Panel], *, spans: Sequence[Span] = (), flags: Sequ
     shared = overlay(spans, flags, markers)
     x_range = DataRange1d(range_padding=0.01)
     names = list(dict.fromkeys(s.name for p in panels for s in p.series))
-    colors = {**dict(zip(names, palette(len(names)))), **(colors or {})}
+    colors = {**catalogue.colours(names), **(colors or {})}
     figures = [_panel(p, shared, x_range, height, colors) for p in panels]
     _legend(figures[0], [*shared.spans, *shared.flags, *names], shared)
     if shared.flags or shared.markers:
@@ -211,7 +210,7 @@ def heatmap(rows: HeatRows, *, title: str, height: int | None = None, x_range: A
     f = figure(title=title, x_axis_type="datetime", height=height, tools=TOOLS, active_scroll="xwheel_zoom",
                sizing_mode="stretch_width", y_range=Range1d(n_rows, 0, bounds=(0, n_rows)),
                x_range=x_range if x_range is not None else DataRange1d(range_padding=0))
-    mapper = LinearColorMapper(palette=Viridis256, low=0, high=100, high_color=NO_DATA_COLOR)
+    mapper = LinearColorMapper(palette=HEAT_PALETTE, low=0, high=100, high_color=NO_DATA_COLOR)
     x0 = float(ms(rows.start_us))
     f.image(image=[image], x=x0, y=0, dw=n_cols * rows.width_us / 1000.0, dh=n_rows, color_mapper=mapper,
             anchor="bottom_left", origin="bottom_left")
@@ -243,7 +242,7 @@ def step_heatmap(names: Sequence[str], first_step: int, steps_per_column: int, v
     f = figure(title=title, height=height, tools=TOOLS, active_scroll="xwheel_zoom", sizing_mode="stretch_width",
                y_range=Range1d(n_rows, 0, bounds=(0, n_rows)), x_axis_label="step",
                x_range=DataRange1d(range_padding=0))
-    mapper = LinearColorMapper(palette=Viridis256, low=0, high=254, high_color=NO_DATA_COLOR)
+    mapper = LinearColorMapper(palette=HEAT_PALETTE, low=0, high=254, high_color=NO_DATA_COLOR)
     f.image(image=[levels.astype(np.uint8)], x=first_step, y=0, dw=n_cols * steps_per_column, dh=n_rows,
             color_mapper=mapper, anchor="bottom_left", origin="bottom_left")
     step = max(1, int(np.ceil(n_rows / 40)))
@@ -255,11 +254,12 @@ def step_heatmap(names: Sequence[str], first_step: int, steps_per_column: int, v
     row_name = CustomJSHover(args={"names": list(names)},
                              code="const i = Math.floor(value); return i >= 0 && i < names.length ? names[i] : ''")
     cell = CustomJSHover(args={"top": top, "unit": unit},
-                         code=f"return value == {NO_DATA} ? 'no step' : '≈ ' + (value * top / 254).toPrecision(3) "
+                         code=f"return value == {NO_DATA} ? 'no step' : '≈ ' + "
+                              "Number((value * top / 254).toPrecision(3)).toLocaleString('en-US') "
                               "+ ' ' + unit")
     f.add_tools(HoverTool(tooltips=[("", "$y{row}"), ("step", "$x{0,0}"), ("mean", "@image{cell}")],
                           formatters={"$y": row_name, "@image": cell}))
-    bar_mapper = LinearColorMapper(palette=Viridis256, low=0, high=top)
+    bar_mapper = LinearColorMapper(palette=HEAT_PALETTE, low=0, high=top)
     f.add_layout(ColorBar(color_mapper=bar_mapper, width=10, title=unit), "right")
     f.toolbar.logo = None
     return f
@@ -271,7 +271,7 @@ def histogram(hists: Sequence[Hist], *, title: str, x_label: str, y_label: str =
     f = figure(title=title, height=height, tools="pan,wheel_zoom,box_zoom,reset,save", sizing_mode="stretch_width",
                x_axis_label=x_label, y_axis_label=y_label)
     names = [h.name for h in hists]
-    colors = {**dict(zip(names, palette(len(names)))), **(colors or {})}
+    colors = {**catalogue.colours(names), **(colors or {})}
     items, bars = [], []
     for h in hists:
         edges = np.asarray(h.edges, dtype=np.float64)
@@ -295,7 +295,8 @@ def bars(categories: Sequence[str], values: Sequence[float], *, title: str, y_la
     """One bar per category (a node…); highlighted ones in red."""
     highlight = highlight or set()
     source = ColumnDataSource({"x": list(categories), "top": [float(v) for v in values],
-                               "color": ["#d62728" if c in highlight else "#4c9be8" for c in categories]})
+                               "color": [catalogue.HIGHLIGHT_COLOUR if c in highlight else catalogue.PLAIN_COLOUR
+                                         for c in categories]})
     f = figure(title=title, x_range=list(categories), height=height, tools="save", sizing_mode="stretch_width",
                y_axis_label=y_label)
     f.vbar(x="x", top="top", width=0.7, color="color", source=source)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stallwatch import catalogue
 from stallwatch.analyze.compare import QUANTILES, Comparison, Pair
 from stallwatch.analyze.price import RunCost, money
 from stallwatch.present.console import table
@@ -22,7 +23,8 @@ def comparison_text(c: Comparison, base_cost: RunCost | None = None, run_cost: R
                                                      None if run is None else pick(run))))
     out = ["\n".join(lines), table(["step time", "baseline", "run", "change"], rows)]
     for mode, phases in c.phases.items():
-        out.append(table([f"{mode} phase (% of step)", "baseline", "run", "change"], [_row(p.name, p) for p in phases]))
+        out.append(table([f"{mode} phase (% of step)", "baseline", "run", "change"],
+                         [_row(catalogue.label(p.name), p) for p in phases]))
     if c.utilization:
         out.append(table(["utilization (mean %)", "baseline", "run", "change"], [_row(p.name, p) for p in c.utilization]))
     found = [f"appeared   {t}" for t in c.findings_appeared] + [f"went away  {t}" for t in c.findings_gone] + \

@@ -11,6 +11,7 @@ from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
 from stallwatch.records import FORWARD
 from stallwatch.timeutil import format_duration, format_us
+from stallwatch.units import format_value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None) -> str:
@@ -25,14 +26,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | No
 
 
 def human(value: float, unit: str) -> str:
+    """A value for the terminal: bytes and rates on the units' ladder, as the report and the dashboard show them
+    (1.2 kB/s, 5 GB; `stallwatch.units`), percentages with one decimal and no space (columns stay narrow), NaN
+    a dash."""
     if value != value:  # NaN
         return "-"
     if unit in ("B", "B/s"):
-        for prefix in ("", "K", "M", "G", "T"):
-            text = f"{value:.0f}" if prefix == "" else f"{value:.1f}"
-            if abs(float(text)) < 1024 or prefix == "T":  # judged as shown: 1023.96 K is "1.0 M", not "1024.0 K"
-                return f"{text} {prefix}{unit}"
-            value /= 1024
+        return format_value(value, unit)
     if unit == "%":
         return f"{value:.1f}%"
     return f"{value:.1f}"

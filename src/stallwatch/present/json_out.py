@@ -44,23 +44,17 @@ def info_json(analysis: RunAnalysis) -> dict[str, Any]:
                       "metrics": sorted(f"{k.device}/{k.metric}" for k in run.system_keys(name))})
     return {**_header("info"), "run": run.uri, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,
             "end_us": s.end_us, "duration_s": s.duration_s, "size_bytes": sum(f.size for f in files),
-            "files": len(files), "exit": s.fate.to_json(), "nodes": nodes, "steps": s.steps,
+            "files": len(files), "fate": s.fate.to_json(), "exit": s.fate.to_json(), "nodes": nodes, "steps": s.steps,
             "step_stats": [asdict(x) for x in analysis.step_stats()] if analysis.ranks else [],
             "profiling_windows": analysis.profiles(), "notes": s.notes,
             "recorded_custom_rules": analysis.recorded_custom_rules}
 
 
 def summary_json(analysis: RunAnalysis, node: str | None = None) -> dict[str, Any]:
-    """The end-of-run summary: the job's span and fate, usage per node, steps per rank, and the findings."""
-    s = analysis.summary
-    nodes = [node] if node else analysis.nodes
-    return {**_header("summary"), "run": s.uri, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,
-            "end_us": s.end_us, "duration_s": s.duration_s, "exit": s.fate.to_json(), "nodes": s.nodes,
-            "steps": s.steps, "training_loop_s": s.loop_s,
-            "usage": {n: [asdict(u) for u in analysis.usage(n)] for n in nodes},
-            "step_stats": [asdict(x) for x in analysis.step_stats(node)],
-            "findings": analysis.findings.to_json(),
-            "cost": analysis.cost.to_json() if analysis.cost is not None else None}
+    """The end-of-run summary: the run document (`present/document.py`), as the dashboard's API serves it."""
+    from stallwatch.present.document import run_document
+
+    return run_document(analysis, node).to_json()
 
 
 def compare_json(analysis: RunAnalysis) -> dict[str, Any]:

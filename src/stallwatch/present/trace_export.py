@@ -21,35 +21,17 @@ from typing import IO, Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from stallwatch import catalogue, units
 from stallwatch.analyze.engine import Engine, LocalEngine, shared_uri
 from stallwatch.analyze.node_tasks import node_timeline, node_timeline_task
 from stallwatch.log import logger
 from stallwatch.records import (
     BACKWARD,
-    CPU_IOWAIT,
-    CPU_UTIL,
+    COLLECTIVE,
     DATA_WAIT,
-    DISK_READ_BPS,
-    DISK_WRITE_BPS,
     FORWARD,
-    GPU_MEM_BW_UTIL,
-    GPU_MEM_USED_BYTES,
-    GPU_MEM_UTIL,
-    GPU_POWER_W,
-    GPU_SM_CLOCK_MHZ,
-    GPU_TEMP_C,
-    GPU_UTIL,
-    MEM_USED_BYTES,
-    MEM_UTIL,
-    NET_RX_BPS,
-    NET_TX_BPS,
     OPTIMIZER,
-    PROC_COUNT,
-    PROC_RSS_BYTES,
     STEP,
-    WORKERS_ALIVE,
-    WORKERS_BUSY,
-    WORKERS_CPU_UTIL,
     MetricKey,
 )
 from stallwatch.store import layout
@@ -65,8 +47,8 @@ _COUNT_SLICE_US = 600 * 1_000_000  # the counting pass reads this much time at o
 _CLOCK_TOLERANCE_US = 60 * 1_000_000  # a torch trace further off its window is realigned to it
 _BUFFER = 4096  # events joined per write
 
-# Phases are named by their kind (one colour and one aggregate per kind in Perfetto); the stored name
-# (the module or optimizer class) goes into args.
+# Phases are named by their kind (one colour and one aggregate per kind in Perfetto; chrome://tracing takes the
+# catalogue's colour from "cname"); the stored name (the module or optimizer class) goes into args.
 _PHASES = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
 _INSTANT_KINDS = ("dataloader", "stop", "loop", "overhead")  # moments: start == end by definition
 _PARENT_FIRST = {"profiling": 0, STEP: 1}  # at equal spans the window encloses the step, the step its phases
@@ -83,32 +65,15 @@ class Series:
     scale: float = 1.0
 
 
-# (device: exact name, or "gpu#"/"cpu#" for gpu0…/cpu0…, metric) -> (name, unit, scale, in the default set)
-_SERIES: dict[tuple[str, str], tuple[str, str, float, bool]] = {
-    ("cpu", CPU_UTIL): ("CPU util", "%", 1.0, True),
-    ("cpu", CPU_IOWAIT): ("CPU I/O wait", "%", 1.0, True),
-    ("memory", MEM_UTIL): ("memory used", "%", 1.0, True),
-    ("gpu#", GPU_UTIL): ("{device} util", "%", 1.0, True),
-    ("gpu#", GPU_MEM_UTIL): ("{device} memory used", "%", 1.0, True),
-    ("disk", DISK_READ_BPS): ("disk read", "MB/s", 1e-6, True),
-    ("disk", DISK_WRITE_BPS): ("disk write", "MB/s", 1e-6, True),
-    ("net", NET_RX_BPS): ("network received", "MB/s", 1e-6, True),
-    ("net", NET_TX_BPS): ("network sent", "MB/s", 1e-6, True),
-    ("cpu#", CPU_UTIL): ("{device} util", "%", 1.0, False),
-    ("cpu#", CPU_IOWAIT): ("{device} I/O wait", "%", 1.0, False),
-    ("memory", MEM_USED_BYTES): ("memory in use", "GB", 1e-9, False),
-    ("gpu#", GPU_MEM_USED_BYTES): ("{device} memory in use", "GB", 1e-9, False),
-    ("gpu#", GPU_MEM_BW_UTIL): ("{device} memory bandwidth", "%", 1.0, False),
-    ("gpu#", GPU_POWER_W): ("{device} power", "W", 1.0, False),
-    ("gpu#", GPU_TEMP_C): ("{device} temperature", "°C", 1.0, False),
-    ("gpu#", GPU_SM_CLOCK_MHZ): ("{device} SM clock", "MHz", 1.0, False),
-    ("proc", CPU_UTIL): ("job CPU", "%", 1.0, False),
-    ("proc", PROC_RSS_BYTES): ("job memory (RSS)", "GB", 1e-9, False),
-    ("proc", PROC_COUNT): ("job processes", "count", 1.0, False),
-    ("proc", WORKERS_ALIVE): ("data workers alive", "count", 1.0, False),
-    ("proc", WORKERS_BUSY): ("data workers busy", "count", 1.0, False),
-    ("proc", WORKERS_CPU_UTIL): ("data workers CPU", "%", 1.0, False),
-}
+# (device: exact name, or "gpu#"/"cpu#" for gpu0…/cpu0…, metric) -> (name, unit, scale, in the default set): the
+# catalogue's metrics, their track names, in their axis units.
+def _track(m: catalogue.Metric) -> tuple[str, str, float, bool]:
+    unit, scale = units.axis(m.unit)
+    return m.track, unit or m.unit, scale, m.exported
+
+
+_SERIES: dict[tuple[str, str], tuple[str, str, float, bool]] = {(m.device, m.metric): _track(m)
+                                                                for m in catalogue.METRICS}
 DEFAULT_METRICS = frozenset(m for (_, m), spec in _SERIES.items() if spec[3])
 
 
@@ -462,7 +427,9 @@ def _head(kind: str, name: str, mode: str) -> tuple[str, str]:
         title = f"profiling {name}"
     else:
         title = name or kind
-    return f'"name":{_js(title)},"cat":{_js(kind)}', f'"mode":{_js(mode)}{extra}}}'
+    phase = catalogue.phase(kind) if kind in _PHASES or kind == COLLECTIVE else None
+    colour = f',"cname":{_js(phase.trace_colour)}' if phase is not None and phase.trace_colour else ""
+    return f'"name":{_js(title)},"cat":{_js(kind)}{colour}', f'"mode":{_js(mode)}{extra}}}'
 
 
 def _stored_args(text: str) -> dict[str, Any]:

@@ -79,6 +79,21 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         doc["version"] = state.version
         return doc
 
+    def document(state: RunState, q: Any) -> dict[str, Any]:
+        """The whole run document, as `stallwatch summary --json` prints it: from every sample, as the report."""
+        from stallwatch.analyze.analysis import RunAnalysis
+
+        a = state.analysis()
+        with state.lock:
+            rules = a.rule_results
+        return documents.full_doc(state.id, RunAnalysis(state.run, rule_results=rules))
+
+    def catalogue(q: Any) -> dict[str, Any]:
+        """Every phase's and metric's label, unit and colour, the palettes and the units' formatting rules."""
+        from stallwatch import catalogue as cat
+
+        return {**documents.header("catalogue"), **cat.to_json()}
+
     def findings(state: RunState, q: Any) -> dict[str, Any]:
         a = state.analysis()
         with state.lock:
@@ -250,7 +265,9 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/health", api(health)),
         Route("/metrics", api(metrics)),
         Route("/api/runs", api(runs)),
+        Route("/api/catalogue", api(catalogue)),
         Route("/api/run/{id}/summary", api(summary)),
+        Route("/api/run/{id}/document", api(document)),
         Route("/api/run/{id}/findings", api(findings)),
         Route("/api/run/{id}/usage", api(usage)),
         Route("/api/run/{id}/operators", api(operators)),

@@ -15,6 +15,7 @@ from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.node_series import NodeSeries
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
 from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
+from stallwatch.present.document import run_document
 from stallwatch.store.node_record import NodeRecord
 
 SCHEMA = 1
@@ -30,19 +31,14 @@ def runs_doc(root: str, rows: Sequence[RunRow]) -> dict[str, Any]:
 
 
 def summary_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
-    """The job summary: span, fate, nodes and ranks, steps per mode, the phase pie and training progress."""
-    s = a.summary
-    nodes = []
-    for name in a.nodes:
-        rec = a.node_record(name)
-        nodes.append({"name": name, "status": rec.status, "cores": rec.cpu_cores_logical, "gpus": len(rec.gpus),
-                      "ranks": a.ranks.get(name, []), "sample_interval_ms": s.sample_interval_ms.get(name),
-                      "end_us": rec.last_us})
-    return {**header("summary"), "id": run_id, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,
-            "end_us": s.end_us, "last_us": s.last_us, "duration_s": s.duration_s, "fate": s.fate.to_json(),
-            "nodes": nodes, "steps": s.steps, "total_steps": s.total_steps, "loop_s": s.loop_s,
-            "parts_s": s.parts_s(), "phase_shares": a.phase_shares, "notes": s.notes,
-            "progress": a.progress()}
+    """The job part of the run document (`present/document.py`, as `stallwatch summary --json` prints it) and
+    the training progress line; `id` is the name this dashboard serves the run under."""
+    return {**run_document(a, sections=("progress",)).to_json(), "id": run_id}
+
+
+def full_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
+    """The whole run document: what `stallwatch summary --json` prints for the run."""
+    return run_document(a).to_json()
 
 
 def findings_doc(a: RunAnalysis) -> dict[str, Any]:

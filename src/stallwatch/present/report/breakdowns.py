@@ -11,9 +11,10 @@ from typing import Any
 from bokeh.models import ColumnDataSource, HoverTool, Legend, LegendItem
 from bokeh.plotting import figure
 
-from stallwatch.present.charts import palette
+from stallwatch import catalogue
 
-OTHERS_COLOR = "#b8bec8"
+OTHERS_COLOR = catalogue.OTHERS_COLOUR
+UNNAMED = "(unnamed)"  # a slice whose name is empty still gets a legend entry
 LEGEND_CHARS = 38  # a longer name is cut in the legend (the hover shows it whole)
 
 
@@ -33,7 +34,8 @@ def pie(values: Mapping[str, float], *, title: str = "", unit: str = "", top: in
     """A pie of `values` (label -> amount in `unit`, e.g. seconds), largest first; with `top`, the others, and
     `rest` (an amount not itemized in `values`), are one grey `others` wedge. Each wedge is its own renderer,
     so its legend entry hides it."""
-    items = [(str(k), float(v)) for k, v in values.items() if v is not None and math.isfinite(v) and float(v) > 0]
+    items = [(str(k).strip() or UNNAMED, float(v)) for k, v in values.items()
+             if v is not None and math.isfinite(v) and float(v) > 0]
     items.sort(key=lambda kv: -kv[1])
     if top is not None and len(items) > top:
         rest += sum(v for _, v in items[top:])
@@ -46,10 +48,10 @@ def pie(values: Mapping[str, float], *, title: str = "", unit: str = "", top: in
                x_range=(-1.05, 1.05), y_range=(-1.05, 1.05), toolbar_location="below")
     legend = []
     start = math.pi / 2  # clockwise from twelve o'clock, as pies are read
-    colors = palette(len(items))
+    colors = catalogue.colours([label for label, _ in items])  # a phase's own colour, whatever its place
     for i, (label, value) in enumerate(items):
         angle = 2 * math.pi * value / total
-        color = OTHERS_COLOR if i == grey else colors[i]
+        color = OTHERS_COLOR if i == grey else colors[label]
         source = ColumnDataSource({"label": [label], "value": [value], "share": [100.0 * value / total]})
         r = p.wedge(x=0, y=0, radius=1.0, start_angle=start - angle, end_angle=start, source=source,
                     fill_color=color, line_color="white", line_width=1.5)
@@ -76,9 +78,10 @@ def device_bars(devices: Sequence[str], stats: Sequence[Mapping[str, float]], *,
     p = figure(x_range=list(devices), width=width, height=height, title=title, tools="xpan,xwheel_zoom,reset,save",
                toolbar_location="below", y_axis_label=unit)
     series = [
-        p.vbar(x="device", top="p50", width=0.7, source=source, fill_color="#4c78a8", line_color=None, alpha=0.8),
-        p.scatter(x="device", y="p95", source=source, size=8, marker="diamond", color="#f58518"),
-        p.scatter(x="device", y="max", source=source, size=7, marker="triangle", color="#c0392b"),
+        p.vbar(x="device", top="p50", width=0.7, source=source, fill_color=catalogue.PLAIN_COLOUR, line_color=None,
+               alpha=0.8),
+        p.scatter(x="device", y="p95", source=source, size=8, marker="diamond", color=catalogue.SERIES_PALETTE[1]),
+        p.scatter(x="device", y="max", source=source, size=7, marker="triangle", color=catalogue.HIGHLIGHT_COLOUR),
     ]
     p.add_layout(Legend(items=[LegendItem(label=n, renderers=[r]) for n, r in zip(("p50", "p95", "max"), series)],
                         click_policy="hide", label_text_font_size="9pt"), "right")

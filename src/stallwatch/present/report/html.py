@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from stallwatch import catalogue
 from stallwatch.log import logger
 from stallwatch.present.report.model import (
     GOOD,
@@ -54,10 +55,6 @@ code { font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; 
        padding: 1px 4px; border-radius: 3px; }
 .verdict { margin: 10px 0; padding: 10px 14px; border-left: 5px solid; border-radius: 4px; max-width: 110ch; }
 .verdict .label { font-weight: 600; margin-right: 6px; }
-.verdict.good { border-color: #2e8540; background: #eaf6ec; }
-.verdict.info { border-color: #2b5fab; background: #eaf1fb; }
-.verdict.warn { border-color: #c98a00; background: #fdf5e2; }
-.verdict.issue { border-color: #c0392b; background: #fbeceb; }
 .na { color: var(--muted); font-style: italic; }
 .caption { font-weight: 600; margin: 16px 0 6px; }
 .table-wrap { overflow-x: auto; margin: 6px 0 14px; }
@@ -69,7 +66,8 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 tbody tr:nth-child(even) td { background: #fafbfc; }
 .chart { margin: 6px 0 16px; }
 footer { color: var(--muted); font-size: 13px; margin-top: 40px; }
-"""
+""" + "".join(f".verdict.{level} {{ border-color: {colour}; background: {tint}; }}\n"  # the dashboard's too
+              for level, (colour, tint) in catalogue.LEVELS.items())
 
 
 def escape(text: Any) -> str:

@@ -53,7 +53,7 @@ def test_time_breakdowns_collectives_and_ranks(tmp_path: Path):
     assert [r[0] for r in per_rank.rows] == ["algo-1/0", "algo-1/1", "algo-2/0", "algo-2/1"]
     assert per_rank.columns[2:5] == ["TRAIN %", "EVAL %", "others %"]
     events = next(b for b in main.blocks if isinstance(b, Table) and b.caption.startswith("Framework events"))
-    assert ["collective", "all_reduce", calls] in [r[:3] for r in events.rows]
+    assert ["collectives", "all_reduce", calls] in [r[:3] for r in events.rows]  # the catalogue's label
     # both devices: the ratio pie, labelled right (SageMaker swapped the labels)
     cpu_us = sum(s for _, d, _, s, _ in OPERATORS if d == "cpu")
     gpu_us = sum(s for _, d, _, s, _ in OPERATORS if d == "cuda")
@@ -150,9 +150,9 @@ def test_a_share_says_of_what_and_one_slice_is_a_sentence_not_a_pie(tmp_path: Pa
     main, _, _ = _build(root, rule_results=[RuleResult.from_json(result)])
     text = _text(main)
     assert "All of it was in GLOBAL steps." in text  # the loop's one phase: a sentence
-    assert "All of the 100 timed GLOBAL steps' 10.0 s was optimizer." in text
+    assert "All of the 100 timed GLOBAL steps' 10.0 s was optimizer step." in text  # the catalogue's label
     assert "Of the 50 timed TRAIN steps' 20.0 s: backward 90 %, waiting for data 4 %, the loop's own code 4 %, " \
-           "optimizer 2 %." in text
+           "optimizer step 2 %." in text
     charts = [b for b in main.blocks if isinstance(b, Chart)]
     assert [[f.title.text for f in c.model.children] for c in charts] == [["TRAIN steps' time"]]
     assert "61 %" not in text

@@ -4,8 +4,7 @@
 "use strict";
 
 const Charts = (() => {
-  const PALETTE = ["#2b5fa8", "#e08a00", "#2f7d32", "#b3261e", "#7b3fa8", "#00838f", "#8d6e63", "#c2185b",
-                   "#546e7a", "#9e9d24"];
+  // Colours, labels and number formats come from the catalogue (catalogue.js), the report's own.
   const PAD = { l: 48, r: 12, t: 22, b: 22 };
 
   function fmtTime(us, spanUs) {
@@ -71,7 +70,7 @@ const Charts = (() => {
       let m = 0;
       for (const l of this.data.lines) for (const v of (l.hi || l.values)) if (v !== null && v > m) m = v;
       for (const b of this.data.bands) for (const v of b.hi) if (v !== null && v > m) m = v;
-      return m > 0 ? m * 1.1 : 1;
+      return niceMax(m > 0 ? m : 1);
     }
     draw() {
       const [ctx, w, h] = sizeCanvas(this.canvas);
@@ -85,7 +84,7 @@ const Charts = (() => {
       for (let i = 0; i <= 4; i++) {
         const v = ym * i / 4, y = Y(v);
         ctx.beginPath(); ctx.moveTo(PAD.l, y); ctx.lineTo(w - PAD.r, y); ctx.stroke();
-        ctx.fillText(v >= 100 ? v.toFixed(0) : v.toFixed(v >= 10 ? 0 : 1), 4, y + 4);
+        ctx.fillText(Cat.number(v), 4, y + 4);
       }
       const label = ctx.measureText(fmtTime(x0, x1 - x0)).width + 12;  // as many labels as fit side by side
       const nx = Math.max(1, Math.min(5, Math.floor(pw / label)));
@@ -170,18 +169,26 @@ const Charts = (() => {
       let lo = 0, hi = ts.length - 1;
       while (lo < hi) { const m = (lo + hi) >> 1; if (ts[m] < t) lo = m + 1; else hi = m; }
       const lines = [fmtTime(ts[lo], 0)];
-      for (const l of this.data.lines) { const v = l.values[lo]; if (v !== null && v !== undefined) lines.push(`${l.name}: ${v.toFixed(1)}${this.opts.unit}`); }
+      for (const l of this.data.lines) { const v = l.values[lo]; if (v !== null && v !== undefined) lines.push(`${l.name}: ${Cat.fmt(v * (this.opts.scale || 1), this.opts.unit)}`); }
       this.tip.textContent = lines.join("\n");
       this.tip.style.left = (e.offsetX + 12) + "px"; this.tip.style.top = (e.offsetY + 8) + "px"; this.tip.style.display = "block";
     }
   }
 
-  // Rows × columns of values as colored cells (NaN: blank); `highlight` rows get an outline.
-  function heatmap(el, { rows, values, max, title, xLabel, highlight, height }) {
+  // The top of an axis from 0 to at least `m`: four ticks of a round step (1, 2, 2.5 or 5 × 10^k).
+  function niceMax(m) {
+    const raw = m / 4, p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].map(k => k * p).find(s => s >= raw) || 10 * p;
+    return step * 4;
+  }
+
+  // Rows × columns of values as coloured cells, Viridis as the report's (no data: its grey); a colour bar
+  // on the right; `highlight` rows get an outline.
+  function heatmap(el, { rows, values, max, title, xLabel, highlight, height, unit }) {
     const h = height || Math.max(80, Math.min(rows.length * 14 + 40, 420));
     const [c, tip] = canvasIn(el, h);
     const [ctx, w] = sizeCanvas(c);
-    const left = 90, top = 18, pw = w - left - 10, ph = h - top - 20;
+    const left = 90, top = 18, pw = w - left - 70, ph = h - top - 20;
     const cols = values.length ? values[0].length : 0;
     let m = max || 0;
     if (!m) for (const r of values) for (const v of r) if (v !== null && v > m) m = v;
@@ -190,9 +197,8 @@ const Charts = (() => {
     const cw = pw / Math.max(cols, 1), rh = ph / Math.max(rows.length, 1);
     for (let i = 0; i < rows.length; i++) {
       for (let j = 0; j < cols; j++) {
-        const v = values[i][j]; if (v === null) continue;
-        const f = Math.min(v / m, 1);
-        ctx.fillStyle = `rgb(${Math.round(255 - 200 * f)},${Math.round(245 - 150 * f)},${Math.round(235 - 60 * f)})`;
+        const v = values[i][j];
+        ctx.fillStyle = Cat.heat(v === null ? null : Math.min(v / m, 1));
         ctx.fillRect(left + j * cw, top + i * rh, Math.ceil(cw), Math.ceil(rh));
       }
       ctx.fillStyle = "#3a4458"; ctx.font = "11px system-ui";
@@ -200,19 +206,25 @@ const Charts = (() => {
       if (highlight && highlight.has(rows[i])) { ctx.strokeStyle = "#b3261e"; ctx.lineWidth = 2; ctx.strokeRect(left, top + i * rh, pw, rh); }
     }
     ctx.fillStyle = "#6b7385"; ctx.fillText(xLabel || "", left, h - 4);
+    const bx = left + pw + 12, bh = Math.max(ph, 20);  // the colour bar: 0 at the bottom, the top value above
+    for (let k = 0; k < bh; k++) { ctx.fillStyle = Cat.heat(1 - k / bh); ctx.fillRect(bx, top + k, 10, 1); }
+    ctx.fillStyle = "#3a4458"; ctx.font = "11px system-ui";
+    ctx.fillText(Cat.fmt(m, unit || ""), bx + 13, top + 9); ctx.fillText(Cat.fmt(0, unit || ""), bx + 13, top + bh);
     el.dataset.cells = String(rows.length * cols);
+    el.dataset.palette = "viridis";
     c.addEventListener("mousemove", e => {
       const j = Math.floor((e.offsetX - left) / cw), i = Math.floor((e.offsetY - top) / rh);
       if (i < 0 || j < 0 || i >= rows.length || j >= cols) { tip.style.display = "none"; return; }
       const v = values[i][j];
-      tip.textContent = `${rows[i]} · ${j}: ${v === null ? "–" : v.toFixed(1)}`;
+      tip.textContent = `${rows[i]} · ${j}: ${v === null ? "no data" : Cat.fmt(v, unit || "")}`;
       tip.style.left = (e.offsetX + 12) + "px"; tip.style.top = (e.offsetY + 8) + "px"; tip.style.display = "block";
     });
     c.addEventListener("mouseleave", () => { tip.style.display = "none"; });
   }
 
   // Stacked bars: one bar per item, parts by key.
-  function stacked(el, { items, keys, title, height }) {
+  function stacked(el, { items, keys, title, height, unit }) {
+    const colours = Cat.colours(keys);
     const [c] = canvasIn(el, height || 170);
     const [ctx, w, h] = sizeCanvas(c);
     const pw = w - PAD.l - PAD.r, ph = h - PAD.t - PAD.b - 14;
@@ -220,17 +232,18 @@ const Charts = (() => {
     m = m || 1;
     ctx.fillStyle = "#1d2330"; ctx.font = "600 12px system-ui"; ctx.fillText(title || "", PAD.l, 14);
     ctx.font = "11px system-ui"; ctx.fillStyle = "#6b7385";
-    ctx.fillText(m.toFixed(0) + " ms", 4, PAD.t + 8);
+    ctx.fillText(Cat.fmt(m, unit || "ms"), 4, PAD.t + 8);
     const bw = pw / Math.max(items.length, 1);
     items.forEach((it, i) => {
       let y = PAD.t + ph;
       keys.forEach((k, j) => {
         const v = it.parts[k] || 0, hh = v / m * ph;
-        ctx.fillStyle = PALETTE[j % PALETTE.length]; ctx.fillRect(PAD.l + i * bw + 1, y - hh, Math.max(bw - 2, 1), hh); y -= hh;
+        ctx.fillStyle = colours[k]; ctx.fillRect(PAD.l + i * bw + 1, y - hh, Math.max(bw - 2, 1), hh); y -= hh;
       });
       if (items.length <= 40 && i % 5 === 0) { ctx.fillStyle = "#6b7385"; ctx.fillText(String(it.label), PAD.l + i * bw, PAD.t + ph + 12); }
     });
-    let lx = PAD.l; keys.forEach((k, j) => { ctx.fillStyle = PALETTE[j % PALETTE.length]; ctx.fillRect(lx, h - 10, 10, 8); ctx.fillStyle = "#3a4458"; ctx.fillText(k, lx + 13, h - 2); lx += ctx.measureText(k).width + 26; });
+    let lx = PAD.l; keys.forEach(k => { const name = Cat.label(k); ctx.fillStyle = colours[k]; ctx.fillRect(lx, h - 10, 10, 8); ctx.fillStyle = "#3a4458"; ctx.fillText(name, lx + 13, h - 2); lx += ctx.measureText(name).width + 26; });
+    el.dataset.colours = JSON.stringify(Object.fromEntries(keys.map(k => [Cat.label(k), colours[k]])));
     el.dataset.bars = String(items.length);
     el.dataset.last = items.length ? String(items[items.length - 1].label) : "";
   }
@@ -242,21 +255,24 @@ const Charts = (() => {
     const svg = document.createElementNS(ns, "svg"); svg.setAttribute("viewBox", "0 0 320 140"); svg.setAttribute("width", "320");
     if (!total) { el.textContent = "no steps recorded yet"; return; }
     let a = -Math.PI / 2;
+    const colours = Cat.colours(parts.map(p => p.label));  // a phase's own colour, whatever its place
+    el.dataset.colours = JSON.stringify(colours);
+    parts = parts.filter(p => p.value > 0);
     parts.forEach((p, i) => {
       const da = p.value / total * 2 * Math.PI; if (da <= 0) return;
       const path = document.createElementNS(ns, "path");
       const x0 = 70 + 60 * Math.cos(a), y0 = 70 + 60 * Math.sin(a), x1 = 70 + 60 * Math.cos(a + da), y1 = 70 + 60 * Math.sin(a + da);
       path.setAttribute("d", da >= 2 * Math.PI - 1e-6 ? "M70,10 A60,60 0 1 1 69.99,10 Z" : `M70,70 L${x0},${y0} A60,60 0 ${da > Math.PI ? 1 : 0} 1 ${x1},${y1} Z`);
-      path.setAttribute("fill", PALETTE[i % PALETTE.length]);
-      const t = document.createElementNS(ns, "title"); t.textContent = `${p.label}: ${(p.value / total * 100).toFixed(1)} %`; path.appendChild(t);
+      path.setAttribute("fill", colours[p.label]);
+      const t = document.createElementNS(ns, "title"); t.textContent = `${p.label}: ${Cat.fmt(p.value / total * 100, "%")}`; path.appendChild(t);
       svg.appendChild(path);
-      const r = document.createElementNS(ns, "rect"); r.setAttribute("x", "150"); r.setAttribute("y", String(14 + i * 18)); r.setAttribute("width", "10"); r.setAttribute("height", "10"); r.setAttribute("fill", PALETTE[i % PALETTE.length]); svg.appendChild(r);
+      const r = document.createElementNS(ns, "rect"); r.setAttribute("x", "150"); r.setAttribute("y", String(14 + i * 18)); r.setAttribute("width", "10"); r.setAttribute("height", "10"); r.setAttribute("fill", colours[p.label]); svg.appendChild(r);
       const tx = document.createElementNS(ns, "text"); tx.setAttribute("x", "165"); tx.setAttribute("y", String(23 + i * 18)); tx.setAttribute("font-size", "12");
-      tx.textContent = `${p.label} ${(p.value / total * 100).toFixed(1)} %`; svg.appendChild(tx);
+      tx.textContent = `${p.label} ${Cat.fmt(p.value / total * 100, "%")}`; svg.appendChild(tx);
       a += da;
     });
     el.appendChild(svg);
   }
 
-  return { Sync, TimeChart, heatmap, stacked, pie, PALETTE, fmtTime };
+  return { Sync, TimeChart, heatmap, stacked, pie, fmtTime, niceMax, get PALETTE() { return Cat.palette(); } };
 })();

@@ -27,8 +27,32 @@ async function api(path, opts) {
 const runApi = (what, params) => api(`/api/run/${encodeURIComponent(state.run)}/${what}` + (params ? "?" + new URLSearchParams(params) : ""));
 
 function fmtUs(us) { return us ? new Date(us / 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "–"; }
-function fmtDur(s) { if (s === null || s === undefined) return "–"; if (s < 120) return `${s.toFixed(1)} s`; if (s < 7200) return `${(s / 60).toFixed(1)} min`; return `${(s / 3600).toFixed(2)} h`; }
+function fmtDur(s) { if (s === null || s === undefined) return "–"; if (s < 120) return Cat.fmt(s, "s"); if (s < 7200) return `${(s / 60).toFixed(1)} min`; return `${(s / 3600).toFixed(2)} h`; }
 function num(v, d = 1) { return v === null || v === undefined ? "–" : Number(v).toFixed(d); }
+// A nested object (a finding's evidence, a rule's details) as a table of names and formatted values (the unit
+// from each name's suffix, catalogue.js), never raw JSON; at most `limit` rows.
+function kvTable(obj, limit = 200) {
+  const t = el("table", { class: "data kv-data" });
+  let rows = 0;
+  const walk = (prefix, v, depth) => {
+    if (rows >= limit) return;
+    if (v !== null && typeof v === "object" && !Array.isArray(v) && depth < 4) {
+      for (const [k, x] of Object.entries(v)) walk(prefix ? `${prefix} › ${k}` : k, x, depth + 1);
+      return;
+    }
+    const key = prefix.split(" › ").pop();
+    let text;
+    if (Array.isArray(v)) {
+      const shown = v.slice(0, 8).map(x => x !== null && typeof x === "object" ? Object.entries(x).map(([a, b]) => `${a} ${Cat.value(a, b)}`).join(", ") : Cat.value(key, x));
+      text = shown.join("; ") + (v.length > 8 ? ` … (${v.length} in all)` : "");
+    } else text = Cat.value(key, v);
+    t.appendChild(el("tr", {}, el("td", { class: "text" }, prefix), el("td", { class: "text" }, text)));
+    rows++;
+  };
+  walk("", obj, 0);
+  if (rows >= limit) t.appendChild(el("tr", {}, el("td", { class: "muted" }, `first ${limit} values shown`)));
+  return t;
+}
 function showError(e) { $("error").textContent = e ? String(e.message || e) : ""; }
 
 // -- routing -----------------------------------------------------------------------------------------------
@@ -113,12 +137,12 @@ function renderSummary(s) {
     ["Command", s.command.join(" ")], ["Start", fmtUs(s.start_us)], ["Duration", fmtDur(s.duration_s)],
     ["Nodes", `${s.nodes.length} (${s.nodes.map(n => n.name).join(", ")})`],
     ["Ranks", String(s.nodes.reduce((a, n) => a + n.ranks.length, 0))],
-    ["Steps", steps], ["Training loop", fmtDur(s.loop_s)], ["Sampling interval", intervals]];
+    ["Steps", steps], ["Training loop", fmtDur(s.training_loop_s)], ["Sampling interval", intervals]];
   for (const [k, v] of rows) t.appendChild(el("tr", {}, el("td", {}, k), el("td", { id: k === "Steps" ? "steps-cell" : null }, v)));
   const parts = s.parts_s ? Object.entries(s.parts_s).map(([label, value]) => ({ label, value })) : [];
   Charts.pie($("phase-pie"), parts);
   const pc = new Charts.TimeChart($("progress-chart"), { height: 120, title: "steps done (all ranks)" });
-  pc.setData({ ts: s.progress.t, lines: [{ name: "steps", color: Charts.PALETTE[0], values: s.progress.steps }], bands: [] });
+  pc.setData({ ts: s.progress.t, lines: [{ name: "steps", color: Cat.colour("TRAIN"), values: s.progress.steps }], bands: [] });
   for (const n of s.notes || []) t.appendChild(el("tr", {}, el("td", {}, "Note"), el("td", {}, n)));
 }
 
@@ -138,7 +162,7 @@ function renderFindings(f) {
       el("div", { class: "title" }, x.title),
       el("div", { class: "muted" }, `${x.rule} · ${x.severity}` + (x.time_at_stake_s ? ` · ${fmtDur(x.time_at_stake_s)} at stake` : "") + (where ? ` · ${where}` : "")),
       el("div", {}, x.recommendation),
-      el("details", {}, el("summary", {}, "evidence"), el("pre", {}, JSON.stringify(x.evidence, null, 2))));
+      el("details", {}, el("summary", {}, "evidence"), kvTable(x.evidence)));
     if (x.where.windows && x.where.windows.length) {
       card.appendChild(el("button", { class: "show-on-nodes", onclick: () => showWindows(x) }, `Show on Nodes (${x.where.windows.length} window${x.where.windows.length > 1 ? "s" : ""})`));
     }
@@ -153,8 +177,8 @@ function renderFindings(f) {
         el("span", { class: "muted" }, ` — ${r.violations ?? 0} violations of ${r.datapoints ?? 0} datapoints`)),
       el("p", {}, r.description || ""), el("p", {}, el("b", {}, "Recommendation: "), r.recommendation || ""),
       r.message ? el("p", { class: "muted" }, r.message) : null,
-      el("p", {}, el("b", {}, "Criteria: "), Object.entries(r.parameters).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")),
-      el("pre", {}, JSON.stringify(r.details, null, 2).slice(0, 20000))));
+      el("p", {}, el("b", {}, "Criteria: "), Object.entries(r.parameters).map(([k, v]) => `${k}=${Cat.value(k, v)}`).join(", ")),
+      kvTable(r.details)));
   }
 }
 
@@ -170,21 +194,20 @@ function showWindows(finding) {
 
 function renderUsage(u) {
   const t = $("usage-table"); t.textContent = "";
-  t.appendChild(el("tr", {}, ...["Node", "Metric", "mean", "p50", "p95", "max", "unit"].map(h => el("th", {}, h))));
-  const scale = unit => unit === "B/s" || unit === "B" ? [1e6, unit === "B" ? "MB" : "MB/s"] : [1, unit];
+  t.appendChild(el("tr", {}, ...["Node", "Metric", "mean", "p50", "p95", "max"].map(h => el("th", {}, h))));
   for (const [node, stats] of Object.entries(u.nodes)) for (const s of stats) {
-    const [k, unit] = scale(s.unit);
-    t.appendChild(el("tr", {}, el("td", {}, node), el("td", { class: "text" }, s.label), el("td", {}, num(s.mean / k)), el("td", {}, num(s.p50 / k)), el("td", {}, num(s.p95 / k)), el("td", {}, num(s.max / k)), el("td", { class: "text" }, unit)));
+    const f = v => Cat.fmt(v, s.unit);
+    t.appendChild(el("tr", {}, el("td", {}, node), el("td", { class: "text" }, s.label), el("td", {}, f(s.mean)), el("td", {}, f(s.p50)), el("td", {}, f(s.p95)), el("td", {}, f(s.max))));
   }
   t.appendChild(el("caption", { class: "muted" }, `mean and max of every snapshot; p50 and p95 of ${u.percentiles_of}`));
-  for (const s of u.all) t.appendChild(el("tr", {}, el("td", {}, "all nodes"), el("td", { class: "text" }, s.label), el("td", {}, num(s.mean)), el("td", {}, "–"), el("td", {}, "–"), el("td", {}, num(s.max)), el("td", { class: "text" }, "%")));
+  for (const s of u.all) t.appendChild(el("tr", {}, el("td", {}, "all nodes"), el("td", { class: "text" }, s.label), el("td", {}, Cat.fmt(s.mean, "%")), el("td", {}, "–"), el("td", {}, "–"), el("td", {}, Cat.fmt(s.max, "%"))));
 }
 
 function renderOperators(o) {
   const box = $("operators"); box.textContent = "";
   if (!o.operators.length) { box.appendChild(el("p", { class: "muted" }, o.windows ? "The detailed windows recorded no operators." : "No detailed-profiling window yet: request one below.")); return; }
   const t = el("table", { class: "data" }, el("tr", {}, el("th", {}, "Operator [device]"), el("th", {}, "self time per step (ms)")));
-  for (const x of o.operators) t.appendChild(el("tr", {}, el("td", {}, x.name), el("td", {}, num(x.self_us_per_step / 1000, 2))));
+  for (const x of o.operators) t.appendChild(el("tr", {}, el("td", {}, x.name), el("td", {}, Cat.number(x.self_us_per_step / 1000))));
   box.appendChild(t);
 }
 
@@ -256,12 +279,12 @@ function makeCharts() {
   const sync = new Charts.Sync((x0, x1) => { state.from = x0; state.to = x1; writeHash(); loadTimeline(false).catch(showError); });
   const c = {
     sync,
-    cpu: new Charts.TimeChart($("chart-cpu"), { title: "CPU utilization (%)", percent: true, unit: " %" }),
-    net: new Charts.TimeChart($("chart-net"), { title: "Network (MB/s)", unit: " MB/s" }),
-    gpu: new Charts.TimeChart($("chart-gpu"), { title: "GPU utilization (%)", percent: true, unit: " %" }),
-    gpumem: new Charts.TimeChart($("chart-gpumem"), { title: "GPU memory (% used)", percent: true, unit: " %" }),
-    mem: new Charts.TimeChart($("chart-mem"), { title: "CPU memory and I/O wait (%)", percent: true, unit: " %" }),
-    events: new Charts.TimeChart($("chart-events"), { title: "steps and phases", height: 120, brushOnDrag: true, onBrush: brushed }),
+    cpu: new Charts.TimeChart($("chart-cpu"), { title: Cat.title("cpu", "cpu_util", "CPU utilization") + " (%)", percent: true, unit: "%" }),
+    net: new Charts.TimeChart($("chart-net"), { title: Cat.title("net", "net_bps", "Network") + " (MB/s)", unit: "B/s", scale: 1e6 }),
+    gpu: new Charts.TimeChart($("chart-gpu"), { title: Cat.title("gpu0", "gpu_util", "GPU utilization") + " (%)", percent: true, unit: "%" }),
+    gpumem: new Charts.TimeChart($("chart-gpumem"), { title: Cat.title("gpu0", "gpu_mem_util", "GPU memory") + " (% used)", percent: true, unit: "%" }),
+    mem: new Charts.TimeChart($("chart-mem"), { title: "CPU memory and I/O wait (%)", percent: true, unit: "%" }),
+    events: new Charts.TimeChart($("chart-events"), { title: "steps and phases (ms)", height: 120, brushOnDrag: true, onBrush: brushed, unit: "ms" }),
   };
   for (const k of ["cpu", "net", "gpu", "gpumem", "mem", "events"]) sync.add(c[k]);
   return c;
@@ -278,7 +301,7 @@ async function renderNodes() {
   writeHash();
   await loadTimeline(true);
   loadSteps().catch(showError);
-  runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
+  runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, unit: "%", title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
   renderBadges();
 }
 
@@ -310,6 +333,14 @@ function pickers(t) {
   };
   mk($("core-pick"), t.cores, state.cores, n => n);
   mk($("gpu-pick"), t.gpus, state.gpus, n => n);
+  // A node without GPUs draws no empty GPU charts: one line says why.
+  const noGpu = !t.gpus.length;
+  for (const id of ["chart-gpu", "chart-gpumem"]) $(id).hidden = noGpu;
+  $("gpu-pick").parentElement.hidden = noGpu;
+  let na = $("gpu-na");
+  if (!na) { na = el("p", { id: "gpu-na", class: "muted not-applicable" }); $("chart-gpu").before(na); }
+  na.hidden = !noGpu;
+  na.textContent = noGpu ? `No GPU on node ${t.node}: GPU utilization and GPU memory do not apply.` : "";
 }
 
 function line(t, key, name, color, band) {
@@ -320,16 +351,16 @@ function line(t, key, name, color, band) {
 function drawTimeline() {
   const t = state.timeline; if (!t || !charts) return;
   const P = Charts.PALETTE, ts = t.ts, lines = xs => xs.filter(Boolean);
+  const M = (device, metric) => (Cat.metric(device, metric) || { colour: P[0] }).colour;
   const spans = (state.flagged || []).map(w => ({ start: w[0], end: w[1] }));
-  charts.cpu.setData({ ts, spans, bands: [], lines: lines([line(t, "cpu", "all cores", P[0], true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))]) });
-  charts.net.setData({ ts, spans, bands: [], lines: lines([line(t, "net_rx", "received", P[0], true), line(t, "net_tx", "sent", P[1], true)]) });
-  const band = t.series.gpu_lo ? [{ lo: t.series.gpu_lo.min, hi: t.series.gpu_hi.max, color: P[2] }] : [];
-  charts.gpu.setData({ ts, spans, bands: band, lines: lines([line(t, "gpu", "mean of GPUs", P[2]), ...[...state.gpus].map((g, i) => line(t, g, g, P[(i + 3) % P.length]))]) });
-  charts.gpumem.setData({ ts, spans, bands: [], lines: lines([line(t, "gpu_mem", "mean of GPUs", P[2], true), ...[...state.gpus].map((g, i) => line(t, g + "_mem", g, P[(i + 3) % P.length]))]) });
-  charts.mem.setData({ ts, spans, bands: [], lines: lines([line(t, "memory", "memory", P[4], true), line(t, "iowait", "I/O wait", P[3], true)]) });
+  charts.cpu.setData({ ts, spans, bands: [], lines: lines([line(t, "cpu", "all cores", M("cpu", "cpu_util"), true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))]) });
+  charts.net.setData({ ts, spans, bands: [], lines: lines([line(t, "net_rx", "received", M("net", "net_rx_bps"), true), line(t, "net_tx", "sent", M("net", "net_tx_bps"), true)]) });
+  const band = t.series.gpu_lo ? [{ lo: t.series.gpu_lo.min, hi: t.series.gpu_hi.max, color: M("gpu0", "gpu_util") }] : [];
+  charts.gpu.setData({ ts, spans, bands: band, lines: lines([line(t, "gpu", "mean of GPUs", M("gpu0", "gpu_util")), ...[...state.gpus].map((g, i) => line(t, g, g, P[(i + 3) % P.length]))]) });
+  charts.gpumem.setData({ ts, spans, bands: [], lines: lines([line(t, "gpu_mem", "mean of GPUs", M("gpu0", "gpu_mem_util"), true), ...[...state.gpus].map((g, i) => line(t, g + "_mem", g, P[(i + 3) % P.length]))]) });
+  charts.mem.setData({ ts, spans, bands: [], lines: lines([line(t, "memory", "memory", M("memory", "mem_util"), true), line(t, "iowait", "I/O wait", M("cpu", "cpu_iowait"), true)]) });
 }
 
-const PHASE_COLORS = { data_wait: "#e08a00", forward: "#2f6fdf", backward: "#7a4fd0", optimizer: "#2a9d5b" };
 function drawEvents(ev) {
   // Few events: each step's duration at its start, data waits shaded. Too many (a whole run): per time bucket the
   // mean step and, stacked under it, each phase's time per step (from the rollups, or the events, in buckets).
@@ -341,17 +372,17 @@ function drawEvents(ev) {
     for (const k of ["data_wait", "forward", "backward", "optimizer"]) {
       if (!b.some(x => x.phases_ms[k] !== undefined)) continue;
       const top = b.map((x, i) => below[i] + (x.phases_ms[k] || 0));
-      bands.push({ lo: below, hi: top, color: PHASE_COLORS[k] });
-      lines.push({ name: k, color: PHASE_COLORS[k], values: top, width: 1 });
+      bands.push({ lo: below, hi: top, color: Cat.colour(k) });
+      lines.push({ name: Cat.label(k), color: Cat.colour(k), values: top, width: 1 });
       below = top;
     }
-    lines.push({ name: "step (ms, mean per bucket)", color: Charts.PALETTE[0], values: b.map(x => x.step_ms), width: 2 });
+    lines.push({ name: "step (mean per bucket)", color: Cat.colour("TRAIN"), values: b.map(x => x.step_ms), width: 2 });
     $("chart-events").dataset.buckets = String(b.length);
     charts.events.setData({ ts, lines, bands, spans: [] });
   } else {
     const steps = ev.events.filter(e => e.kind === "step");
-    const lines = [{ name: "step (ms)", color: Charts.PALETTE[0], values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
-    const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: "rgba(224,138,0,.25)" }));
+    const lines = [{ name: "step", color: Cat.colour("TRAIN"), values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
+    const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: Cat.colour("data_wait") + "40" }));
     charts.events.setData({ ts: steps.map(e => e.start_us), lines, bands: [], spans: phaseSpans });
   }
   if (box.dataset.brushed) return;
@@ -361,8 +392,8 @@ function drawEvents(ev) {
 }
 
 function totalsTable(ev) {
-  const t = el("table", { class: "data" }, el("tr", {}, el("th", {}, "event"), el("th", {}, "count"), el("th", {}, "time (s)")));
-  for (const x of ev.totals) t.appendChild(el("tr", {}, el("td", {}, x.kind), el("td", {}, String(x.count)), el("td", {}, num(x.total_s, 3))));
+  const t = el("table", { class: "data" }, el("tr", {}, el("th", {}, "event"), el("th", {}, "count"), el("th", {}, "time")));
+  for (const x of ev.totals) t.appendChild(el("tr", {}, el("td", {}, Cat.label(x.kind)), el("td", {}, x.count.toLocaleString("en-US")), el("td", {}, Cat.fmt(x.total_s, "s"))));
   return t;
 }
 
@@ -373,7 +404,7 @@ async function brushed(x0, x1) {
   box.appendChild(totalsTable(ev));
   if (!ev.truncated && ev.events.length <= 60) {
     const t = el("table", { class: "data" }, el("tr", {}, ...["kind", "name", "rank", "step", "start", "ms"].map(h => el("th", {}, h))));
-    for (const e of ev.events) t.appendChild(el("tr", {}, el("td", {}, e.kind), el("td", { class: "text" }, e.name), el("td", {}, String(e.rank)), el("td", {}, e.step === null ? "" : String(e.step)), el("td", {}, Charts.fmtTime(e.start_us, 0)), el("td", {}, num((e.end_us - e.start_us) / 1000, 2))));
+    for (const e of ev.events) t.appendChild(el("tr", {}, el("td", {}, Cat.label(e.kind)), el("td", { class: "text" }, e.name), el("td", {}, String(e.rank)), el("td", {}, e.step === null ? "" : String(e.step)), el("td", {}, Charts.fmtTime(e.start_us, 0)), el("td", {}, Cat.number((e.end_us - e.start_us) / 1000))));
     box.appendChild(t);
   }
 }
@@ -386,7 +417,11 @@ let recentSteps = [];
 function drawSteps(steps) {
   recentSteps = steps.slice(-30);
   const keys = ["data_wait", "forward", "backward", "optimizer", "other"];
-  Charts.stacked($("chart-steps"), { title: "ms per step", keys, items: recentSteps.map(s => ({ label: s.step, parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
+  // a step of another mode than TRAIN is named with its mode's initial (E12: EVAL step 12), so the axis never
+  // reads as one sequence of numbers across modes
+  const name = s => s.mode && s.mode !== "TRAIN" ? `${s.mode[0]}${s.step ?? ""}` : s.step;
+  const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))];
+  Charts.stacked($("chart-steps"), { title: `time per step (${modes.join(", ") || "no steps yet"})`, unit: "ms", keys, items: recentSteps.map(s => ({ label: name(s), parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
 }
 
 function renderBadges() {
@@ -413,8 +448,8 @@ async function renderRanks() {
   }
   if (!r.ranks.length) { $("chart-rank-steps").textContent = "No steps of this mode."; $("chart-rank-wait").textContent = ""; return; }
   const xl = `steps ${r.first_step} … (${r.steps_per_column} per column)`;
-  Charts.heatmap($("chart-rank-steps"), { rows: r.ranks, values: r.step_ms, title: "mean step time (ms)", xLabel: xl, highlight: hl });
-  if (r.wait_pct) Charts.heatmap($("chart-rank-wait"), { rows: r.ranks, values: r.wait_pct, max: 100, title: "data wait (% of step time)", xLabel: xl, highlight: hl });
+  Charts.heatmap($("chart-rank-steps"), { rows: r.ranks, values: r.step_ms, title: "mean step time (ms)", xLabel: xl, highlight: hl, unit: "ms" });
+  if (r.wait_pct) Charts.heatmap($("chart-rank-wait"), { rows: r.ranks, values: r.wait_pct, max: 100, title: `${Cat.label("data_wait")} (% of step time)`, xLabel: xl, highlight: hl, unit: "%" });
   else $("chart-rank-wait").textContent = "No data-wait events recorded.";
 }
 
@@ -494,6 +529,7 @@ window.addEventListener("DOMContentLoaded", async () => {
   setInterval(() => { if (state.view === "nodes") renderBadges(); }, 1000);
   readHash();
   try {
+    await Cat.load();
     const runs = await api("/api/runs");
     state.runs = runs;
     if (!state.run && runs.single && runs.runs.length) state.run = runs.runs[0].id;

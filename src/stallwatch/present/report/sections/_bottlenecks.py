@@ -9,6 +9,7 @@ from typing import Any
 
 from bokeh.layouts import row
 
+from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
@@ -24,9 +25,8 @@ from stallwatch.present.report.sections._loop import (
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 PERIODS_LISTED = 10
-PARTS = {DATA_WAIT: "waiting for data", FORWARD: "forward", BACKWARD: "backward", OPTIMIZER: "optimizer step",
-         COLLECTIVE: "collectives"}
-REST_OF_STEPS, OUTSIDE_STEPS = "rest of the steps", "outside steps"
+PARTS = {k: catalogue.label(k) for k in (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE)}
+REST_OF_STEPS, OUTSIDE_STEPS = "rest of the steps", catalogue.label("outside")
 
 
 @dataclass(frozen=True)

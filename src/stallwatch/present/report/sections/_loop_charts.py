@@ -11,7 +11,7 @@ import numpy as np
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Range1d, Whisker
 from bokeh.plotting import figure
 
-from stallwatch.present.charts import palette
+from stallwatch import catalogue
 from stallwatch.present.report.breakdowns import finish
 from stallwatch.present.report.breakdowns import pie as shared_pie
 
@@ -28,7 +28,9 @@ def histogram(title: str, x_label: str, series: Sequence[tuple[str, Sequence[flo
     fig = figure(title=title, height=340, sizing_mode="stretch_width", tools=TOOLS, x_axis_label=x_label,
                  y_axis_label=y_label, x_axis_type="log" if log_x else "linear", **extra)
     quads = []
-    for (label, probs, edges), color in zip(series, palette(len(series))):
+    colors = catalogue.colours([label for label, _, _ in series])
+    for label, probs, edges in series:
+        color = colors[label]
         p = np.asarray(probs, dtype=np.float64)
         e = np.asarray(edges, dtype=np.float64)
         keep = np.flatnonzero(p > 0)
@@ -42,7 +44,7 @@ def histogram(title: str, x_label: str, series: Sequence[tuple[str, Sequence[flo
     for label, xs, names in markers:
         src = ColumnDataSource({"x": list(xs), "y": [0.0] * len(xs), "name": [str(n) for n in names],
                                 "series": [label] * len(xs)})
-        ticks.append(fig.scatter(x="x", y="y", source=src, marker="triangle", size=9, color="#d62728",
+        ticks.append(fig.scatter(x="x", y="y", source=src, marker="triangle", size=9, color=catalogue.HIGHLIGHT_COLOUR,
                                  legend_label=f"{label}: outliers"))
     if ticks:
         fig.add_tools(HoverTool(renderers=ticks, tooltips=[("", "@series"), (marker_label, "@name"), ("", "@x")]))
@@ -63,9 +65,9 @@ def box_plot(title: str, boxes: Sequence[tuple[str, dict[str, float]]], *, y_lab
     fig = figure(title=title, x_range=FactorRange(*labels), y_range=_whisker_range(data), height=340,
                  sizing_mode="stretch_width", tools=TOOLS, y_axis_label=y_label)
     fig.add_layout(Whisker(base="label", upper="upper", lower="lower", source=src, line_color="black"))
-    upper = fig.vbar(x="label", width=0.7, top="p75", bottom="p50", source=src, fill_color="#FDE725",
+    upper = fig.vbar(x="label", width=0.7, top="p75", bottom="p50", source=src, fill_color=catalogue.HEAT_PALETTE[-1],
                      line_color="black")
-    lower = fig.vbar(x="label", width=0.7, top="p50", bottom="p25", source=src, fill_color="#440154",
+    lower = fig.vbar(x="label", width=0.7, top="p50", bottom="p25", source=src, fill_color=catalogue.HEAT_PALETTE[0],
                      line_color="black")
     fig.add_tools(HoverTool(renderers=[upper, lower], tooltips=[
         ("", "@label"), ("upper whisker", "@upper{0.0}"), ("p95", "@p95{0.0}"), ("p75", "@p75{0.0}"),

@@ -4,6 +4,7 @@ where both runs have detailed windows."""
 
 from __future__ import annotations
 
+from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.compare import QUANTILES, Pair
 from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Block, Paragraph, Section, Table, Verdict
@@ -32,7 +33,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
     blocks.append(Table(["step time", "baseline", "this run", "change"], rows, "Step time per mode"))
     for mode, phases in c.phases.items():
         blocks.append(Table(["phase", "baseline (% of step)", "this run (% of step)", "change"],
-                            [_row(p.name, p) for p in phases], f"Where a {mode} step's time went"))
+                            [_row(catalogue.label(p.name), p) for p in phases], f"Where a {mode} step's time went"))
     if c.utilization:
         blocks.append(Table(["utilization (mean, %)", "baseline", "this run", "change"],
                             [_row(p.name, p) for p in c.utilization], "Utilization, mean over nodes"))

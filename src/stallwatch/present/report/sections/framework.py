@@ -9,13 +9,14 @@ from typing import Any
 
 from bokeh.layouts import row
 
+from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.collectives import DDP_EVENT
 from stallwatch.analyze.rules.communication import CALLS, MEASURED, SAMPLED, SYNC_EVENT, CommunicationDetails
+from stallwatch.analyze.rules.framework_metrics import OTHER
 from stallwatch.analyze.rules.steps import mode_order
 from stallwatch.present.report.breakdowns import pie
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
-from stallwatch.analyze.rules.framework_metrics import OTHER
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
 
 SECTION_ID = "framework"
@@ -33,9 +34,8 @@ GPU_HOST_TIME = ("On a GPU, forward, backward and the optimizer step are timed o
                  "was captured.")
 OTHERS_WARN = 25.0  # % of the loop between steps the seeds called significant
 UNEVEN = 70.0  # % forward (or backward) the seeds called a significant difference
-GENERAL_LABELS = {DATA_WAIT: "waiting for data", OPTIMIZER: "optimizer", COLLECTIVE: "collectives"}
-PART_LABELS = {**GENERAL_LABELS, FORWARD: "forward", BACKWARD: "backward", OTHER: "the loop's own code"}
-GPU_OTHER = "the loop's own code or a wait for the GPU"
+PART_LABELS = {k: catalogue.label(k) for k in (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVE, OTHER)}
+GPU_OTHER = "the loop's own code or a wait for the GPU"  # the catalogue's "other", on a GPU
 PIE_TOP = 9  # operators drawn as their own wedge; the rest are one
 HOW_TO_PROFILE = ("To get one, profile a few steps with torch.profiler: `stallwatch run --detailed-profiling 5:1 -- "
                   "python train.py` profiles step 5 (while the job runs: `stallwatch config RUN --detailed-profiling "
@@ -79,7 +79,8 @@ def _phases(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
     if len(phase) == 1:
         text += f" All of it was in {next(iter(phase))} steps."
     elif phase:
-        charts.append(pie(_seconds(details.get("phase_us") or {}), unit="seconds",
+        between = {"others": catalogue.label("others")}
+        charts.append(pie(_seconds(details.get("phase_us") or {}, between), unit="seconds",
                           title="The training loop's time: steps and between them"))
     if phase:
         others = float(phase.get("others", 0.0))
@@ -144,7 +145,7 @@ def _general(details: Mapping[str, Any]) -> list[Block]:
         out.append(Paragraph("No collective operations were recorded: a single-process job has none; a distributed "
                              "job's collectives are recorded when they run through torch.distributed."))
     events = details.get("events") or {}
-    rows = [[kind, name, v["count"], v["total_us"] / 1e6, v["total_us"] / 1e3 / max(v["count"], 1)]
+    rows = [[catalogue.label(kind), name, v["count"], v["total_us"] / 1e6, v["total_us"] / 1e3 / max(v["count"], 1)]
             for kind, names in events.items() for name, v in names.items()]
     rows.sort(key=lambda r: -r[3])
     if rows:

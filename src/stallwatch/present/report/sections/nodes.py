@@ -12,6 +12,7 @@ from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.nodes import STEP, USAGE
 from stallwatch.present import charts
 from stallwatch.present.report.model import GOOD, WARN, Chart, NotApplicable, Paragraph, Section, Table, Verdict
+from stallwatch.units import format_value
 
 INTRO = ("Each node's median over the whole job, side by side: utilization from the system metrics, and the median "
          "duration of its ranks' training steps. In synchronous data-parallel training every node waits for the "
@@ -22,7 +23,7 @@ INTRO = ("Each node's median over the whole job, side by side: utilization from 
 
 
 def _fmt(v: float, unit: str) -> str:
-    return f"{v:.3g} {unit}" if abs(v) < 100 else f"{v:.0f} {unit}"
+    return format_value(v, unit)
 
 
 def build(analysis: RunAnalysis) -> list[Section]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.cost import BENCH_SNAPSHOT_CPU_US, BENCH_SNAPSHOT_TEXT, BENCH_STEP_TEXT, BENCH_STEP_US
 from stallwatch.present.report.model import GOOD, INFO, WARN, Paragraph, Section, Table, Verdict
-from stallwatch.timeutil import format_duration
+from stallwatch.units import format_value
 
 INTRO = ("What watching this job cost. Numbers marked measured come from this run; numbers marked benchmark come "
          "from stallwatch's own benchmarks (docs/benchmarks.md) on a 2-core development machine, and an estimate "
@@ -35,7 +35,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
         cpu_s = c.snapshots * BENCH_SNAPSHOT_CPU_US / 1e6
         section.blocks.append(Paragraph(
             f"This run does not record the sampler's own CPU time or memory. Benchmark: {BENCH_SNAPSHOT_TEXT}. "
-            f"Estimate for this run: {c.snapshots:,} snapshots × 556 µs ≈ {format_duration(cpu_s)} of CPU time "
+            f"Estimate for this run: {c.snapshots:,} snapshots × 556 µs ≈ {format_value(cpu_s, 's')} of CPU time "
             "in all, spread over the job's duration on each node."))
     if c.storage:
         section.blocks.append(Table(["Data", "Size (MB)", "MB per node-hour"],
@@ -46,7 +46,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
         section.blocks.append(Paragraph(
             f"Always-on PyTorch layer. Benchmark: {BENCH_STEP_TEXT}. Measured in this run: {c.steps:,} steps, median "
             f"step {c.median_step_ms:.3g} ms. Estimate for this run: about {BENCH_STEP_US} µs × {c.steps:,} steps ≈ "
-            f"{format_duration(total_s)} over all ranks"
+            f"{format_value(total_s, 's')} over all ranks"
             + (f", about {share:.2g} % of the median step." if share is not None else ".")))
     else:
         section.blocks.append(Paragraph("No training steps were recorded, so the always-on PyTorch layer did not run "

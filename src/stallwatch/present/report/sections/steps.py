@@ -7,6 +7,7 @@ from typing import Any
 
 from bokeh.layouts import row
 
+from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.steps import NodeSteps
@@ -20,9 +21,8 @@ SLOWEST_LISTED = 10  # outlier steps named in the table of the slowest
 SERIES_COMPARED = 10  # ranks and phases whose outlier steps are compared with their normal ones
 # What StepOutlier's framework context calls each part of a step, in the order shown.
 KIND_LABELS = {
-    "data_wait": "waiting for data", "forward": "forward", "backward": "backward", "optimizer": "optimizer step",
-    "collective": "collectives", "other": "other recorded events",
-    "outside_phases": "outside the recorded phases (the loop's own code)",
+    **{k: catalogue.label(k) for k in ("data_wait", "forward", "backward", "optimizer", "collective")},
+    "other": catalogue.label("other_events"), "outside_phases": "outside the recorded phases (the loop's own code)",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report.breakdowns import device_bars
 from stallwatch.present.report.model import (
@@ -21,7 +22,18 @@ from stallwatch.present.report.model import (
     Table,
     Verdict,
 )
-from stallwatch.records import CPU_UTIL, DISK_READ_BPS, DISK_WRITE_BPS, GPU_MEM_UTIL, GPU_UTIL, NET_RX_BPS, NET_TX_BPS
+from stallwatch.records import (
+    CPU_UTIL,
+    DISK,
+    DISK_READ_BPS,
+    DISK_WRITE_BPS,
+    GPU_MEM_UTIL,
+    GPU_UTIL,
+    NET,
+    NET_RX_BPS,
+    NET_TX_BPS,
+)
+from stallwatch.units import format_value
 
 SECTION_ID = "system-usage"
 TITLE = "System usage statistics"
@@ -34,8 +46,8 @@ STATS = ("max", "p99", "p95", "p50", "min")
 METRICS = ("CPU", "CPU memory", "GPU", "GPU memory", "I/O", "Network")  # the rule's names, in its order
 UNITS = {"CPU": "%", "CPU memory": "%", "GPU": "%", "GPU memory": "%", "I/O": "% (I/O wait)", "Network": "MB/s"}
 MB = 1e6
-RATES = {DISK_READ_BPS: "disk read", DISK_WRITE_BPS: "disk write", NET_RX_BPS: "network received",
-         NET_TX_BPS: "network sent"}
+RATES = {m: catalogue.metric(device, m).track for device, m in  # type: ignore[union-attr]
+         ((DISK, DISK_READ_BPS), (DISK, DISK_WRITE_BPS), (NET, NET_RX_BPS), (NET, NET_TX_BPS))}
 BUSY = 70.0  # the seeds' threshold for "well utilized" (p95 / p50 above it)
 SATURATED = 90.0  # a core this busy (p95) is the limit, whatever the total says (CPUBottleneck's cpu_threshold)
 
@@ -58,11 +70,12 @@ def build(analysis: RunAnalysis) -> list[Section]:
                 rows.append([node, metric, UNITS[metric], *(_num(stats.get(k), scale) for k in STATS)])
     blocks.append(Table(["node", "metric", "unit", *STATS], rows))
     devices = details.get("devices") or {}
-    rates = [[node, RATES[metric], "MB/s", *(_num(stats.get(k), MB) for k in STATS)]
+    # each value in the unit that reads (1.2 kB/s, 35 MB/s), not all in MB/s (0.0012 MB/s)
+    rates = [[node, RATES[metric], *(format_value(stats.get(k), "B/s") for k in STATS)]
              for node in nodes for dev in (devices.get(node) or {}).values()
              for metric, stats in dev.items() if metric in RATES]
     if rates:
-        blocks.append(Table(["node", "throughput", "unit", *STATS], rates, "Disk and network throughput"))
+        blocks.append(Table(["node", "throughput", *STATS], rates, "Disk and network throughput"))
     for node in nodes:
         chart = _device_chart(node, devices.get(node) or {})
         if chart is not None:
