@@ -24,6 +24,7 @@ class LiveRules:
         self.uri = config.out or ""
         self.actions: Any = None
         self.escalation: Any = None
+        self.stacks: Any = None
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
         self._created_us = now_us()
@@ -78,8 +79,10 @@ class LiveRules:
                 return  # ended before it started (e.g. the node name was refused): nothing is written
 
             def on_results(results: list[RuleResult], final: bool) -> None:
+                if not final:
+                    self._ask_stacks(run, results)  # first: a hung job's stacks before any action ends it
                 _write(run, results)
-                self._act(run, results)
+                self._act(run, results, live=not final)
                 if not final:
                     self._escalate(run, results)
 
@@ -116,16 +119,28 @@ class LiveRules:
             warn_once("rule-params", "%s; the rules are evaluated with their defaults", exc)
             return {}
 
-    def _act(self, run: Any, results: list[RuleResult]) -> None:
+    def _act(self, run: Any, results: list[RuleResult], live: bool = False) -> None:
         from stallwatch.analyze.rules.actions import RuleActions
 
         try:
             if self.actions is None:
                 self.actions = RuleActions(self.config, run.location)
+            self.actions.live = live
             self.actions.on_results(results)
         except Exception as exc:
             warn_once("rule-actions", "rule actions failed (%s: %s)", type(exc).__name__, exc)
 
+
+    def _ask_stacks(self, run: Any, results: list[RuleResult]) -> None:
+        """A rank that stopped: every process of the job is asked for its Python stacks (once per stop)."""
+        from stallwatch.analyze.rules.stack_requests import StackRequests
+
+        try:
+            if self.stacks is None:
+                self.stacks = StackRequests(run.location)
+            self.stacks.on_results(results)
+        except Exception as exc:
+            warn_once("stack-requests", "could not ask the job for its stacks (%s: %s)", type(exc).__name__, exc)
 
     def _escalate(self, run: Any, results: list[RuleResult]) -> None:
         """A firing rule asks for a short detailed capture of what follows (within its budget)."""
