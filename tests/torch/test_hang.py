@@ -1,7 +1,7 @@
 """The Hang rule on real training (gloo on CPU, torchrun under `stallwatch run`): rank 1 stops before an all-reduce
 that rank 0 waits in → followed live, a Hang finding names rank 1 within 60 s, with both ranks' Python stacks in
 the run, and `Hang=stop_training` ends the hung job; a job whose steps are slow but keep coming gets none (the
-rule's parameters scaled down: a floor of seconds against steps of 2.5 s, as the default 60 s floor and factor
+rule's parameters scaled down: a floor of seconds against steps of 2.5 s, as the default 40 s floor and factor
 10 stand against 30 s steps)."""
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_ranks_that_stop_while_the_sampler_goes_on_are_found_and_the_one_behind_
     d = _details(out)
     assert out["RuleTriggered"] == 2 and d.stopped == ["algo-1/0", "algo-1/1"]
     assert d.behind == ["algo-1/1"] and "fewer steps (150)" in d.behind_reason  # no stacks: by its steps
-    assert d.ranks["algo-1/1"].limit_s == 60.0  # the floor: 10 × 0.1 s is less
+    assert d.ranks["algo-1/1"].limit_s == 40.0  # the floor: 10 × 0.1 s is less
     assert d.ranks["algo-1/1"].idle_s > 290 and d.stacks_wanted == ["algo-1/0", "algo-1/1"]
 
 
@@ -96,7 +96,7 @@ def test_live_waits_a_flush_interval_before_calling_a_rank_stopped():
     gen.steps(rank=0, n=10, step_us=100 * MS)
     last_end = T0 + 10 * 101 * MS
     run = {**run_info(node_info()), "config": {"flush_interval_s": 5.0}}
-    for idle_s, stopped in ((64, False), (68, True)):
+    for idle_s, stopped in ((44, False), (48, True)):  # the limit is 40 s, the margin 5 + 1.5 s
         chunk = Chunk({"algo-1": snapshots("algo-1", T0, last_end + idle_s * S + 1, S)}, gen.table(), run)
         assert _details(evaluate(Hang, chunk)).ranks["algo-1/0"].stopped is stopped, idle_s
         final = dataclasses.replace(chunk, final=True)

@@ -139,7 +139,7 @@ class Hang(Rule):
                       "early keep it from the collective the others wait in. Give init_process_group a timeout "
                       "so that a hung job fails instead of holding its machines, and stop it with "
                       "`--rule-action Hang=stop_training`.")
-    defaults = {"factor": 10, "floor_s": 60}
+    defaults = {"factor": 10, "floor_s": 40}
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
