@@ -29,7 +29,7 @@ def _parked(n: int) -> tuple[list[threading.Thread], threading.Event]:
 
 
 def test_every_thread_but_the_callers_with_the_main_thread_first():
-    threads, release = _parked(3)
+    _threads, release = _parked(3)
     try:
         result: dict = {}
         reader = threading.Thread(target=lambda: result.update(stacks.snapshot(7)), name="reader")
@@ -48,7 +48,7 @@ def test_every_thread_but_the_callers_with_the_main_thread_first():
 
 
 def test_bounded_in_threads_and_bytes():
-    threads, release = _parked(stacks.MAX_THREADS + 6)
+    _threads, release = _parked(stacks.MAX_THREADS + 6)
     try:
         dump = stacks.snapshot(1)
     finally:

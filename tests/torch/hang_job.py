@@ -27,7 +27,8 @@ for step, (xb, yb) in enumerate(loader):
     loss.backward()
     opt.step()
     if rank == hang_rank and step == hang_step:
-        json.dump({"onset": time.time()}, open(f"{out}/onset.json", "w"))
+        with open(f"{out}/onset.json", "w") as f:
+            json.dump({"onset": time.time()}, f)
         time.sleep(3600)  # the planted hang: this rank never reaches the all-reduce below
     dist.all_reduce(loss.detach())
 dist.destroy_process_group()

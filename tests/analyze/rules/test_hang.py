@@ -12,7 +12,7 @@ from stallwatch.analyze.rules.hang import Hang, HangDetails
 from stallwatch.analyze.stack_phase import COLLECTIVE, DATA, LOOP_CODE, phase_of
 from stallwatch.store.stacks import Frame, StackDump, ThreadStack
 
-from ._fw_gen import MINUTE, MS, S, T0, FwGen, assert_chunk_invariant, evaluate, node_info, run_info, snapshots, whole
+from ._fw_gen import MINUTE, MS, T0, FwGen, S, assert_chunk_invariant, evaluate, node_info, run_info, snapshots, whole
 
 TORCH = "/usr/lib/python3/site-packages/torch"
 

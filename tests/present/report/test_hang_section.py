@@ -10,7 +10,7 @@ from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report import build_report
 from stallwatch.store.location import RunLocation
 from stallwatch.store.stacks import write_dump
-from tests.analyze.rules._fw_gen import MS, S, T0, FwGen, write_events
+from tests.analyze.rules._fw_gen import MS, T0, FwGen, S, write_events
 from tests.run_builder import make_run, node_record, write_node_json
 
 

@@ -105,8 +105,18 @@ class HangDetails:
 
 
 class _Rank:
-    __slots__ = ("node", "rank", "pid", "steps", "last_us", "last_step", "durs", "stalls", "stalls_total",
-                 "stalled_s")
+    __slots__ = (
+        "durs",
+        "last_step",
+        "last_us",
+        "node",
+        "pid",
+        "rank",
+        "stalled_s",
+        "stalls",
+        "stalls_total",
+        "steps",
+    )
 
     def __init__(self, node: str, rank: int) -> None:
         self.node, self.rank, self.pid = node, rank, 0
@@ -181,21 +191,35 @@ class Hang(Rule):
             if r is None:
                 r = self._ranks[(node, rank)] = _Rank(node, rank)
             rows = rows[np.argsort(cols.end[rows], kind="stable")]
-            for i in rows.tolist():
-                end = int(cols.end[i])
-                if r.last_us is not None and end > r.last_us:
-                    limit = self._limit_us(r)
-                    gap = end - r.last_us
-                    if limit is not None and gap > limit:
-                        self._stall(r, r.last_us, end, limit)
-                if r.last_us is None or end > r.last_us:
-                    r.last_us = end
-                if is_step[i]:
-                    r.steps += 1
-                    r.durs.append(max(0, end - int(cols.start[i])))
-                    r.last_step = int(cols.step[i]) if cols.step[i] >= 0 else r.last_step
-                    if pids is not None and pids[i] is not None:
-                        r.pid = int(pids[i])
+            self._progress(r, cols.end[rows], cols.start[rows], is_step[rows], cols.step[rows],
+                           None if pids is None else pids[rows])
+
+    def _progress(self, r: _Rank, ends: np.ndarray, starts: np.ndarray, steps: np.ndarray, numbers: np.ndarray,
+                  pids: np.ndarray | None) -> None:
+        """A rank's new progress, in order of its end: each gap since the progress before it (the running
+        latest) longer than the limit at that moment is a stall. Vectorized; only gaps past the floor (no limit is
+        lower) look at the median of the steps before them."""
+        before = np.maximum.accumulate(np.concatenate([[r.last_us if r.last_us is not None else ends[0]], ends]))[:-1]
+        gaps = ends - before
+        durations = np.maximum(ends[steps] - starts[steps], 0)
+        known = np.fromiter(r.durs, np.int64, len(r.durs))
+        history = np.concatenate([known, durations])
+        upto = len(known) + np.cumsum(steps) - steps  # durations known before each row
+        floor = float(self.params["floor_s"]) * US
+        for i in np.flatnonzero((gaps > floor) & (upto > 0)).tolist():
+            k = int(upto[i])
+            limit = max(floor, float(self.params["factor"]) * float(np.median(history[max(0, k - RECENT_STEPS):k])))
+            if gaps[i] > limit:
+                self._stall(r, int(before[i]), int(ends[i]), limit)
+        r.last_us = int(max(before[-1], ends[-1]))
+        if durations.size:
+            r.steps += int(durations.size)
+            r.durs.extend(durations[-RECENT_STEPS:].tolist())
+            numbered = np.flatnonzero(steps & (numbers >= 0))
+            if numbered.size:
+                r.last_step = int(numbers[numbered[-1]])
+            if pids is not None:
+                r.pid = int(pids[np.flatnonzero(steps)[-1]])
 
     def _stall(self, r: _Rank, since: int, until: int, limit: float) -> None:
         r.stalls_total += 1
