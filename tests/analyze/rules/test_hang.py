@@ -61,7 +61,7 @@ def test_stacks_name_the_rank_that_never_reached_the_collective():
     assert (d.ranks["algo-1/0"].phase, d.ranks["algo-1/1"].phase) == (COLLECTIVE, LOOP_CODE)
     assert d.ranks["algo-1/1"].where == "/job/train.py:50 in <module>"
     assert d.ranks["algo-1/1"].stacks == ["stacks/algo-1/1/000001-1001.json"]
-    assert d.title == "The job hangs: rank 1 never reached all_reduce, where rank 0 waits (no progress for 5m 05s)"
+    assert d.title == "The job hung: rank 1 never reached all_reduce, where rank 0 waits (no progress for 5m 05s)"
 
 
 def test_stacks_from_before_the_stop_are_not_its_stacks():

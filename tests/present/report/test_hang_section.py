@@ -45,7 +45,7 @@ def test_the_hangs_section_names_the_rank_behind_with_its_stack(tmp_path: Path, 
     section = opened.page.locator("section[id='hang']")
     assert section.locator("h3").inner_text() == "Hangs"
     text = section.inner_text()
-    assert "The job hangs: rank 1 never reached all_reduce, where rank 0 waits" in text
+    assert "The job hung: rank 1 never reached all_reduce, where rank 0 waits" in text
     assert "inside all_reduce (called at /job/train.py:32 in <module>)" in text
     assert "stacks/algo-1/1/000001-1001.json" in text and "time.sleep(3600)" in text
     top = RunAnalysis(str(root)).findings.to_json()["findings"][0]  # findings.json's document: ranked first

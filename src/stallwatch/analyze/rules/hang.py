@@ -301,7 +301,7 @@ class Hang(Rule):
         stake = round(max(per_rank.values(), default=0.0), 3)
         details = HangDetails(float(self.params["factor"]), float(self.params["floor_s"]), now, ranks, stopped_keys,
                               behind, reason, waiting_in, stalls[:MAX_STALLS], total, wanted, stake,
-                              _title(ranks, stopped_keys, behind, waiting_in, stalls))
+                              _title(ranks, stopped_keys, behind, waiting_in, stalls, ended=self._final))
         return self.make_result(triggered=total, violations=total, datapoints=len(ranks), details=details.to_json())
 
 
@@ -337,17 +337,18 @@ def _names(keys: list[str]) -> str:
 
 
 def _title(ranks: dict[str, RankProgress], stopped: list[str], behind: list[str], waiting_in: str,
-           stalls: list[Stall]) -> str | None:
+           stalls: list[Stall], *, ended: bool) -> str | None:
+    hangs = "hung" if ended else "hangs"
     if stopped:
         idle = format_duration(max(ranks[k].idle_s for k in stopped))
         if behind and waiting_in:
             waiting = [k for k in stopped if k not in behind]
-            return (f"The job hangs: {_names(behind)} never reached {waiting_in}, where {_names(waiting)} "
+            return (f"The job {hangs}: {_names(behind)} never reached {waiting_in}, where {_names(waiting)} "
                     f"{'waits' if len(waiting) == 1 else 'wait'} (no progress for {idle})")
         if behind:
-            return f"The job hangs: {_names(stopped)} made no progress for {idle}; {_names(behind)} is behind"
+            return f"The job {hangs}: {_names(stopped)} made no progress for {idle}; {_names(behind)} is behind"
         what = ranks[stopped[0]].phase_text if len({ranks[k].phase_text for k in stopped}) == 1 else ""
-        return f"The job hangs: {_names(stopped)} made no progress for {idle}" + (f", {what}" if what else "")
+        return f"The job {hangs}: {_names(stopped)} made no progress for {idle}" + (f", {what}" if what else "")
     if stalls:
         worst = max(stalls, key=lambda s: s.seconds)
         return (f"Training stood still for {format_duration(worst.seconds)} on {_names([f'{worst.node}/{worst.rank}'])}, "
