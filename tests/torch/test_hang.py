@@ -87,3 +87,31 @@ def test_slow_steps_that_keep_coming_are_no_hang(tmp_path: Path):
     assert r is not None and r["Status"] == "ok" and r["RuleTriggered"] == 0, r
     assert r["Details"]["ranks"] and all(v["steps"] == 6 for v in r["Details"]["ranks"].values())
     assert "rule Hang triggered" not in p.stderr
+
+
+def test_stacks_asked_for_by_hand_from_a_running_job(tmp_path: Path):
+    """`stallwatch config RUN --dump-stacks` while the job sleeps in its loop: every thread's stack is in the run."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    run = tmp_path / "run"
+    job = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--param", "Hang.floor_s=1000", "--",
+                     sys.executable, str(JOB), str(tmp_path), "0", "2", "100", "0.01",
+                     env={"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "onset.json").exists() and time.time() < deadline and job.proc.poll() is None:
+            time.sleep(0.2)
+        asked = run_cli(tmp_path, "config", str(run), "--dump-stacks")
+        assert asked.returncode == 0 and b"dump_stacks: 0 -> 1" in asked.stdout, asked.stderr
+        dumps: list[Path] = []
+        while not dumps and time.time() < deadline:
+            dumps = list((run / "stacks").glob("*/0/000001-*.json"))
+            time.sleep(0.2)
+    finally:
+        job.kill_all()
+    assert dumps, job.stderr
+    main = json.loads(dumps[0].read_text())["threads"][0]
+    assert main["main"] and "time.sleep(3600)" in main["frames"][-1]["code"]
