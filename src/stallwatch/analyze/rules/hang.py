@@ -250,7 +250,10 @@ class Hang(Rule):
         return now, (min(max(flush, 0.0), 300.0) + LIVE_MARGIN_S) * US
 
     def _ended_well(self) -> bool:
-        """Every node's job exited by itself with 0: its ranks finished their loops, whatever came after."""
+        """Every node's job exited by itself with 0: its ranks finished their loops, whatever came after. An
+        imported run does not say how its job ended: the quiet after its last step is not judged either."""
+        if self._run.get("imported"):
+            return True
         nodes = self._run.get("nodes") or {}
         return bool(nodes) and all(isinstance(n, dict) and n.get("exit_code") == 0 and not n.get("interrupted")
                                    for n in nodes.values())
