@@ -16,6 +16,7 @@ from stallwatch.log import warn_once
 from stallwatch.timeutil import now_us
 
 FINISH_TIMEOUT_S = 120.0
+STACKS_SOON_S = 2.0  # asked for, the stacks are in the run within about a second (the sampler's poll, the sender's)
 
 
 class LiveRules:
@@ -25,6 +26,7 @@ class LiveRules:
         self.actions: Any = None
         self.escalation: Any = None
         self.stacks: Any = None
+        self._asked_stacks = False  # the last evaluation asked the job for its stacks: evaluate again soon
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
         self._created_us = now_us()
@@ -87,7 +89,7 @@ class LiveRules:
                     self._escalate(run, results)
 
             self._results = follow(run, self.rules, self.params, every_s=self.interval_s, finished=self._stop.is_set,
-                                   on_results=on_results, sleep=self._stop.wait)
+                                   on_results=on_results, sleep=self._sleep)
         except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
             warn_once("live-rules", "live rule evaluation stopped (%s: %s); the rules run when the job ends",
                       type(exc).__name__, exc)
@@ -131,6 +133,12 @@ class LiveRules:
             warn_once("rule-actions", "rule actions failed (%s: %s)", type(exc).__name__, exc)
 
 
+    def _sleep(self, seconds: float) -> None:
+        """Until the next evaluation, or the job's end; sooner right after stacks were asked for, so that the
+        finding names the rank behind (and the actions run) as soon as they are in, not an interval later."""
+        asked, self._asked_stacks = self._asked_stacks, False
+        self._stop.wait(min(seconds, STACKS_SOON_S) if asked else seconds)
+
     def _ask_stacks(self, run: Any, results: list[RuleResult]) -> None:
         """A rank that stopped: every process of the job is asked for its Python stacks (once per stop)."""
         from stallwatch.analyze.rules.stack_requests import StackRequests
@@ -138,7 +146,9 @@ class LiveRules:
         try:
             if self.stacks is None:
                 self.stacks = StackRequests(run.location)
+            before = self.stacks.requests
             self.stacks.on_results(results)
+            self._asked_stacks = self.stacks.requests > before
         except Exception as exc:
             warn_once("stack-requests", "could not ask the job for its stacks (%s: %s)", type(exc).__name__, exc)
 
