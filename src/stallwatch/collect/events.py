@@ -30,6 +30,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
+from stallwatch.collect import stacks  # imported now: a job stuck inside an import must still answer
 from stallwatch.collect.acks import SentLine, Unacked, ack_of
 from stallwatch.log import warn_once
 from stallwatch.records import FrameworkEvent
@@ -447,9 +448,7 @@ def stage_unacked(identity: dict[str, int], stream: int, lines: list[SentLine]) 
 
 
 def _stacks(request: Any) -> dict[str, Any]:
-    from stallwatch.collect.stacks import snapshot
-
-    return snapshot(request if isinstance(request, int) and not isinstance(request, bool) else 0)
+    return stacks.snapshot(request if isinstance(request, int) and not isinstance(request, bool) else 0)
 
 
 def _json_line(message: dict[str, Any]) -> bytes:
