@@ -48,7 +48,7 @@ def test_ranks_that_stop_while_the_sampler_goes_on_are_found_and_the_one_behind_
     out = assert_chunk_invariant(Hang, _stopped_job())
     d = _details(out)
     assert out["RuleTriggered"] == 2 and d.stopped == ["algo-1/0", "algo-1/1"]
-    assert d.behind == ["algo-1/1"] and "fewer steps (150)" in d.behind_reason  # no stacks: by its steps
+    assert d.behind == ["algo-1/1"] and "after an earlier step (149)" in d.behind_reason  # no stacks: by its step
     assert d.ranks["algo-1/1"].limit_s == 40.0  # the floor: 10 × 0.1 s is less
     assert d.ranks["algo-1/1"].idle_s > 290 and d.stacks_wanted == ["algo-1/0", "algo-1/1"]
 
@@ -109,3 +109,15 @@ def test_phases_from_stacks():
     data = (Frame(f"{TORCH}/utils/data/dataloader.py", 630, "__next__", "data = self._next_data()"),)
     assert phase_of(_dump(0, T0, *data)).kind == DATA
     assert phase_of(None).kind == "unknown"
+
+
+def test_a_rank_that_stops_while_the_others_go_on_is_the_one_named():
+    gen = FwGen()
+    gen.steps(rank=0, n=3000, step_us=100 * MS)  # 5 minutes of steps, to the end
+    gen.steps(rank=1, n=150, step_us=100 * MS)
+    end = T0 + 5 * MINUTE + 10 * S
+    chunk = whole(gen.table(), {"algo-1": snapshots("algo-1", T0, end, S)},
+                  run_info({**node_info(end_us=end), "exit_code": 137}))
+    d = _details(assert_chunk_invariant(Hang, chunk))
+    assert d.stopped == d.behind == ["algo-1/1"] and d.behind_reason == "rank 0 goes on"
+    assert d.title is not None and d.title.startswith("Rank 1 made no progress for 4m") and d.title.endswith("go on")

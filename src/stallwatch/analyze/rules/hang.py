@@ -105,18 +105,8 @@ class HangDetails:
 
 
 class _Rank:
-    __slots__ = (
-        "durs",
-        "last_step",
-        "last_us",
-        "node",
-        "pid",
-        "rank",
-        "stalled_s",
-        "stalls",
-        "stalls_total",
-        "steps",
-    )
+    __slots__ = ("durs", "last_step", "last_us", "node", "pid", "rank", "sampled", "stalled_s", "stalls",
+                 "stalls_total", "steps")
 
     def __init__(self, node: str, rank: int) -> None:
         self.node, self.rank, self.pid = node, rank, 0
@@ -127,6 +117,7 @@ class _Rank:
         self.stalls: list[Stall] = []
         self.stalls_total = 0
         self.stalled_s = 0.0
+        self.sampled = False  # some of its steps were counted, not timed: its timed steps are not all its steps
 
     def median_s(self) -> float | None:
         return float(np.median(np.fromiter(self.durs, np.int64))) / US if self.durs else None
@@ -212,6 +203,7 @@ class Hang(Rule):
             if gaps[i] > limit:
                 self._stall(r, int(before[i]), int(ends[i]), limit)
         r.last_us = int(max(before[-1], ends[-1]))
+        r.sampled = r.sampled or not bool(steps.all())
         if durations.size:
             r.steps += int(durations.size)
             r.durs.extend(durations[-RECENT_STEPS:].tolist())
@@ -294,7 +286,7 @@ class Hang(Rule):
                                       None if limit is None else round(limit / US, 3), round(idle / US, 3), stopped,
                                       **fields)
         stopped_keys = [k for k, v in ranks.items() if v.stopped]
-        behind, reason, waiting_in = _behind(stopped_keys, phases, ranks)
+        behind, reason, waiting_in = _behind(stopped_keys, phases, ranks, any(r.sampled for r in self._ranks.values()))
         closed = [s for r in self._ranks.values() for s in r.stalls]
         stalls = sorted(closed + open_stalls, key=lambda s: (s.since_us, s.node, s.rank))
         total = sum(r.stalls_total for r in self._ranks.values()) + len(open_stalls)
@@ -308,9 +300,11 @@ class Hang(Rule):
         return self.make_result(triggered=total, violations=total, datapoints=len(ranks), details=details.to_json())
 
 
-def _behind(stopped: list[str], phases: dict[str, Phase], ranks: dict[str, RankProgress]) -> tuple[list[str], str, str]:
-    """The culprits among stopped ranks: those not in the collective the others wait in (from stacks), else those
-    with fewer steps than the rest."""
+def _behind(stopped: list[str], phases: dict[str, Phase], ranks: dict[str, RankProgress],
+            sampled: bool) -> tuple[list[str], str, str]:
+    """The culprits among stopped ranks: those not in the collective the others wait in (from stacks); else, the
+    stopped ones when others go on; else those whose last step came earlier (every step timed: a sampled rank's
+    last timed step is not its last step)."""
     if not stopped:
         return [], "", ""
     calls = Counter(p.call for k, p in phases.items() if k in stopped and p.kind == COLLECTIVE)
@@ -323,12 +317,15 @@ def _behind(stopped: list[str], phases: dict[str, Phase], ranks: dict[str, RankP
             return behind, (f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} inside {waiting_in}; "
                             f"{_names(behind)} never reached it"), waiting_in
         return [], f"every stopped rank waits inside {waiting_in}", waiting_in
-    steps = {k: ranks[k].steps for k in ranks}
-    fewest = min(steps.values())
-    if len(set(steps.values())) > 1:
-        behind = sorted(k for k, n in steps.items() if n == fewest)
-        return behind, f"{_names(behind)} recorded fewer steps ({fewest:,}) than the others", ""
-    return [], "", ""
+    going = [k for k in ranks if k not in stopped]
+    if going:
+        return list(stopped), f"{_names(going)} {'goes' if len(going) == 1 else 'go'} on", ""
+    last = {k: ranks[k].last_step for k in stopped}
+    if sampled or any(n is None for n in last.values()) or len(set(last.values())) < 2:
+        return [], "", ""
+    earliest = min(n for n in last.values() if n is not None)
+    behind = sorted(k for k, n in last.items() if n == earliest)
+    return behind, f"{_names(behind)} stopped after an earlier step ({earliest:,}) than the others", ""
 
 
 def _names(keys: list[str]) -> str:
@@ -348,6 +345,8 @@ def _title(ranks: dict[str, RankProgress], stopped: list[str], behind: list[str]
             waiting = [k for k in stopped if k not in behind]
             return (f"The job {hangs}: {_names(behind)} never reached {waiting_in}, where {_names(waiting)} "
                     f"{'waits' if len(waiting) == 1 else 'wait'} (no progress for {idle})")
+        if behind and len(behind) == len(stopped):
+            return f"{_names(stopped)[0].upper()}{_names(stopped)[1:]} made no progress for {idle}; the others go on"
         if behind:
             return f"The job {hangs}: {_names(stopped)} made no progress for {idle}; {_names(behind)} is behind"
         what = ranks[stopped[0]].phase_text if len({ranks[k].phase_text for k in stopped}) == 1 else ""
