@@ -6,9 +6,9 @@ progress may still be on its way to the store (one flush interval): live, a stop
 
 Which phase each stopped rank is in, and which rank is behind, come from the Python stacks every process sends
 when asked (`during_run` raises `dump_stacks` as this rule fires; store.stacks): a rank inside a collective
-waits there; a stopped rank that is not in it never reached it — the culprit. Without stacks, the rank with
-fewer steps than the others is named behind. A slow job that keeps stepping never fires: its steps set the
-limit."""
+waits there; a stopped rank that is not in it never reached it — the culprit. Without stacks, a rank that
+stopped while the others go on, or whose last step came before theirs, is named behind. A slow job that keeps
+stepping never fires: its steps set the limit."""
 
 from __future__ import annotations
 
