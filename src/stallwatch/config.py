@@ -21,7 +21,7 @@ CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
 MAX_TIME_US = 253_402_300_800 * 1_000_000  # 10000-01-01T00:00:00Z
 # What a running job picks up from its run's config.json (`stallwatch config RUN ...`).
 LIVE_FIELDS = ("sample_interval_ms", "detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler",
-               "cprofile_timer", "stop_training")
+               "cprofile_timer", "stop_training", "dump_stacks")
 ACTION_KINDS = ("log", "stop_training", "command:", "notify:")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _URI_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(/*)([^/?#]*)")
@@ -199,6 +199,9 @@ class ProfilerConfig:
     # Above this many steps a second on a rank, steps are timed TIMED_S of every second and the others counted
     # (docs/accuracy.md, Sampled steps); 0: every step is timed, whatever it costs the job
     sample_steps_above_per_s: float = 500.0
+    # Raised (live) to ask every process of the job for the Python stacks of all its threads, once per increase
+    # (the Hang rule does it when a rank stops; stored under stacks/, docs/format.md)
+    dump_stacks: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -229,6 +232,10 @@ class ProfilerConfig:
         if not _is_number(self.sample_steps_above_per_s) or not 0 <= self.sample_steps_above_per_s <= 10_000_000:
             raise ConfigError("sample_steps_above_per_s", self.sample_steps_above_per_s,
                               "must be a number of steps per second from 0 (time every step) to 10000000")
+        if isinstance(self.dump_stacks, bool) or not isinstance(self.dump_stacks, int) \
+                or not 0 <= self.dump_stacks < 2**31:
+            raise ConfigError("dump_stacks", self.dump_stacks, "must be a whole number from 0 (raise it to ask the "
+                              "job's processes for their stacks)")
         if not _is_number(self.upload_timeout_s) or not 0 <= self.upload_timeout_s <= 3600:
             raise ConfigError("upload_timeout_s", self.upload_timeout_s, "must be from 0 to 3600 seconds")
         if self.node is not None and not (isinstance(self.node, str) and _NODE_NAME.match(self.node)):

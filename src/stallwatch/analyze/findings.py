@@ -325,6 +325,13 @@ def _communication(r: RuleResult, s: JobSummary) -> list[Finding]:
                     evidence)]
 
 
+@translates("Hang")
+def _hang(r: RuleResult, s: JobSummary) -> list[Finding]:
+    from stallwatch.analyze.rules.hang import findings_of  # the rule's own room
+
+    return findings_of(r, s)
+
+
 def _over_all_steps(stake: Any, s: JobSummary) -> float | None:
     """A time at stake summed over steps, for all of them: where steps were sampled (analyze/sampled.py) the
     rule saw the timed ones only, which ran in a share `timed_share` of the ranks' loop time."""

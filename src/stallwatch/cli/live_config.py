@@ -27,6 +27,8 @@ def cmd_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     changes = {k: getattr(args, k) for k in LIVE_FIELDS if getattr(args, k, None) is not None}
+    if getattr(args, "ask_stacks", False):  # a request counter: each raise asks once
+        changes["dump_stacks"] = current.dump_stacks + 1
     clears = {name: None for name in (args.clear or [])}
     if not changes and not clears:
         print(current.to_json())

@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="system sampling interval from now on, 100ms … 60s (presets 100ms 200ms 500ms 1s 5s 1m); "
                            "the node records say when each node picked it up")
     flags.add_live_flags(live)
+    live.add_argument("--dump-stacks", dest="ask_stacks", action="store_true",
+                      help="ask every process of the running job for the Python stacks of all its threads (kept "
+                           "under stacks/ in the run)")
     p.add_argument("--clear", action="append", choices=["detailed_profiling", "dataloader_profiling",
                                                         "python_profiling"], help="turn a profiling window off")
     p.set_defaults(func=cmd_config)

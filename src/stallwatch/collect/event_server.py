@@ -14,6 +14,7 @@ from typing import Any
 
 from stallwatch.collect.acks import ACK_EVERY_LINES, ACK_INTERVAL_S, StreamMarks, stream_of
 from stallwatch.collect.events import decode_batch, decode_line
+from stallwatch.collect.stacks import StackDump
 from stallwatch.log import warn_once
 from stallwatch.records import LOSS, FrameworkEvent
 
@@ -155,6 +156,9 @@ class EventServer:
                     return
                 if "flushed" in value:
                     conn.flushed = True
+                    return
+                if isinstance(value.get("stacks"), dict):
+                    out.append((conn.identity, StackDump(conn.identity, value["stacks"])))
                     return
                 artifact = value.get("artifact")
                 if not isinstance(artifact, dict):

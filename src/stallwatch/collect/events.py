@@ -6,7 +6,8 @@ nothing here raises into it.
 Lines on the socket, job to sampler: `{"hello": identity + stream, seq}` first, then JSON arrays (event
 batches) and `{"artifact": {...}}` objects (profiler output staged locally, for the sampler to store) and
 `{"lost": {...}}` (events this process had to drop, counted with their time span). Sampler to job:
-`{"config": {...}}` (the run's live configuration, validated by the sampler) and `{"ack": N}` (see `acks`).
+`{"config": {...}}` (the run's live configuration, validated by the sampler), `{"ack": N}` (see `acks`) and
+`{"stacks": N}` (answered with `{"stacks": {...}}`, every thread's Python stack: `collect.stacks`).
 
 A stalled or restarting sampler costs nothing: a line that cannot be sent now stays queued (sends never
 block), lines sent but not yet acknowledged are kept (bounded) and sent again to the next sampler, and the
@@ -28,6 +29,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
+from stallwatch.collect import stacks  # imported now: a job stuck inside an import must still answer
 from stallwatch.collect.acks import SentLine, Unacked, ack_of
 from stallwatch.fds import above_standard
 from stallwatch.log import warn_once
@@ -359,6 +361,8 @@ class EventSender:
             elif "flush" in message:
                 self._eager = True
                 self._queue.append({"flushed": message["flush"]})  # after every event queued so far
+            elif "stacks" in message:  # read here, on this thread: the training thread may be the one stuck
+                self._queue.append({"stacks": _stacks(message["stacks"])})
             else:
                 self._messages.append(message)
         if closed is not None:
@@ -441,6 +445,10 @@ def stage_unacked(identity: dict[str, int], stream: int, lines: list[SentLine]) 
     except OSError as exc:
         warn_once("events-stage-unacked", "cannot keep the last framework events for the sampler (%s)",
                   exc.strerror or exc)
+
+
+def _stacks(request: Any) -> dict[str, Any]:
+    return stacks.snapshot(request if isinstance(request, int) and not isinstance(request, bool) else 0)
 
 
 def _json_line(message: dict[str, Any]) -> bytes:

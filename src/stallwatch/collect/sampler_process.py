@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stallwatch.collect.schedule import Periodic, TickSchedule
+from stallwatch.collect.stacks import StackDump
 from stallwatch.log import configure_cli_logging, logger, warn_once
 from stallwatch.timeutil import now_us
 
@@ -141,6 +142,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     config_every = Periodic(watcher.poll_s) if watcher is not None and not watcher.background else None
     told = watcher.fds() if watcher is not None and config_every is not None else []  # config.json written: told
     flush_until: float | None = None  # a flush request is waiting for the job's processes to answer
+    asked_stacks = watcher.running.dump_stacks if watcher is not None else 0
     while not stop["now"] and not control.eof:
         fds = events.fds()  # no socket (system metrics only): no extra wake-ups
         deadlines = [ticks.next_deadline]
@@ -167,6 +169,9 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             config_every.done()
         if watcher is not None and (changed := watcher.take()) is not None:
             events.broadcast({"config": changed.to_dict()})
+            if changed.dump_stacks != asked_stacks:  # each raise asks the job's processes once (not new ones)
+                asked_stacks = changed.dump_stacks
+                events.broadcast({"stacks": asked_stacks}, greet_new=False)
             if changed.sample_interval_ms != node_record["sample_interval_ms"]:
                 _change_interval(changed.sample_interval_ms, ticks, writer, node_record, sampler.now_us())
                 interval_s = changed.sample_interval_ms / 1000.0
@@ -297,10 +302,10 @@ class _EventSide:
             except Exception as exc:
                 logger.warning("profiler output cannot be stored (%s: %s)", type(exc).__name__, exc)
 
-    def broadcast(self, message: dict[str, Any]) -> None:
+    def broadcast(self, message: dict[str, Any], *, greet_new: bool = True) -> None:
         if self._server is not None:
             try:
-                self._server.broadcast(message)
+                self._server.broadcast(message, greet_new=greet_new)
             except Exception as exc:
                 warn_once(f"events-broadcast-{type(exc).__name__}", "cannot tell the job (%s)", exc)
 
@@ -339,6 +344,9 @@ class _EventSide:
         assert self._server is not None
         by_rank: dict[int, list] = {}
         for identity, item in received:
+            if isinstance(item, StackDump):
+                self._store_stacks(item)
+                continue
             if isinstance(item, dict):
                 if self._artifacts is not None:
                     self._artifacts.submit(identity["rank"], item)
@@ -346,6 +354,19 @@ class _EventSide:
             by_rank.setdefault(identity["rank"], []).append(item)
         self._store(list(by_rank.items()), self._server.marks.take())
         return sum(len(events) for events in by_rank.values())
+
+    def _store_stacks(self, item: StackDump) -> None:
+        """A process's stacks, stored at once (small, and asked for because something is stuck)."""
+        from stallwatch.store.stacks import write_dump
+
+        try:
+            rel = write_dump(self._sink, self._start.node, item.identity, item.dump)
+            logger.info("stored the stacks of rank %d (pid %d) in %s", item.identity["rank"], item.identity["pid"], rel)
+        except (ValueError, TypeError) as exc:
+            warn_once("stacks-bad", "ignoring stacks a job process sent (%s)", exc)
+        except Exception as exc:  # a store that fails: said once, sampling goes on
+            warn_once(f"stacks-write-{type(exc).__name__}", "cannot store a job process's stacks (%s: %s)",
+                      type(exc).__name__, exc)
 
     def _replay_staged(self) -> None:
         """At the end: the lines each job process sent but was not told were journaled, staged by it at its exit

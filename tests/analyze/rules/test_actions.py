@@ -86,3 +86,24 @@ def test_stop_training_is_written_into_the_live_config_once(tmp_path):
     written = ProfilerConfig.from_dict(json.loads(location.read("config.json")))
     assert written.stop_training == "rule StepOutlier triggered: Add workers."
     assert written.rule_actions == config.rule_actions
+
+
+def test_a_live_hangs_actions_wait_for_the_stacks_it_asked_for(tmp_path):
+    """Hang's actions (which may end the job) run once the stopped ranks' stacks are in the run, not before; at
+    the end of the run, or once the stacks are in, at once."""
+    out = tmp_path / "out.txt"
+    config = ProfilerConfig(rule_actions=(f"Hang=command:echo $STALLWATCH_RULE >> {out}",))
+
+    def hang(wanted: list[str]) -> RuleResult:
+        return RuleResult("Hang", 2, 2, 2, {"factor": 10, "floor_s": 40}, "d", "A rank stopped.",
+                          {"stacks_wanted": wanted})
+
+    actions = RuleActions(config, _run_dir(tmp_path, config))
+    actions.live = True
+    actions.on_results([hang(["vm/0", "vm/1"])])
+    assert actions.done == []  # stacks asked for, not in yet
+    actions.on_results([hang([])])
+    assert actions.done == [("Hang", f"command:echo $STALLWATCH_RULE >> {out}")]
+    ended = RuleActions(config, _run_dir(tmp_path / "ended", config))  # the end-of-run evaluation: no waiting
+    ended.on_results([hang(["vm/0"])])
+    assert len(ended.done) == 1

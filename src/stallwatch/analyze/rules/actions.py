@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -16,6 +18,8 @@ from stallwatch.log import logger, warn_once
 from stallwatch.store import run_files
 
 NOTIFY_TIMEOUT_S = 10.0
+STACKS_GRACE_S = 30.0
+ENDS_HUNG_JOB = ("Hang",)  # stop_training for these ends the job: it cannot reach a step boundary
 COMMAND_TIMEOUT_S = 300.0
 
 
@@ -31,10 +35,12 @@ class RuleActions:
         self._fired: set[str] = set()
         self.done: list[tuple[str, str]] = []  # (rule, action) taken, in order
         self._threads: list[threading.Thread] = []
+        self._waiting: dict[str, float] = {}  # rule -> when it first fired while waiting for stacks (monotonic s)
+        self.live = False  # the job is running under this launcher (`stallwatch run`): a hung one can be ended
 
     def on_results(self, results: list) -> None:
         for r in results:
-            if r.triggered <= 0 or r.name in self._fired:
+            if r.triggered <= 0 or r.name in self._fired or self._awaits_stacks(r):
                 continue
             self._fired.add(r.name)
             logger.warning("rule %s triggered (%d): %s", r.name, r.triggered, _first_sentence(r.recommendation))
@@ -45,6 +51,15 @@ class RuleActions:
                 except Exception as exc:
                     warn_once(f"action-{r.name}-{action}", "rule %s: action %s failed (%s: %s)",
                               r.name, action, type(exc).__name__, exc)
+
+    def _awaits_stacks(self, result: Any) -> bool:
+        """A live Hang whose stopped ranks' stacks are not in the run yet: its actions (which may end the job) wait
+        for them, up to STACKS_GRACE_S after it first fired."""
+        wanted = result.details.get("stacks_wanted") if isinstance(result.details, dict) else None
+        if result.name not in ENDS_HUNG_JOB or not self.live or not wanted:
+            return False
+        first = self._waiting.setdefault(result.name, time.monotonic())
+        return time.monotonic() - first < STACKS_GRACE_S
 
     def _take(self, action: str, result: Any) -> None:
         if action == "log":
@@ -65,6 +80,11 @@ class RuleActions:
             return
         run_files.write_config(self.location, current.replace(stop_training=reason))
         logger.warning("asked the job to stop training (%s)", reason)
+        if result.name in ENDS_HUNG_JOB and self.live:
+            # A hung job never reaches the step boundary where it would stop: the launcher (this process) is sent
+            # SIGTERM, which it forwards to the job after the job's events are flushed, as `kill` would.
+            logger.warning("the job is hung: ending it (SIGTERM, forwarded by stallwatch run)")
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _command(self, command: str, result: Any) -> None:
         rel = run_files.rule_result_path(result.name)

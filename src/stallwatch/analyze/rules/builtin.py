@@ -7,6 +7,7 @@ from stallwatch.analyze.rules.communication import CommunicationBound
 from stallwatch.analyze.rules.contention import CPUContention
 from stallwatch.analyze.rules.dataloader import Dataloader
 from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetrics
+from stallwatch.analyze.rules.hang import Hang
 from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.rules.steps import MaxInitializationTime, StepOutlier
@@ -15,6 +16,6 @@ from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
 RULES: list = [
     CPUBottleneck, IOBottleneck, CPUContention, Dataloader, InputBound, GPUMemoryIncrease, BatchSize,
-    LowGPUUtilization, MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound,
+    LowGPUUtilization, MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, Hang,
     OverallSystemUsage, OverallFrameworkMetrics,
 ]

@@ -16,6 +16,7 @@ from stallwatch.log import warn_once
 from stallwatch.timeutil import now_us
 
 FINISH_TIMEOUT_S = 120.0
+STACKS_SOON_S = 2.0  # asked for, the stacks are in the run within about a second (the sampler's poll, the sender's)
 
 
 class LiveRules:
@@ -24,6 +25,8 @@ class LiveRules:
         self.uri = config.out or ""
         self.actions: Any = None
         self.escalation: Any = None
+        self.stacks: Any = None
+        self._asked_stacks = False  # the last evaluation asked the job for its stacks: evaluate again soon
         self.interval_s = config.rules_interval_s
         self._stop = threading.Event()
         self._created_us = now_us()
@@ -78,13 +81,15 @@ class LiveRules:
                 return  # ended before it started (e.g. the node name was refused): nothing is written
 
             def on_results(results: list[RuleResult], final: bool) -> None:
+                if not final:
+                    self._ask_stacks(run, results)  # first: a hung job's stacks before any action ends it
                 _write(run, results)
-                self._act(run, results)
+                self._act(run, results, live=not final)
                 if not final:
                     self._escalate(run, results)
 
             self._results = follow(run, self.rules, self.params, every_s=self.interval_s, finished=self._stop.is_set,
-                                   on_results=on_results, sleep=self._stop.wait)
+                                   on_results=on_results, sleep=self._sleep)
         except Exception as exc:  # the job goes on; the rules are evaluated in one batch at the end
             warn_once("live-rules", "live rule evaluation stopped (%s: %s); the rules run when the job ends",
                       type(exc).__name__, exc)
@@ -116,16 +121,36 @@ class LiveRules:
             warn_once("rule-params", "%s; the rules are evaluated with their defaults", exc)
             return {}
 
-    def _act(self, run: Any, results: list[RuleResult]) -> None:
+    def _act(self, run: Any, results: list[RuleResult], live: bool = False) -> None:
         from stallwatch.analyze.rules.actions import RuleActions
 
         try:
             if self.actions is None:
                 self.actions = RuleActions(self.config, run.location)
+            self.actions.live = live
             self.actions.on_results(results)
         except Exception as exc:
             warn_once("rule-actions", "rule actions failed (%s: %s)", type(exc).__name__, exc)
 
+
+    def _sleep(self, seconds: float) -> None:
+        """Until the next evaluation, or the job's end; sooner right after stacks were asked for, so that the
+        finding names the rank behind (and the actions run) as soon as they are in, not an interval later."""
+        asked, self._asked_stacks = self._asked_stacks, False
+        self._stop.wait(min(seconds, STACKS_SOON_S) if asked else seconds)
+
+    def _ask_stacks(self, run: Any, results: list[RuleResult]) -> None:
+        """A rank that stopped: every process of the job is asked for its Python stacks (once per stop)."""
+        from stallwatch.analyze.rules.stack_requests import StackRequests
+
+        try:
+            if self.stacks is None:
+                self.stacks = StackRequests(run.location)
+            before = self.stacks.requests
+            self.stacks.on_results(results)
+            self._asked_stacks = self.stacks.requests > before
+        except Exception as exc:
+            warn_once("stack-requests", "could not ask the job for its stacks (%s: %s)", type(exc).__name__, exc)
 
     def _escalate(self, run: Any, results: list[RuleResult]) -> None:
         """A firing rule asks for a short detailed capture of what follows (within its budget)."""

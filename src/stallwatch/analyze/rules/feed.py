@@ -16,6 +16,7 @@ from stallwatch.analyze.frames import NodeFrame, node_frame
 from stallwatch.analyze.rules.base import Chunk, Rule
 from stallwatch.analyze.rules.steps import FrameworkColumns, attach_columns, framework_columns
 from stallwatch.records import TIMESTAMP, framework_schema
+from stallwatch.store.stacks import dumps_of
 
 
 def rule_metrics(rules: Iterable[type[Rule] | Rule] | None = None) -> set[str] | None:
@@ -40,6 +41,7 @@ def read_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None) -> Chun
     system = {node: node_frame(node, run.system_wide(node, metrics=metrics), nodes.get(node)) for node in run.nodes}
     events = run.framework()
     info["operators"] = run.operators()  # detailed-profiling summaries, for OverallFrameworkMetrics
+    info["stacks"] = dumps_of(run)  # the Hang rule's: each stopped rank's threads
     return Chunk(system, events, info, final=True)
 
 
@@ -101,6 +103,7 @@ def _slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us: int) 
     info = dict(run.info)
     metrics = rule_metrics(rules)
     info["operators"] = run.operators()
+    info["stacks"] = dumps_of(run)  # the Hang rule's: each stopped rank's threads
     current = None
     planned = plan(run, slice_us)
     replay = RunReplay(run, info)
@@ -192,6 +195,7 @@ def _remote_slices(run: Any, rules: Iterable[type[Rule] | Rule] | None, slice_us
     run = run.pinned()
     info = dict(run.info)
     info["operators"] = run.operators()
+    info["stacks"] = dumps_of(run)  # the Hang rule's: each stopped rank's threads
     token = uuid.uuid4().hex  # one listing per worker for this evaluation (a later one lists again)
     work = partial(slice_task, shared_uri(run.uri), token, rule_metrics(list(rules) if rules is not None else None),
                    info.get("nodes", {}))

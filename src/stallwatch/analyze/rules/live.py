@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 from stallwatch.analyze.rules.feed import node_frame
 from stallwatch.records import framework_schema
+from stallwatch.store.stacks import dumps_of
 
 # A framework event is written when its step ends and reaches the store up to a flush interval later, and a
 # segment compacts parts already read: only files not read before are read, and the events handed out in this
@@ -55,6 +56,7 @@ class LiveFeed:
                 self._last_ts[node] = int(frame.timestamps[-1])
             system[node] = frame
         info["operators"] = run.operators()
+        info["stacks"] = dumps_of(run)  # few files, read again each time: the Hang rule asks for them as it fires
         return Chunk(system, self._new_events(), info, final=final)
 
     def _new_events(self) -> pa.Table:

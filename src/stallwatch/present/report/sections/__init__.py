@@ -18,6 +18,7 @@ ORDER = (
     "timeline",         # beyond the seeds: system timeline with phases and flagged moments
     "heatmap",          # beyond the seeds: utilization heatmap (every core and GPU a row)
     "analysis",         # 5. Analyzing the training loop (or initialization): heading and which comes first
+    "hang",             # 5. Hangs: stopped ranks, the one behind, their stacks (beyond the seeds)
     "steps",            # 5. Step duration analysis
     "gpu_utilization",  # 5. GPU utilization
     "load_balancing",   # 5. Workload balancing
