@@ -90,6 +90,7 @@ class RunAnalysis:
         self.overview_from_rollups = overview_from_rollups
         self._engine_spec = engine
         self._opened: Engine | None = None
+        self.rules_progress: Callable[[int], None] | None = None  # (slices done) while the rules are evaluated
 
     @property
     def engine(self) -> Engine:
@@ -269,7 +270,7 @@ class RunAnalysis:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
         from stallwatch.analyze.rules.by_node import evaluate_run
 
-        return evaluate_run(self.run, rule_classes, self._params, engine=self.engine)
+        return evaluate_run(self.run, rule_classes, self._params, engine=self.engine, progress=self.rules_progress)
 
     def stored_rule_results(self) -> dict[str, RuleResult] | None:
         """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a

@@ -156,6 +156,9 @@ class EventServer:
                 if "flushed" in value:
                     conn.flushed = True
                     return
+                if isinstance(value.get("notice"), dict):  # what the job did with a profiling window
+                    out.append((conn.identity, {"notice": value["notice"]}))
+                    return
                 artifact = value.get("artifact")
                 if not isinstance(artifact, dict):
                     raise ValueError("unknown message")

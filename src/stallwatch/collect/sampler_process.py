@@ -275,8 +275,13 @@ class _EventSide:
     def __init__(self, start: StartMessage, sink: Any, budget: Any, sampler: Any = None) -> None:
         from stallwatch.collect.event_server import EventServer
 
+        from stallwatch.collect.live_counts import WRITE_EVERY_S, LiveCounts
+
         self._start, self._sink, self._budget, self._sampler = start, sink, budget, sampler
         self._writers: dict[int, Any] = {}
+        remote = getattr(sink, "remote", True)  # a bucket (through the spool): a request per write
+        self._live = LiveCounts(start.node, every_s=max(start.flush_interval_s, WRITE_EVERY_S) if remote
+                                else WRITE_EVERY_S)
         self._server = None
         self._artifacts = None
         self._journal: Any = None
@@ -340,6 +345,9 @@ class _EventSide:
         by_rank: dict[int, list] = {}
         for identity, item in received:
             if isinstance(item, dict):
+                if "notice" in item:  # what the job did with a profiling window: for the live counts
+                    self._live.notice(identity["rank"], item["notice"], now_us())
+                    continue
                 if self._artifacts is not None:
                     self._artifacts.submit(identity["rank"], item)
                 continue
@@ -385,6 +393,7 @@ class _EventSide:
         if journaled and self._journal_since_us is None and batches:
             self._journal_since_us = batches[0][1][0].start_us
         for rank, events in batches:
+            self._live.add(rank, events)
             writer = self._writer(rank)
             for event in events:
                 writer.append(event)
@@ -411,6 +420,7 @@ class _EventSide:
             if stored:
                 self._server.marks.stored()
             self._server.acknowledge()
+        self._live.tick(self._sink, now_us)
 
     def _open_journal(self, path: str) -> None:
         """Replay what a killed sampler had received but not stored, then journal from here on."""
@@ -445,6 +455,8 @@ class _EventSide:
             self._server.close()
         for w in self._writers.values():
             w.close()
+        if self._server is not None:
+            self._live.tick(self._sink, now_us(), force=True, running=False)
         if self._journal is not None:
             self._journal.close(remove=all(w.pending == 0 for w in self._writers.values()))
         if self._artifacts is not None:

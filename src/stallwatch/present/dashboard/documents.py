@@ -12,10 +12,13 @@ import numpy as np
 from stallwatch import __version__
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow
+from stallwatch.analyze.live_view import LiveFigures, overview
+from stallwatch.analyze.summary import RUNNING
 from stallwatch.analyze.node_series import NodeSeries
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
 from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
 from stallwatch.store.node_record import NodeRecord
+from stallwatch.timeutil import now_us as now
 
 SCHEMA = 1
 TOP_OPERATORS = 15
@@ -29,20 +32,29 @@ def runs_doc(root: str, rows: Sequence[RunRow]) -> dict[str, Any]:
     return {**header("runs"), "root": root, "runs": [r.to_json() for r in rows]}
 
 
-def summary_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
-    """The job summary: span, fate, nodes and ranks, steps per mode, the phase pie and training progress."""
+def summary_doc(run_id: str, a: RunAnalysis, live: LiveFigures | None = None,
+                now_us: int | None = None) -> dict[str, Any]:
+    """The job summary: span, fate, nodes and ranks, steps per mode, the phase pie and training progress — the
+    stored figures brought up to date with the nodes' live counts while the job runs (`live_view.overview`)."""
     s = a.summary
+    o = overview(running=s.fate.state == RUNNING, start_us=s.start_us, now_us=now_us or now(),
+                 stored_steps=s.steps, stored_last_us=s.last_us, stored_duration_s=s.duration_s,
+                 stored_ranks={n: list(a.ranks.get(n, [])) for n in a.nodes},
+                 stored_loop=(s.loop.first_us, s.loop.last_us) if s.loop is not None else None,
+                 stored_parts=s.parts_s(), stored_progress=a.progress(), stored_shares=a.phase_shares,
+                 stored_latest=a.latest_step, live=live)
     nodes = []
     for name in a.nodes:
         rec = a.node_record(name)
         nodes.append({"name": name, "status": rec.status, "cores": rec.cpu_cores_logical, "gpus": len(rec.gpus),
-                      "ranks": a.ranks.get(name, []), "sample_interval_ms": s.sample_interval_ms.get(name),
+                      "ranks": o.ranks.get(name, []), "sample_interval_ms": s.sample_interval_ms.get(name),
                       "end_us": rec.last_us})
     return {**header("summary"), "id": run_id, "run_id": s.run_id, "command": s.command, "start_us": s.start_us,
-            "end_us": s.end_us, "last_us": s.last_us, "duration_s": s.duration_s, "fate": s.fate.to_json(),
-            "nodes": nodes, "steps": s.steps, "total_steps": s.total_steps, "loop_s": s.loop_s,
-            "parts_s": s.parts_s(), "phase_shares": a.phase_shares, "notes": s.notes,
-            "progress": a.progress()}
+            "end_us": s.end_us, "last_us": o.last_us, "duration_s": o.duration_s, "fate": s.fate.to_json(),
+            "nodes": nodes, "steps": o.steps, "total_steps": o.total_steps, "loop_s": o.loop_s,
+            "parts_s": o.parts_s, "phase_shares": o.phase_shares, "notes": s.notes,
+            "progress": o.progress, "latest_step": o.latest_step, "live_us": o.live_us,
+            "steps_per_s": live.steps_per_s if live is not None else None}
 
 
 def findings_doc(a: RunAnalysis) -> dict[str, Any]:

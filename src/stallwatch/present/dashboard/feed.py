@@ -6,6 +6,7 @@ slowing the others or the reader. The reader stops when its last client goes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,6 +32,7 @@ class Client:
     dropped: int = 0
 
     def put(self, message: dict[str, Any]) -> None:
+        """`message`: {"event": name, "bytes": the encoded event}, the same object for every client."""
         try:
             self.queue.put_nowait(message)
         except asyncio.QueueFull:
@@ -39,7 +41,11 @@ class Client:
             except asyncio.QueueEmpty:
                 pass
             self.dropped += 1
-            self.queue.put_nowait({"event": "resync", "data": {"dropped": self.dropped}})
+            self.queue.put_nowait({"event": "resync", "bytes": _encode("resync", {"dropped": self.dropped})})
+
+
+def _encode(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 class RunReader:
@@ -99,12 +105,20 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 
 class Hub:
-    """The readers of the served runs, one per run with listeners."""
+    """The readers of the served runs, one per run with listeners. Each message is encoded once and the same
+    bytes handed to every client; with `summary`, the run's summary (kept by the server for its pollers too) is
+    sent whenever the job's live counts or its stored data changed."""
 
-    def __init__(self, poll_s: Callable[[Any], float] | None = None) -> None:
+    def __init__(self, poll_s: Callable[[Any], float] | None = None, *,
+                 summary: Callable[[Any], bytes] | None = None,
+                 encode: Callable[[str, Any], bytes] | None = None,
+                 on_steps: Callable[[Any, dict[str, Any]], None] | None = None) -> None:
         self._clients: dict[str, set[Client]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._poll_s = poll_s
+        self._summary = summary
+        self._encode = encode or _encode
+        self._on_steps = on_steps
         self.readers_started = 0
 
     def clients(self, run_id: str) -> int:
@@ -144,6 +158,7 @@ class Hub:
         if self._poll_s is not None:
             interval = self._poll_s(state)
         failures = 0
+        last_summary: bytes | None = None
         while self._clients.get(run_id):
             try:
                 if reader is None:
@@ -159,7 +174,23 @@ class Hub:
                 messages = []
             if any(m["event"] == "changed" for m in messages):
                 state.changed()
-            for message in messages:
+            for m in messages:
+                if m["event"] == "steps" and self._on_steps is not None:
+                    self._on_steps(state, m["data"])
+            out = [{"event": m["event"], "bytes": self._encode(m["event"], m["data"])} for m in messages]
+            if self._summary is not None:
+                try:
+                    summary = await anyio.to_thread.run_sync(self._summary, state)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    summary = None
+                    if failures == 0:
+                        logger.warning("dashboard: the summary of %s failed (%s: %s)", run_id, type(exc).__name__, exc)
+                if summary is not None and summary is not last_summary:  # kept bytes: new only when they changed
+                    last_summary = summary
+                    out.insert(0, {"event": "summary", "bytes": summary})
+            for message in out:
                 for client in list(self._clients.get(run_id, ())):
                     client.put(message)
             await asyncio.sleep(interval * (1 if failures == 0 else min(2 ** failures, 30)))

@@ -5,7 +5,7 @@
 
 const $ = id => document.getElementById(id);
 const state = { runs: null, run: null, view: "overview", node: null, from: null, to: null, summary: null,
-                cores: new Set(), gpus: new Set(), source: null, liveSteps: 0, lastSample: {}, clockSkew: 0,
+                cores: new Set(), gpus: new Set(), source: null, lastSample: {}, clockSkew: 0,
                 timeline: null, refreshTimer: null, changedAt: 0, fetchedAt: 0 };
 
 function el(tag, attrs, ...children) {
@@ -48,6 +48,21 @@ function writeHash() {
   if (state.view === "nodes" && state.from !== null) { p.set("from", String(Math.round(state.from))); p.set("to", String(Math.round(state.to))); }
   history.replaceState(null, "", "#" + p.toString());
 }
+// An address typed, pasted or followed (back/forward, a link): the page follows it. The page's own changes of the
+// address use replaceState, which fires no hashchange.
+function onHashChange() {
+  const before = state.run;
+  readHash();
+  if (state.run !== before) {
+    state.summary = null; state.node = null; state.timeline = null;
+    $("download").href = `/api/run/${encodeURIComponent(state.run)}/report`;
+    connectLive();
+  }
+  const p = new URLSearchParams(location.hash.slice(1));
+  if (p.get("run") && !p.get("view")) state.view = "overview";
+  show(state.run ? state.view : "runs");
+}
+
 function show(view) {
   state.view = view;
   for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.view === view);
@@ -81,7 +96,7 @@ async function renderRuns() {
 }
 
 function openRun(id) {
-  state.run = id; state.node = null; state.from = state.to = null; state.summary = null; state.liveSteps = 0;
+  state.run = id; state.node = null; state.from = state.to = null; state.summary = null;
   $("download").href = `/api/run/${encodeURIComponent(id)}/report`;
   connectLive();
   show("overview");
@@ -89,14 +104,31 @@ function openRun(id) {
 
 // -- overview ------------------------------------------------------------------------------------------------
 async function renderOverview() {
-  const [summary, findings] = await Promise.all([runApi("summary"), runApi("findings")]);
-  state.summary = summary; state.liveSteps = 0; state.fetchedAt = Date.now();
+  const summary = await runApi("summary");
+  state.summary = summary; state.fetchedAt = Date.now();
   renderHeader(summary);
   renderSummary(summary);
-  renderFindings(findings);
+  loadFindings();
   runApi("usage").then(renderUsage).catch(showError);
   runApi("operators").then(renderOperators).catch(showError);
   runApi("profiling").then(renderProfiling).catch(showError);
+}
+
+// The findings follow the charts: a run whose rules were never stored has them evaluated on the server (minutes
+// on a long multi-node run); until then the page says how far that got and asks again.
+function loadFindings() {
+  clearTimeout(state.findingsTimer);
+  const run = state.run;
+  runApi("findings").then(f => {
+    if (run !== state.run) return;
+    renderFindings(f);
+    const note = $("findings-progress");
+    if (f.pending) {
+      const p = f.pending, part = p.total ? ` — ${Math.min(p.done, p.total)} of ${p.total} slices` : "";
+      note.textContent = `${p.stale ? "Updating" : "Evaluating"} the rules${part} (${p.elapsed_s.toFixed(0)} s so far)…`;
+      if (state.view === "overview") state.findingsTimer = setTimeout(loadFindings, 1000);
+    } else note.textContent = f.error || "";
+  }).catch(showError);
 }
 
 function renderHeader(s) {
@@ -114,7 +146,10 @@ function renderSummary(s) {
     ["Nodes", `${s.nodes.length} (${s.nodes.map(n => n.name).join(", ")})`],
     ["Ranks", String(s.nodes.reduce((a, n) => a + n.ranks.length, 0))],
     ["Steps", steps], ["Training loop", fmtDur(s.loop_s)], ["Sampling interval", intervals]];
-  for (const [k, v] of rows) t.appendChild(el("tr", {}, el("td", {}, k), el("td", { id: k === "Steps" ? "steps-cell" : null }, v)));
+  for (const [k, v] of rows) t.appendChild(el("tr", {}, el("td", {}, k), el("td", { id: k === "Steps" ? "steps-cell" : "summary-" + k.toLowerCase().replace(/\W+/g, "-") }, v)));
+  $("steps-cell").dataset.total = String(s.total_steps);
+  $("summary-duration").dataset.seconds = String(s.duration_s);
+  $("summary-ranks").dataset.ranks = String(s.nodes.reduce((a, n) => a + n.ranks.length, 0));
   const parts = s.parts_s ? Object.entries(s.parts_s).map(([label, value]) => ({ label, value })) : [];
   Charts.pie($("phase-pie"), parts);
   const pc = new Charts.TimeChart($("progress-chart"), { height: 120, title: "steps done (all ranks)" });
@@ -122,11 +157,21 @@ function renderSummary(s) {
   for (const n of s.notes || []) t.appendChild(el("tr", {}, el("td", {}, "Note"), el("td", {}, n)));
 }
 
-function updateStepCount() {
-  const cell = $("steps-cell"); if (!cell || !state.summary) return;
-  const total = state.summary.total_steps + state.liveSteps;
-  cell.textContent = Object.entries(state.summary.steps).map(([m, n]) => `${m} ${n.toLocaleString()}`).join(" · ") + (state.liveSteps ? ` · total now ${total.toLocaleString()}` : "");
-  cell.dataset.total = String(total);
+// A running job's duration goes on between the summaries the live stream sends (each at least a second apart).
+function tickDuration() {
+  const s = state.summary, cell = $("summary-duration");
+  if (!s || !cell || s.fate.state !== "running" || !s.start_us || state.view !== "overview") return;
+  const seconds = Math.max(s.duration_s, (Date.now() * 1000 + state.clockSkew - s.start_us) / 1e6);
+  cell.textContent = fmtDur(seconds); cell.dataset.seconds = String(seconds);
+}
+
+// The live stream's summary: the stored figures brought up to date with the job's live counts (server side).
+function onSummary(s) {
+  if (s.id !== undefined && state.run !== null && s.id !== state.run) return;
+  state.summary = s; state.fetchedAt = Date.now();
+  renderHeader(s);
+  if (state.view === "overview") renderSummary(s);
+  else if (state.view === "nodes") renderBadges();
 }
 
 function renderFindings(f) {
@@ -144,7 +189,7 @@ function renderFindings(f) {
     }
     box.appendChild(card);
   }
-  if (!f.findings.length) box.appendChild(el("p", { class: "muted" }, "No findings."));
+  if (!f.findings.length && !(f.pending && !f.pending.stale)) box.appendChild(el("p", { class: "muted" }, "No findings."));
   const rules = $("rules"); rules.textContent = "";
   for (const r of f.rules) {
     const label = r.triggered ? "fired" : (r.status === "not_applicable" || r.status === "no_data" ? "not applicable" : r.status || "ok");
@@ -207,13 +252,15 @@ function renderProfiling(p) {
   if (!pick.dataset.touched) pick.value = String(p.sample_interval_ms);
   const t = $("requests"); t.textContent = "";
   let waiting = false;
-  if (p.requests.length) t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
+  if (p.requests.length) t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Outcome", "Captures"].map(h => el("th", {}, h))));
   for (const r of p.requests.slice().reverse()) {
-    const pending = !r.picked_up_us && r.layer !== "dataloader";
+    // A profiling request always heads for an end (captured, rejected, ended, expired); an interval change
+    // ends when every node's sampler took it.
+    const pending = r.state ? ["waiting", "started", "storing"].includes(r.state) : !r.picked_up_us;
     waiting = waiting || pending;
-    const picked = r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…");
+    const picked = r.state ? r.message : r.picked_up_us ? fmtUs(r.picked_up_us) : "waiting for the job…";
     const perNode = r.layer === "interval" && r.nodes && r.nodes.length > 1 ? " (" + r.nodes.map(n => `${n.node}: ${n.picked_up_us ? fmtUs(n.picked_up_us) : "waiting"}`).join(", ") + ")" : "";
-    t.appendChild(el("tr", { dataset: { layer: r.layer } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
+    t.appendChild(el("tr", { dataset: { layer: r.layer, state: r.state || (pending ? "waiting" : "done") } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
       el("td", { class: "text picked" }, picked + perNode), el("td", { class: "text" }, ...r.captures.map(captureLinks))));
   }
   const c = $("captures"); c.textContent = "";
@@ -428,6 +475,7 @@ function connectLive() {
   src.addEventListener("error", () => $("live").classList.remove("on"));
   src.addEventListener("hello", e => { const d = JSON.parse(e.data); state.clockSkew = d.now_us - Date.now() * 1000; });
   src.addEventListener("samples", e => onSamples(JSON.parse(e.data)));
+  src.addEventListener("summary", e => onSummary(JSON.parse(e.data)));
   src.addEventListener("steps", e => onSteps(JSON.parse(e.data)));
   src.addEventListener("status", e => onStatus(JSON.parse(e.data)));
   src.addEventListener("changed", () => onChanged());
@@ -452,8 +500,6 @@ function onSamples(d) {
 }
 
 function onSteps(d) {
-  state.liveSteps += Object.values(d.new).reduce((a, b) => a + b, 0);
-  updateStepCount();
   if (state.view === "nodes" && d.recent.length && d.recent[0].node === state.node) {
     const seen = new Set(recentSteps.map(s => `${s.rank}/${s.step}/${s.start_us}`));
     drawSteps(recentSteps.concat(d.recent.filter(s => !seen.has(`${s.rank}/${s.step}/${s.start_us}`))));
@@ -470,12 +516,14 @@ function onChanged() {
   // The whole-run answers (summary, findings) are asked again at most every 10 s while data arrives.
   state.changedAt = Date.now();
   if (state.refreshTimer) return;
-  const wait = Math.max(0, 10000 - (Date.now() - state.fetchedAt));
+  // (the summary itself comes with the live stream, up to date within a second or two)
   state.refreshTimer = setTimeout(() => {
     state.refreshTimer = null;
-    if (state.view === "overview") renderOverview().catch(showError);
-    else runApi("summary").then(s => { state.summary = s; state.liveSteps = 0; state.fetchedAt = Date.now(); renderHeader(s); }).catch(showError);
-  }, wait);
+    if (state.view !== "overview") return;
+    loadFindings();
+    runApi("usage").then(renderUsage).catch(showError);
+    runApi("operators").then(renderOperators).catch(showError);
+  }, 10000);
 }
 
 // -- start ---------------------------------------------------------------------------------------------------
@@ -491,7 +539,8 @@ window.addEventListener("DOMContentLoaded", async () => {
   $("profile-form").addEventListener("submit", submitProfiling);
   $("interval-form").addEventListener("submit", submitInterval);
   $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
-  setInterval(() => { if (state.view === "nodes") renderBadges(); }, 1000);
+  setInterval(() => { if (state.view === "nodes") renderBadges(); tickDuration(); }, 1000);
+  window.addEventListener("hashchange", onHashChange);
   readHash();
   try {
     const runs = await api("/api/runs");
