@@ -488,6 +488,11 @@ function onSamples(d) {
   if (state.view === "nodes") renderBadges();
   const t = state.timeline;
   if (!t || state.view !== "nodes" || d.node !== t.node || state.from !== null) return;  // a zoomed view stays put
+  const last = t.ts.length ? t.ts[t.ts.length - 1] : null;
+  if (last !== null && d.ts.length && d.ts[0] - last > 3 * Math.max(t.bucket_us, 1)) {
+    loadTimeline(false).catch(showError);  // stored while the page loaded, never streamed: ask for the whole line
+    return;
+  }
   for (let i = 0; i < d.ts.length; i++) {
     if (t.ts.length && d.ts[i] <= t.ts[t.ts.length - 1]) continue;
     t.ts.push(d.ts[i]);
@@ -517,13 +522,18 @@ function onChanged() {
   state.changedAt = Date.now();
   if (state.refreshTimer) return;
   // (the summary itself comes with the live stream, up to date within a second or two)
+  const wait = Math.max(1000, 10000 - (Date.now() - (state.refreshedAt || 0)));
   state.refreshTimer = setTimeout(() => {
-    state.refreshTimer = null;
+    state.refreshTimer = null; state.refreshedAt = Date.now();
+    if (state.view === "nodes" && state.from === null) {  // the framework timeline and heatmap of the new data
+      runApi("events", { node: state.node }).then(drawEvents).catch(showError);
+      runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
+    }
     if (state.view !== "overview") return;
     loadFindings();
     runApi("usage").then(renderUsage).catch(showError);
     runApi("operators").then(renderOperators).catch(showError);
-  }, 10000);
+  }, wait);
 }
 
 // -- start ---------------------------------------------------------------------------------------------------
