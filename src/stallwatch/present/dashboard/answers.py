@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Hashable
 
 MAX_ANSWERS = 128  # per run: a page asks about a dozen questions; zooms add a few each
+MAX_BYTES = 32 << 20  # per run: the kept answers together (a zoomed timeline is a few hundred KB)
 
 
 class Answers:
@@ -21,6 +22,9 @@ class Answers:
         self._max = max_answers
         self.computed = 0  # how many answers were computed (the rest were shared)
         self.shared = 0
+
+    def _bytes(self) -> int:
+        return sum(len(v) for _, v in self._done.values() if isinstance(v, (bytes, bytearray)))
 
     def peek(self, question: Hashable, stamp: Hashable) -> Any | None:
         """The kept answer when it is of this stamp, else None (cheap: for the event loop)."""
@@ -60,7 +64,7 @@ class Answers:
             self.computed += 1
             self._done[question] = (stamp, value)
             self._done.move_to_end(question)
-            while len(self._done) > self._max:
-                self._done.popitem(last=False)
+            while len(self._done) > 1 and (len(self._done) > self._max or self._bytes() > MAX_BYTES):
+                self._done.popitem(last=False)  # the least recently asked
         future.set_result(value)
         return value
