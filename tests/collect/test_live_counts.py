@@ -42,3 +42,18 @@ def test_progress_stays_bounded_and_spans_the_run(tmp_path: Path) -> None:
     progress = read_live(loc, ["n1"])["n1"].progress
     assert len(progress) <= MAX_PROGRESS
     assert progress[0] == (500, 1) and progress[-1][1] == 3 * MAX_PROGRESS
+
+
+def test_the_newest_snapshots_node_wide_only(tmp_path: Path) -> None:
+    from stallwatch.records import MetricKey
+
+    loc = RunLocation(str(tmp_path))
+    keys = [MetricKey("cpu", "cpu_util"), MetricKey("cpu0", "cpu_util"), MetricKey("memory", "mem_util"),
+            MetricKey("gpu0", "gpu_util"), MetricKey("proc", "rss_bytes")]
+    counts = LiveCounts("n1", every_s=0.0)
+    for k in range(40):
+        counts.snapshot(k * 500_000, keys, [50.0, 60.0, float("nan"), 7.0, 1e9])
+    counts.tick(loc, 20_000_000)
+    live = read_live(loc, ["n1"])["n1"]
+    assert live.columns == ("cpu/cpu_util", "memory/mem_util", "gpu0/gpu_util")
+    assert len(live.snapshots) == 24 and live.snapshots[-1] == (39 * 500_000, (50.0, None, 7.0))

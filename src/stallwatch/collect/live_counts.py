@@ -11,11 +11,14 @@ from collections import deque
 from typing import Any
 
 from stallwatch.log import warn_once
+from stallwatch import records as r
 from stallwatch.records import DATA_WAIT, MODES, STEP, UNTIMED, FORWARD, BACKWARD, OPTIMIZER
-from stallwatch.store.live_status import MAX_NOTICES, MAX_PROGRESS, write_live
+from stallwatch.store.live_status import MAX_NOTICES, MAX_PROGRESS, MAX_SNAPSHOTS, write_live
 
 WRITE_EVERY_S = 0.9  # on local disk; a bucket gets them every flush interval (each write is a request)
 PHASES = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
+# The newest snapshots' node-wide series (not per core): the live charts' edge, ahead of the next flush.
+SNAPSHOT_METRICS = {r.CPU_UTIL, r.CPU_IOWAIT, r.MEM_UTIL, r.NET_RX_BPS, r.NET_TX_BPS, r.GPU_UTIL, r.GPU_MEM_UTIL}
 
 
 class LiveCounts:
@@ -27,6 +30,10 @@ class LiveCounts:
         self._phase_us: dict[str, dict[str, int]] = {}
         self._progress: list[tuple[int, int]] = []
         self._notices: deque[dict[str, Any]] = deque(maxlen=MAX_NOTICES)
+        self._columns: list[str] = []
+        self._picked: list[int] = []
+        self._keys: Any = None
+        self._snapshots: deque[list[Any]] = deque(maxlen=MAX_SNAPSHOTS)
         self._total = 0
         self._changed = False
         self._written = 0.0
@@ -65,6 +72,22 @@ class LiveCounts:
                     self._total += n
                     self._changed = True
 
+    def snapshot(self, ts: int, keys: list[Any], values: Any) -> None:
+        """A system snapshot as the sampler took it (`keys`: its MetricKeys); its node-wide series are kept."""
+        if keys is not self._keys:
+            self._keys = keys
+            self._picked = [i for i, k in enumerate(keys) if k.metric in SNAPSHOT_METRICS and (
+                k.device in (r.CPU, r.MEMORY, r.NET) or k.device.startswith("gpu"))]
+            self._columns = [keys[i].column for i in self._picked]
+            self._snapshots.clear()
+        row: list[Any] = [int(ts)]
+        for i in self._picked:
+            v = values[i]
+            v = float(v) if v is not None else float("nan")
+            row.append(round(v, 3) if v == v and abs(v) != float("inf") else None)
+        self._snapshots.append(row)
+        self._changed = True
+
     def notice(self, rank: int, notice: dict[str, Any], now_us: int) -> None:
         """What the job did with a profiling window (`stallwatch.torch.windows`: started, captured, past…)."""
         self._notices.append({"rank": rank, "layer": str(notice.get("layer", ""))[:40],
@@ -97,4 +120,5 @@ class LiveCounts:
         return {"node": self.node, "written_us": now_us, "running": running,
                 "ranks": [dict(r) for _, r in sorted(self._ranks.items())],
                 "progress": [list(p) for p in self._progress], "step_us": dict(self._step_us),
-                "phase_us": {m: dict(v) for m, v in self._phase_us.items()}, "notices": list(self._notices)}
+                "phase_us": {m: dict(v) for m, v in self._phase_us.items()}, "notices": list(self._notices),
+                "snapshots": {"columns": list(self._columns), "rows": [list(x) for x in self._snapshots]}}

@@ -189,6 +189,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             ts, values = sampler.snapshot()
             writer.append(ts, values)
             writer.tick(ts)
+            events.note_snapshot(ts, sampler.keys, values)
         except Exception as exc:  # a reading that fails in a new way must not end sampling
             warn_once(f"snapshot-{type(exc).__name__}", "a snapshot failed (%s: %s); sampling goes on",
                       type(exc).__name__, exc)
@@ -311,6 +312,16 @@ class _EventSide:
 
     def fds(self) -> list[int]:
         return self._server.fds() if self._server is not None else []
+
+    def note_snapshot(self, ts: int, keys: list[Any], values: Any) -> None:
+        """The live counts keep the newest snapshots (the live charts' edge before the next flush)."""
+        if self._server is None:
+            return
+        try:
+            self._live.snapshot(ts, keys, values)
+        except Exception as exc:  # never a reason to stop sampling
+            warn_once(f"live-snapshot-{type(exc).__name__}", "cannot keep the newest snapshot for the live counts "
+                      "(%s: %s)", type(exc).__name__, exc)
 
     def request_flush(self, number: Any) -> None:
         if self._server is not None:

@@ -18,6 +18,8 @@ SCHEMA = 1
 MAX_BYTES = 1 << 20  # a few KB in practice; a larger file is not a sampler's
 MAX_PROGRESS = 512  # points of the progress curve a sampler keeps (thinned evenly when full)
 MAX_NOTICES = 32  # the newest profiling notices a sampler keeps
+MAX_SNAPSHOTS = 24  # the newest system snapshots a sampler keeps (more than a flush interval's at 500 ms)
+MAX_COLUMNS = 512
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class LiveNode:
     step_us: dict[str, int]  # per mode: the timed steps' time, together
     phase_us: dict[str, dict[str, int]]  # per mode and phase: its time, together
     notices: tuple[Notice, ...] = field(default_factory=tuple)
+    columns: tuple[str, ...] = ()  # of the newest snapshots: `device/metric`, node-wide series only
+    snapshots: tuple[tuple[int, tuple[float | None, ...]], ...] = ()  # (time µs, a value per column), in time order
 
     @property
     def steps(self) -> dict[str, int]:
@@ -116,11 +120,28 @@ def _parse(node: str, data: Any) -> LiveNode | None:
                 isinstance(n.get(k), str) for k in ("layer", "range", "outcome", "message")):
             notices.append(Notice(n["rank"], n["layer"][:40], n["range"][:200], n["outcome"][:40],
                                   n["message"][:500], n["at_us"]))
+    columns, snapshots = _snapshots(data.get("snapshots"))
     return LiveNode(node=node, written_us=data["written_us"], running=data.get("running") is True,
                     ranks=tuple(sorted(ranks, key=lambda r: r.rank)), progress=progress,
                     step_us=_counts(data.get("step_us")),
                     phase_us={m: _counts(v, keys=None) for m, v in phases.items() if m in MODES},
-                    notices=tuple(notices))
+                    notices=tuple(notices), columns=columns, snapshots=snapshots)
+
+
+def _snapshots(value: Any) -> tuple[tuple[str, ...], tuple[tuple[int, tuple[float | None, ...]], ...]]:
+    if not isinstance(value, dict) or not isinstance(value.get("columns"), list) or \
+            not isinstance(value.get("rows"), list):
+        return (), ()
+    columns = value["columns"][:MAX_COLUMNS]
+    if not all(isinstance(c, str) and 0 < len(c) <= 200 and c.count("/") == 1 for c in columns):
+        return (), ()
+    rows = []
+    for row in value["rows"][-MAX_SNAPSHOTS:]:
+        if isinstance(row, list) and len(row) == len(columns) + 1 and _int(row[0]) and all(
+                v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in row[1:]):
+            rows.append((row[0], tuple(None if v is None else float(v) for v in row[1:])))
+    rows.sort(key=lambda x: x[0])
+    return tuple(columns), tuple(rows)
 
 
 def _counts(value: Any, keys: tuple[str, ...] | None = MODES) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """The live page against a real PyTorch CPU job of 30 ms steps (the issue's case), in headless Chromium: its step
 count and duration stay within two seconds of the job's own count and clock, its ranks, progress and phase pie
-come from the first steps (no finalization while the job runs); a profiling request with the default start step
+come from the first steps (no finalization while the job runs), the Nodes view's newest snapshot is as recent; a profiling request with the default start step
 ends in a capture, one for steps already past ends in the job's reason, one the job never reaches ends when the
 job does — each on the page."""
 
@@ -46,8 +46,13 @@ def _count(tmp_path: Path) -> tuple[int, float]:
         return 0, 0.0
 
 
-def _page_total(page: Any) -> int:
-    return int(page.get_attribute("#steps-cell", "data-total") or 0)
+def _outcome(page: Any, layer: str) -> str:
+    """The state a profiling request ends in on the page (captured, rejected, ended, expired)."""
+    row = f"#requests tr[data-layer={layer}]"
+    page.wait_for_selector(row)
+    page.wait_for_function(f"['captured', 'rejected', 'ended', 'expired'].includes("
+                           f"(document.querySelector('{row}') || {{dataset: {{}}}}).dataset.state)", timeout=90_000)
+    return page.get_attribute(row, "data-state")
 
 
 def test_live_numbers_within_two_seconds_and_controls_that_end(browser: Any, tmp_path: Path) -> None:
@@ -86,19 +91,30 @@ def test_live_numbers_within_two_seconds_and_controls_that_end(browser: Any, tmp
         assert "Finalization" not in parts and parts["Training loop"] > 0, parts
         assert "TRAIN" in page.evaluate("Object.keys(state.summary.phase_shares)")
 
+        # The Nodes view's newest snapshot: from the live counts, ahead of the next flush (5 s).
+        page.click("#tabs button[data-view=nodes]")
+        page.wait_for_function("document.querySelector('#chart-cpu').dataset.points > 0")
+        ages = []
+        for _ in range(4):
+            time.sleep(1.0)
+            ages.append(page.evaluate("(Date.now() * 1000 + state.clockSkew - state.lastSample.n1) / 1e6"))
+        assert statistics.median(ages) <= LAG_S, ages
+        page.click("#tabs button[data-view=overview]")
+        page.wait_for_selector("#profile-form")
+
         # A detailed capture from the default start step (blank): a step still ahead of the job, so it is taken.
         page.select_option("select[name=layer]", "detailed")
         page.fill("input[name=num_steps]", "2")
         page.click("#profile-form button[type=submit]")
-        page.wait_for_selector("#requests tr[data-layer=detailed][data-state=captured]", timeout=60_000)
-        assert page.locator("#captures tr[data-layer=detailed] a.capture-file").count() >= 1
+        assert _outcome(page, "detailed") == "captured", page.text_content("#requests tr[data-layer=detailed]")
+        page.wait_for_selector("#captures tr[data-layer=detailed] a.capture-file")
 
         # Steps long past: the job's reason, on the page.
         page.select_option("select[name=layer]", "python")
         page.fill("input[name=start_step]", "1")
         page.fill("input[name=num_steps]", "1")
         page.click("#profile-form button[type=submit]")
-        page.wait_for_selector("#requests tr[data-layer=python][data-state=rejected]", timeout=30_000)
+        assert _outcome(page, "python") == "rejected", page.text_content("#requests tr[data-layer=python]")
         assert "already past" in page.text_content("#requests tr[data-layer=python] .picked")
 
         # Steps the job never reaches: when the job ends, the page says so.
@@ -109,7 +125,7 @@ def test_live_numbers_within_two_seconds_and_controls_that_end(browser: Any, tmp
         page.screenshot(path=str(shots / "live-overview.png"), full_page=True)
         (tmp_path / "stop").touch()
         assert job.wait(120) == 0, job.stderr
-        page.wait_for_selector("#requests tr[data-layer=dataloader][data-state=ended]", timeout=30_000)
+        assert _outcome(page, "dataloader") == "ended", page.text_content("#requests tr[data-layer=dataloader]")
         assert "ended" in page.text_content("#requests tr[data-layer=dataloader] .picked")
         page.screenshot(path=str(shots / "live-ended.png"), full_page=True)
     finally:

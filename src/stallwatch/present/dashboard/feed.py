@@ -14,11 +14,13 @@ from typing import Any, Callable
 import anyio.to_thread
 import numpy as np
 
+from stallwatch.analyze.frames import NodeFrame
 from stallwatch.analyze.node_series import LIVE_SERIES, METRICS, named_columns, tidy_frame
 from stallwatch.analyze.rules.live import LiveFeed
 from stallwatch.analyze.step_window import EVENT_KINDS, step_breakdown
 from stallwatch.log import logger
 from stallwatch.records import STEP
+from stallwatch.store.live_status import live_version, read_live
 
 POLL_LOCAL_S = 0.5
 POLL_REMOTE_S = 2.0
@@ -57,6 +59,8 @@ class RunReader:
         self.events = LiveFeed(run).skip_existing()
         self.statuses: dict[str, Any] = {}
         self.polls = 0
+        self.pushed: dict[str, int] = {}  # per node: the newest snapshot sent from the live counts
+        self._live_stamp: Any = None
 
     def poll(self) -> list[dict[str, Any]]:
         self.polls += 1
@@ -68,6 +72,7 @@ class RunReader:
         if rows.num_rows:
             for node in sorted(set(rows["node"].cast("string").to_pylist())):
                 out.append({"event": "samples", "data": _samples(node, rows, nodes.get(node), now)})
+        out += self._live_samples(sorted(records), nodes, now)
         statuses = {n: (r.status, r.exit_code) for n, r in records.items()}
         if statuses != self.statuses:
             self.statuses = statuses
@@ -84,6 +89,28 @@ class RunReader:
             out.append({"event": "steps", "data": {"new": counts, "recent": steps, "now_us": now}})
         if out:
             out.append({"event": "changed", "data": {"now_us": now}})
+        return out
+
+
+    def _live_samples(self, names: list[str], nodes: dict[str, Any], now: int) -> list[dict[str, Any]]:
+        """The newest snapshots from the nodes' live counts (ahead of the next flush), each sent once."""
+        stamp = live_version(self.run.location, names)
+        if stamp is not None and stamp == self._live_stamp:
+            return []
+        self._live_stamp = stamp
+        out = []
+        for name, live in read_live(self.run.location, names).items():
+            rows = [row for row in live.snapshots if row[0] > self.pushed.get(name, 0)]
+            if not rows or not live.columns:
+                continue
+            self.pushed[name] = rows[-1][0]
+            values = np.array([[np.nan if v is None else v for v in vs] for _, vs in rows], np.float32)
+            frame = NodeFrame(name, np.array([t for t, _ in rows], np.int64),
+                              {c: values[:, i] for i, c in enumerate(live.columns)}, nodes.get(name) or {})
+            cols = named_columns(frame)
+            out.append({"event": "samples", "data": {
+                "node": name, "ts": frame.timestamps.tolist(), "now_us": now, "live": True,
+                "series": {k: _round(cols[k]) for k in LIVE_SERIES if k in cols}}})
         return out
 
 

@@ -484,7 +484,7 @@ function connectLive() {
 
 function onSamples(d) {
   state.clockSkew = d.now_us - Date.now() * 1000;
-  if (d.ts.length) state.lastSample[d.node] = d.ts[d.ts.length - 1];
+  if (d.ts.length) state.lastSample[d.node] = Math.max(state.lastSample[d.node] || 0, d.ts[d.ts.length - 1]);
   if (state.view === "nodes") renderBadges();
   const t = state.timeline;
   if (!t || state.view !== "nodes" || d.node !== t.node || state.from !== null) return;  // a zoomed view stays put
