@@ -5,7 +5,7 @@
 
 const $ = id => document.getElementById(id);
 const state = { runs: null, run: null, view: "overview", node: null, from: null, to: null, summary: null,
-                cores: new Set(), gpus: new Set(), source: null, lastSample: {}, clockSkew: 0,
+                cores: new Set(), gpus: new Set(), source: null, lastSample: {}, recent: {}, clockSkew: 0,
                 timeline: null, refreshTimer: null, changedAt: 0, fetchedAt: 0 };
 
 function el(tag, attrs, ...children) {
@@ -54,7 +54,7 @@ function onHashChange() {
   const before = state.run;
   readHash();
   if (state.run !== before) {
-    state.summary = null; state.node = null; state.timeline = null;
+    state.summary = null; state.node = null; state.timeline = null; state.recent = {}; state.lastSample = {};
     $("download").href = `/api/run/${encodeURIComponent(state.run)}/report`;
     connectLive();
   }
@@ -96,7 +96,8 @@ async function renderRuns() {
 }
 
 function openRun(id) {
-  state.run = id; state.node = null; state.from = state.to = null; state.summary = null;
+  state.run = id; state.node = null; state.from = state.to = null; state.summary = null; state.captureCount = undefined;
+  state.recent = {}; state.lastSample = {};
   $("download").href = `/api/run/${encodeURIComponent(id)}/report`;
   connectLive();
   show("overview");
@@ -263,6 +264,9 @@ function renderProfiling(p) {
     t.appendChild(el("tr", { dataset: { layer: r.layer, state: r.state || (pending ? "waiting" : "done") } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
       el("td", { class: "text picked" }, picked + perNode), el("td", { class: "text" }, ...r.captures.map(captureLinks))));
   }
+  if (state.captureCount !== undefined && p.captures.length !== state.captureCount)  // a new capture: its operators
+    runApi("operators").then(renderOperators).catch(showError);
+  state.captureCount = p.captures.length;
   const c = $("captures"); c.textContent = "";
   if (!p.captures.length) c.appendChild(el("tr", {}, el("td", { class: "muted" }, "No capture yet.")));
   else c.appendChild(el("tr", {}, ...["Layer", "Start", "Steps", "Files and timeline"].map(h => el("th", {}, h))));
@@ -334,8 +338,9 @@ async function loadTimeline(first) {
   const q = { node: state.node, points: String(Math.min(Math.max(Math.round(($("chart-cpu").clientWidth || 800) / 2), 200), 1500)) };
   if (state.from !== null) { q.from = String(Math.floor(state.from)); q.to = String(Math.ceil(state.to)); }
   const t = await runApi("timeline", q);
+  if (state.from === null) mergeRecent(t, true);  // the whole run: up to the present
   state.timeline = t;
-  if (t.last_sample_us) state.lastSample[t.node] = t.last_sample_us;
+  if (t.last_sample_us) state.lastSample[t.node] = Math.max(state.lastSample[t.node] || 0, t.last_sample_us);
   if (first) pickers(t);
   drawTimeline();
   if (first) {
@@ -482,26 +487,48 @@ function connectLive() {
   src.addEventListener("resync", () => { render().catch(showError); });
 }
 
+// The newest streamed snapshots per node, whatever the view: a timeline read from the store (which trails the job
+// by a flush interval) is brought up to the present with them.
+const RECENT_SAMPLES = 64;
 function onSamples(d) {
   state.clockSkew = d.now_us - Date.now() * 1000;
   if (d.ts.length) state.lastSample[d.node] = Math.max(state.lastSample[d.node] || 0, d.ts[d.ts.length - 1]);
+  const r = state.recent[d.node] || (state.recent[d.node] = { ts: [], series: {} });
+  for (let i = 0; i < d.ts.length; i++) {
+    if (r.ts.length && d.ts[i] <= r.ts[r.ts.length - 1]) continue;
+    r.ts.push(d.ts[i]);
+    for (const [k, v] of Object.entries(d.series)) (r.series[k] || (r.series[k] = new Array(r.ts.length - 1).fill(null))).push(v[i]);
+    for (const [k, v] of Object.entries(r.series)) if (v.length < r.ts.length) v.push(null);
+  }
+  if (r.ts.length > RECENT_SAMPLES) { const cut = r.ts.length - RECENT_SAMPLES; r.ts.splice(0, cut); for (const v of Object.values(r.series)) v.splice(0, cut); }
   if (state.view === "nodes") renderBadges();
   const t = state.timeline;
   if (!t || state.view !== "nodes" || d.node !== t.node || state.from !== null) return;  // a zoomed view stays put
+  if (!mergeRecent(t)) { loadTimeline(false).catch(showError); return; }  // a hole between the two: read it again
+  drawTimeline();
+}
+
+// Append the node's streamed snapshots newer than the timeline's end; false when they do not join it (a stretch
+// stored meanwhile that neither holds).
+function mergeRecent(t, force) {
+  const r = state.recent[t.node];
+  if (!r || !r.ts.length) return true;
   const last = t.ts.length ? t.ts[t.ts.length - 1] : null;
-  if (last !== null && d.ts.length && d.ts[0] - last > 3 * Math.max(t.bucket_us, 1)) {
-    loadTimeline(false).catch(showError);  // stored while the page loaded, never streamed: ask for the whole line
-    return;
+  let i = r.ts.findIndex(x => last === null || x > last);
+  if (i < 0) return true;
+  if (last !== null && r.ts[i] - last > 3 * Math.max(t.bucket_us, 1) && (i === 0 || r.ts[i - 1] < last - t.bucket_us)) {
+    if (!force) return false;
+    t.ts.push(Math.round((last + r.ts[i]) / 2));  // a real gap, read again and still there: the line breaks
+    for (const s of Object.values(t.series)) { s.min.push(null); s.max.push(null); s.mean.push(null); }
   }
-  for (let i = 0; i < d.ts.length; i++) {
-    if (t.ts.length && d.ts[i] <= t.ts[t.ts.length - 1]) continue;
-    t.ts.push(d.ts[i]);
+  for (; i < r.ts.length; i++) {
+    t.ts.push(r.ts[i]);
     for (const [k, s] of Object.entries(t.series)) {
-      const v = d.series[k] ? d.series[k][i] : null;
+      const v = r.series[k] ? r.series[k][i] : null;
       s.min.push(v); s.max.push(v); s.mean.push(v);
     }
   }
-  drawTimeline();
+  return true;
 }
 
 function onSteps(d) {
