@@ -36,9 +36,12 @@ def test_bad_fields_are_left_out_and_a_bad_file_skipped(tmp_path: Path) -> None:
         "schema": 1, "written_us": 9, "ranks": [{"rank": "0"}, {"rank": 1, "steps": {"TRAIN": -4, "BOGUS": 3,
                                                                                     "EVAL": True}}],
         "progress": [[1, "x"], [2, 2], "no"], "phase_us": {"X": {}}, "notices": [{"rank": 0}]}))
+    (tmp_path / layout.live_json("n3")).write_text(json.dumps({
+        "schema": 1, "written_us": 9, "ranks": {"0": 1}, "progress": {"a": 1}, "notices": "x", "phase_us": [],
+        "snapshots": {"columns": {"a": 1}, "rows": 3}}))
     (tmp_path / layout.live_json("n2")).write_text("{not json")
-    nodes = read_live(RunLocation(str(tmp_path)), ["n1", "n2"])
-    assert list(nodes) == ["n1"]
+    nodes = read_live(RunLocation(str(tmp_path)), ["n1", "n2", "n3"])
+    assert list(nodes) == ["n1", "n3"] and nodes["n3"].ranks == () and nodes["n3"].progress == ()
     live = nodes["n1"]
     assert [r.rank for r in live.ranks] == [1] and live.ranks[0].steps == {}
     assert live.progress == ((2, 2),) and live.phase_us == {} and live.notices == ()

@@ -6,13 +6,14 @@ a few counters per rank and mode, a bounded progress curve, the newest notices."
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import deque
 from typing import Any
 
-from stallwatch.log import warn_once
 from stallwatch import records as r
-from stallwatch.records import DATA_WAIT, MODES, STEP, UNTIMED, FORWARD, BACKWARD, OPTIMIZER
+from stallwatch.log import warn_once
+from stallwatch.records import BACKWARD, DATA_WAIT, FORWARD, MODES, OPTIMIZER, STEP, UNTIMED
 from stallwatch.store.live_status import MAX_NOTICES, MAX_PROGRESS, MAX_SNAPSHOTS, write_live
 
 WRITE_EVERY_S = 0.9  # on local disk; a bucket gets them every flush interval (each write is a request)
@@ -83,8 +84,8 @@ class LiveCounts:
         row: list[Any] = [int(ts)]
         for i in self._picked:
             v = values[i]
-            v = float(v) if v is not None else float("nan")
-            row.append(round(v, 3) if v == v and abs(v) != float("inf") else None)
+            v = float(v) if v is not None else math.nan
+            row.append(round(v, 3) if math.isfinite(v) else None)
         self._snapshots.append(row)
         self._changed = True
 

@@ -104,18 +104,18 @@ def _parse(node: str, data: Any) -> LiveNode | None:
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not _int(data.get("written_us")):
         return None
     ranks = []
-    for r in data.get("ranks") if isinstance(data.get("ranks"), list) else []:
+    for r in _list(data.get("ranks")):
         if not isinstance(r, dict) or not _int(r.get("rank")):
             continue
         ranks.append(LiveRank(rank=r["rank"], pid=r.get("pid") if _int(r.get("pid")) else None,
                               steps=_counts(r.get("steps")), last_step=_counts(r.get("last_step")),
                               first_us=r.get("first_us") if _int(r.get("first_us")) else None,
                               last_us=r.get("last_us") if _int(r.get("last_us")) else None))
-    progress = tuple((int(p[0]), int(p[1])) for p in (data.get("progress") or [])[:MAX_PROGRESS * 2]
+    progress = tuple((int(p[0]), int(p[1])) for p in _list(data.get("progress"))[:MAX_PROGRESS * 2]
                      if isinstance(p, list) and len(p) == 2 and _int(p[0]) and _int(p[1]))
-    phases = data.get("phase_us") if isinstance(data.get("phase_us"), dict) else {}
+    phases: dict[str, Any] = data["phase_us"] if isinstance(data.get("phase_us"), dict) else {}
     notices = []
-    for n in (data.get("notices") or [])[:MAX_NOTICES * 2] if isinstance(data.get("notices"), list) else []:
+    for n in _list(data.get("notices"))[:MAX_NOTICES * 2]:
         if isinstance(n, dict) and _int(n.get("rank")) and _int(n.get("at_us")) and all(
                 isinstance(n.get(k), str) for k in ("layer", "range", "outcome", "message")):
             notices.append(Notice(n["rank"], n["layer"][:40], n["range"][:200], n["outcome"][:40],
@@ -142,6 +142,10 @@ def _snapshots(value: Any) -> tuple[tuple[str, ...], tuple[tuple[int, tuple[floa
             rows.append((row[0], tuple(None if v is None else float(v) for v in row[1:])))
     rows.sort(key=lambda x: x[0])
     return tuple(columns), tuple(rows)
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _counts(value: Any, keys: tuple[str, ...] | None = MODES) -> dict[str, int]:

@@ -44,10 +44,11 @@ class Answers:
                 self._done.move_to_end(question)
                 self.shared += 1
                 return entry[1]
-            future = self._running.get((question, stamp))
-            owner = future is None
+            running = self._running.get((question, stamp))
+            owner = running is None
+            future: Future[Any] = Future() if running is None else running
             if owner:
-                future = self._running[(question, stamp)] = Future()
+                self._running[(question, stamp)] = future
             else:
                 self.shared += 1
         if not owner:

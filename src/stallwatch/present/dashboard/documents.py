@@ -13,9 +13,9 @@ from stallwatch import __version__
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.live_view import LiveFigures, overview
-from stallwatch.analyze.summary import RUNNING
 from stallwatch.analyze.node_series import NodeSeries
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
+from stallwatch.analyze.summary import RUNNING
 from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
 from stallwatch.store.node_record import NodeRecord
 from stallwatch.timeutil import now_us as now
