@@ -275,7 +275,18 @@ function renderProfiling(p) {
     c.appendChild(el("tr", { dataset: { layer: w.layer } }, el("td", { class: "text" }, w.layer), el("td", {}, fmtUs(w.start_us)), el("td", {}, steps), el("td", { class: "text" }, captureLinks(w))));
   }
   clearTimeout(state.profilingTimer);
-  if (waiting && state.view === "overview") state.profilingTimer = setTimeout(() => runApi("profiling").then(renderProfiling).catch(showError), 2000);
+  if (waiting && state.view === "overview") state.profilingTimer = setTimeout(() => runApi("profiling").then(renderProfiling).catch(requestsCut), 2000);
+}
+
+// The server is gone while requests were open (`stallwatch run --dashboard` stops its dashboard when the job
+// ends): each open request still ends on the page, saying why it cannot be followed.
+function requestsCut(e) {
+  for (const row of document.querySelectorAll("#requests tr[data-state=waiting], #requests tr[data-state=started], #requests tr[data-state=storing]")) {
+    row.dataset.state = "ended";
+    row.querySelector(".picked").textContent = (state.summary && state.summary.fate.state !== "running" ? "the job ended" : "the dashboard stopped") +
+      " before this request ended (a dashboard started by `run --dashboard` ends with the job); its capture, if any, is in the run";
+  }
+  showError(e);
 }
 
 async function submitInterval(ev) {
@@ -542,6 +553,11 @@ function onStatus(d) {
   if (!state.summary) return;
   for (const n of state.summary.nodes) if (d.nodes[n.name]) n.status = d.nodes[n.name].status;
   if (state.view === "nodes") renderBadges();
+  const ended = Object.values(d.nodes).every(n => n.status !== "running" && n.status !== "starting");
+  if (ended && state.view === "overview" && document.querySelector("#requests tr[data-state]")) {
+    clearTimeout(state.profilingTimer);  // the job ended: what became of each request, now (the server may stop soon)
+    runApi("profiling").then(renderProfiling).catch(requestsCut);
+  }
 }
 
 function onChanged() {
