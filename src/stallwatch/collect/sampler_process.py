@@ -357,7 +357,10 @@ class _EventSide:
         for identity, item in received:
             if isinstance(item, dict):
                 if "notice" in item:  # what the job did with a profiling window: for the live counts
-                    self._live.notice(identity["rank"], item["notice"], now_us())
+                    try:
+                        self._live.notice(identity["rank"], item["notice"], now_us())
+                    except Exception as exc:
+                        warn_once("live-notice", "cannot keep a profiling notice (%s)", exc)
                     continue
                 if self._artifacts is not None:
                     self._artifacts.submit(identity["rank"], item)
@@ -404,7 +407,11 @@ class _EventSide:
         if journaled and self._journal_since_us is None and batches:
             self._journal_since_us = batches[0][1][0].start_us
         for rank, events in batches:
-            self._live.add(rank, events)
+            try:
+                self._live.add(rank, events)
+            except Exception as exc:  # the counts are a convenience: never at the cost of storing the events
+                warn_once(f"live-counts-{type(exc).__name__}", "cannot count events for the live counts (%s: %s)",
+                          type(exc).__name__, exc)
             writer = self._writer(rank)
             for event in events:
                 writer.append(event)
@@ -431,7 +438,11 @@ class _EventSide:
             if stored:
                 self._server.marks.stored()
             self._server.acknowledge()
-        self._live.tick(self._sink, now_us)
+        try:
+            self._live.tick(self._sink, now_us)
+        except Exception as exc:
+            warn_once(f"live-tick-{type(exc).__name__}", "cannot write the live counts (%s: %s)", type(exc).__name__,
+                      exc)
 
     def _open_journal(self, path: str) -> None:
         """Replay what a killed sampler had received but not stored, then journal from here on."""
@@ -467,7 +478,10 @@ class _EventSide:
         for w in self._writers.values():
             w.close()
         if self._server is not None:
-            self._live.tick(self._sink, now_us(), force=True, running=False)
+            try:
+                self._live.tick(self._sink, now_us(), force=True, running=False)
+            except Exception as exc:  # the journal and the artifacts below must still be closed
+                warn_once("live-last", "cannot write the last live counts (%s)", exc)
         if self._journal is not None:
             self._journal.close(remove=all(w.pending == 0 for w in self._writers.values()))
         if self._artifacts is not None:
