@@ -122,3 +122,14 @@ def test_matrix_never_finer_than_the_sampling():
     ts, _ = _series(50)
     b = minmax_matrix(ts, np.ones((50, 1), dtype=np.float32), 1000)
     assert len(b.start) <= 50 and not np.isnan(b.mean).any()   # no striped empty buckets between samples
+
+
+def test_jittered_snapshots_leave_no_empty_bucket():
+    """A sampler's ticks jitter by milliseconds: at snapshot resolution no bucket comes out empty (drawn as a gap
+    in the dashboard's lines and heatmap while the job ran)."""
+    rng = np.random.default_rng(3)
+    ts = (np.arange(40) * 500_006 + rng.integers(-40_000, 40_000, 40)).astype(np.int64)
+    b = minmax_matrix(ts, np.ones((40, 2), np.float32), 600)
+    assert not np.isnan(b.mean).any()
+    ts_gap = np.r_[ts[:20], ts[20:] + 5_000_000]  # a real gap of ten intervals stays one
+    assert np.isnan(minmax_matrix(ts_gap, np.ones((40, 1), np.float32), 600).mean).any()

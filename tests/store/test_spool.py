@@ -189,3 +189,16 @@ def test_close_retries_at_once_when_the_endpoint_is_back_during_a_long_back_off(
     finally:
         late.stop()
     assert s3_server.keys(bucket, "runs/b/") == ["runs/b/run.json"]
+
+
+def test_live_counts_rewritten_while_the_store_is_behind_are_queued_once(monkeypatch, tmp_path, warnings):
+    """The live counts are rewritten every flush interval: a slow store gets the newest, not a growing backlog."""
+    use_endpoint(monkeypatch, f"http://127.0.0.1:{closed_port()}", tmp_path / "cache")
+    sink = SpoolingSink(RunLocation("s3://down-bucket/runs/x"), tmp_path / "spool" / "node")
+    sink.write_atomic("system/n/part-0.parquet", b"x")
+    for i in range(10):
+        sink.write_atomic("live/n.json", b"%d" % i)
+        sink.write_atomic("nodes/n.json", b"%d" % i)
+    assert sink.backlog <= 1 + 1 + 10  # the head, one live put, every node record
+    assert (tmp_path / "spool" / "node" / "live" / "n.json").read_bytes() == b"9"
+    sink.close(timeout_s=0.5)

@@ -17,10 +17,26 @@ from stallwatch.torch.windows import WindowController
 
 def _controller(tmp_path, **fields):
     events: list[tuple] = []
-    sent: list[dict] = []
+    sent: list[dict] = []  # artifact messages (what became of each window, the notices, go to c.notices)
     config = ProfilerConfig(**fields)
-    c = WindowController(config, pid=os.getpid(), staging=str(tmp_path), emit=events.append, send=sent.append)
+    notices: list[dict] = []
+    c = WindowController(config, pid=os.getpid(), staging=str(tmp_path), emit=events.append,
+                         send=lambda m: (notices if "notice" in m else sent).append(m))
+    c.notices = notices  # type: ignore[attr-defined]
     return c, events, sent
+
+
+def test_a_window_past_or_captured_is_told_to_the_sampler(tmp_path):
+    """The live dashboard shows what became of a request: the job says so (not only on its stderr)."""
+    c, _, _ = _controller(tmp_path)
+    c.set_config(ProfilerConfig(detailed_profiling=ProfilingRange(3, 2)), train_steps_done=10)
+    (past,) = c.notices
+    assert past["notice"]["outcome"] == "past" and "10 training steps done" in past["notice"]["message"]
+    assert past["notice"]["range"] == ProfilingRange(3, 2).to_spec()
+    c.set_config(ProfilerConfig(dataloader_profiling=ProfilingRange(11, 1)), train_steps_done=10)
+    c.on_step_begin("TRAIN", 11, 1_000)
+    c.on_step_end("TRAIN", 11, 1_000, 2_000)
+    assert [n["notice"]["outcome"] for n in c.notices[1:]] == ["started", "captured"]
 
 
 def _steps(c: WindowController, modes, work=lambda: sum(i * i for i in range(2000)), pause_s: float = 0.0):

@@ -55,6 +55,7 @@ from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
 from stallwatch.store.node_record import NodeRecord, run_finished
 from stallwatch.store.rollups import RunRollups
 
+MAX_PROGRESS_STEPS = 200_000  # a short run's progress is drawn from its step events up to this many
 MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
 BUCKETS_ONLY: frozenset[str] = frozenset()  # a system rollup view of the buckets alone: counts, spans, gaps
 _USAGE_METRICS = frozenset(usage_metrics())
@@ -90,6 +91,7 @@ class RunAnalysis:
         self.overview_from_rollups = overview_from_rollups
         self._engine_spec = engine
         self._opened: Engine | None = None
+        self.rules_progress: Callable[[int], None] | None = None  # (slices done) while the rules are evaluated
 
     @property
     def engine(self) -> Engine:
@@ -269,7 +271,7 @@ class RunAnalysis:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
         from stallwatch.analyze.rules.by_node import evaluate_run
 
-        return evaluate_run(self.run, rule_classes, self._params, engine=self.engine)
+        return evaluate_run(self.run, rule_classes, self._params, engine=self.engine, progress=self.rules_progress)
 
     def stored_rule_results(self) -> dict[str, RuleResult] | None:
         """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a
@@ -670,7 +672,10 @@ class RunAnalysis:
             return _sampled.progress(np.concatenate([t, ends]).astype(np.int64),
                                      np.concatenate([n, counts]).astype(np.int64), points)
         if self.overview_from_rollups:
-            return _rollup_views.progress(self.framework_rollup, points)
+            coarse = _rollup_views.progress(self.framework_rollup, points)
+            if len(coarse["t"]) >= MIN_ROLLUP_BUCKETS or not coarse["t"] or coarse["steps"][-1] > MAX_PROGRESS_STEPS:
+                return coarse
+            # a run of a few minutes has a few per-minute points: its steps, few, draw the curve from the start
         cols = self.steps
         if not cols.n:
             return {"t": [], "steps": []}

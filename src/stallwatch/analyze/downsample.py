@@ -78,7 +78,10 @@ def minmax_matrix(ts: np.ndarray, matrix: np.ndarray, buckets: int) -> Buckets:
         empty = np.empty((0, k), dtype=np.float32)
         return Buckets(np.empty(0, dtype=np.int64), empty, empty, empty, 1)
     if n > 1:
-        step = int(np.median(np.diff(ts)))
+        # Wider than the spacing of nearly every pair of snapshots (a sampler's ticks jitter by milliseconds; a
+        # grid of exactly the median spacing left jittered buckets empty, drawn as gaps), never past 1.5 of it.
+        d = np.diff(ts)
+        step = int(min(np.percentile(d, 95) * 1.05, np.median(d) * 1.5))
         span = int(ts[-1]) - int(ts[0]) + 1
         buckets = max(1, min(buckets, -(-span // max(step, 1))))
     t0, width, starts = _grid(ts, buckets)

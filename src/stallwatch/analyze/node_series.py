@@ -91,11 +91,29 @@ def node_series(frame: NodeFrame, start_us: int | None = None, end_us: int | Non
         return NodeSeries(frame.node, start_us, end_us, 0, np.empty(0, np.int64),
                           {n: Band(empty, empty, empty) for n in names}, cores, gpus, 0, True)
     matrix = np.column_stack([cols[n][lo:hi] for n in names])
-    b = minmax_matrix(window, matrix, max(1, buckets))
     interval_us = frame.sample_interval_ms * 1000
+    if len(window) <= buckets:  # every snapshot fits: drawn as taken, never bucketed (jitter emptied buckets)
+        return _snapshots(frame, window, matrix, names, start_us, end_us, cores, gpus, int(interval_us))
+    b = minmax_matrix(window, matrix, max(1, buckets))
     series = {n: Band(b.min[:, i], b.max[:, i], b.mean[:, i]) for i, n in enumerate(names)}
     return NodeSeries(frame.node, start_us, end_us, b.width, b.start, series, cores, gpus, len(window),
                       interval_us > 0 and b.width <= interval_us * 1.5)
+
+
+def _snapshots(frame: NodeFrame, ts: np.ndarray, matrix: np.ndarray, names: list[str], start_us: int | None,
+               end_us: int | None, cores: list[str], gpus: list[str], interval_us: int) -> NodeSeries:
+    """Full resolution: one point per snapshot, and an empty point (a break in the line) inside each stretch
+    without snapshots long enough to be a gap (the loss rule's limit, with the node's interval changes)."""
+    ts = np.asarray(ts, np.int64)
+    data = np.asarray(matrix, np.float32)
+    if len(ts) > 1:
+        gaps = np.flatnonzero(np.diff(ts) > gap_limits_us(ts[:-1], ts[1:], frame.sample_interval_ms or None,
+                                                          frame.interval_changes))
+        if len(gaps):
+            ts = np.insert(ts, gaps + 1, ts[gaps] + (ts[gaps + 1] - ts[gaps]) // 2)
+            data = np.insert(data, gaps + 1, np.nan, axis=0)
+    series = {n: Band(data[:, i], data[:, i], data[:, i]) for i, n in enumerate(names)}
+    return NodeSeries(frame.node, start_us, end_us, interval_us, ts, series, cores, gpus, len(matrix), True)
 
 
 def tidy_frame(node: str, tidy: pa.Table, info: dict[str, Any] | None = None) -> NodeFrame:

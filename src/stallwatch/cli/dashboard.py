@@ -20,6 +20,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
     if args.parent is not None:
         _die_with(args.parent)
+        _yield_to_job()
     try:
         token = _token(args)
         served = open_served(args.root, wait_s=max(args.wait, 0.0))
@@ -60,6 +61,18 @@ def _token(args: argparse.Namespace) -> str | None:
         print(f"stallwatch dashboard: --token is readable by every local user (/proc/PID/cmdline); prefer "
               f"{TOKEN_ENV} or --token-file", file=sys.stderr)
     return args.token
+
+
+NICE = 10  # the dashboard beside a job runs at this niceness: on a busy node the job's steps come first
+
+
+def _yield_to_job() -> None:
+    """Lower this process's priority before any thread starts (Linux gives each thread its own niceness, and
+    new threads inherit it): a dashboard with many clients then takes only CPU the job leaves."""
+    try:
+        os.nice(NICE)
+    except (OSError, AttributeError):
+        pass
 
 
 def _die_with(parent: int) -> None:

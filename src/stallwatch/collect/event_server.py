@@ -160,6 +160,9 @@ class EventServer:
                 if isinstance(value.get("stacks"), dict):
                     out.append((conn.identity, StackDump(conn.identity, value["stacks"])))
                     return
+                if isinstance(value.get("notice"), dict):  # what the job did with a profiling window
+                    out.append((conn.identity, {"notice": value["notice"]}))
+                    return
                 artifact = value.get("artifact")
                 if not isinstance(artifact, dict):
                     raise ValueError("unknown message")

@@ -194,6 +194,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
             ts, values = sampler.snapshot()
             writer.append(ts, values)
             writer.tick(ts)
+            events.note_snapshot(ts, sampler.keys, values)
         except Exception as exc:  # a reading that fails in a new way must not end sampling
             warn_once(f"snapshot-{type(exc).__name__}", "a snapshot failed (%s: %s); sampling goes on",
                       type(exc).__name__, exc)
@@ -280,8 +281,13 @@ class _EventSide:
     def __init__(self, start: StartMessage, sink: Any, budget: Any, sampler: Any = None) -> None:
         from stallwatch.collect.event_server import EventServer
 
+        from stallwatch.collect.live_counts import WRITE_EVERY_S, LiveCounts
+
         self._start, self._sink, self._budget, self._sampler = start, sink, budget, sampler
         self._writers: dict[int, Any] = {}
+        remote = getattr(sink, "remote", True)  # a bucket (through the spool): a request per write
+        self._live = LiveCounts(start.node, every_s=max(start.flush_interval_s, WRITE_EVERY_S) if remote
+                                else WRITE_EVERY_S)
         self._server = None
         self._artifacts = None
         self._journal: Any = None
@@ -311,6 +317,16 @@ class _EventSide:
 
     def fds(self) -> list[int]:
         return self._server.fds() if self._server is not None else []
+
+    def note_snapshot(self, ts: int, keys: list[Any], values: Any) -> None:
+        """The live counts keep the newest snapshots (the live charts' edge before the next flush)."""
+        if self._server is None:
+            return
+        try:
+            self._live.snapshot(ts, keys, values)
+        except Exception as exc:  # never a reason to stop sampling
+            warn_once(f"live-snapshot-{type(exc).__name__}", "cannot keep the newest snapshot for the live counts "
+                      "(%s: %s)", type(exc).__name__, exc)
 
     def request_flush(self, number: Any) -> None:
         if self._server is not None:
@@ -348,6 +364,12 @@ class _EventSide:
                 self._store_stacks(item)
                 continue
             if isinstance(item, dict):
+                if "notice" in item:  # what the job did with a profiling window: for the live counts
+                    try:
+                        self._live.notice(identity["rank"], item["notice"], now_us())
+                    except Exception as exc:
+                        warn_once("live-notice", "cannot keep a profiling notice (%s)", exc)
+                    continue
                 if self._artifacts is not None:
                     self._artifacts.submit(identity["rank"], item)
                 continue
@@ -406,6 +428,11 @@ class _EventSide:
         if journaled and self._journal_since_us is None and batches:
             self._journal_since_us = batches[0][1][0].start_us
         for rank, events in batches:
+            try:
+                self._live.add(rank, events)
+            except Exception as exc:  # the counts are a convenience: never at the cost of storing the events
+                warn_once(f"live-counts-{type(exc).__name__}", "cannot count events for the live counts (%s: %s)",
+                          type(exc).__name__, exc)
             writer = self._writer(rank)
             for event in events:
                 writer.append(event)
@@ -432,6 +459,11 @@ class _EventSide:
             if stored:
                 self._server.marks.stored()
             self._server.acknowledge()
+        try:
+            self._live.tick(self._sink, now_us)
+        except Exception as exc:
+            warn_once(f"live-tick-{type(exc).__name__}", "cannot write the live counts (%s: %s)", type(exc).__name__,
+                      exc)
 
     def _open_journal(self, path: str) -> None:
         """Replay what a killed sampler had received but not stored, then journal from here on."""
@@ -466,6 +498,11 @@ class _EventSide:
             self._server.close()
         for w in self._writers.values():
             w.close()
+        if self._server is not None:
+            try:
+                self._live.tick(self._sink, now_us(), force=True, running=False)
+            except Exception as exc:  # the journal and the artifacts below must still be closed
+                warn_once("live-last", "cannot write the last live counts (%s)", exc)
         if self._journal is not None:
             self._journal.close(remove=all(w.pending == 0 for w in self._writers.values()))
         if self._artifacts is not None:

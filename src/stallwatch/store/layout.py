@@ -17,6 +17,7 @@ RULES_DIR = "rules"
 ESCALATIONS_DIR = "escalations"  # one JSON record per automatic capture a firing rule asked for
 REPORT_HTML = "report.html"
 ROLLUPS_DIR = "rollups"  # rollups/system/<node>/, rollups/framework/<node>/<rank>/: per-bucket summaries
+LIVE_DIR = "live"  # live/<node>.json: the node's sampler's running counts, rewritten every second (store/live_status)
 
 # One flush: written every few seconds so a crash loses at most one interval. Arrow IPC, because a
 # part lives only until its segment is written and Parquet's encoding would cost ~10 ms per flush.
@@ -62,6 +63,10 @@ def rank_number(rank: str) -> int | None:
 
 def node_json(node: str) -> str:
     return f"{NODES_DIR}/{node}.json"
+
+
+def live_json(node: str) -> str:
+    return f"{LIVE_DIR}/{node}.json"
 
 
 def framework_dir(node: str, rank: int | str) -> str:

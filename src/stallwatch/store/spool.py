@@ -11,6 +11,7 @@ from collections import deque
 from pathlib import Path
 
 from stallwatch.log import logger
+from stallwatch.store import layout
 from stallwatch.store.location import RunLocation
 
 BACKOFF_START_S = 0.5
@@ -47,6 +48,8 @@ class SpoolingSink:
     def _enqueue(self, op: str, rel: str, data: bytes) -> None:
         self.spool.write_atomic(rel, data)
         with self._cond:
+            if op == "put" and rel.startswith(f"{layout.LIVE_DIR}/") and (op, rel) in list(self._ops)[1:]:
+                return  # the live counts, rewritten while a slow store is behind: the queued put sends the newest
             self._ops.append((op, rel))
             self._cond.notify_all()
 

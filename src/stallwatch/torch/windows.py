@@ -183,14 +183,14 @@ class WindowController:
             if rng == getattr(self.config, f"{layer}_profiling") or rng is None:
                 continue
             if (layer, rng) in self._done:
-                logger.warning("%s_profiling %s ran already in this job (each window runs once); give another "
-                               "range to profile again", layer, rng.to_spec())
+                self._refuse(layer, rng, "ran_already", f"{layer}_profiling {rng.to_spec()} ran already in this "
+                             "job (each window runs once); give another range to profile again")
             elif rng.by_steps and rng.start_step + rng.num_steps <= train_steps_done:
-                logger.warning("%s_profiling %s is already past (%d training steps done); nothing to profile",
-                               layer, rng.to_spec(), train_steps_done)
+                self._refuse(layer, rng, "past", f"{layer}_profiling {rng.to_spec()} is already past "
+                             f"({train_steps_done} training steps done); nothing to profile")
             elif not rng.by_steps and _time_end(rng) <= now:
-                logger.warning("%s_profiling %s is already past (it ended %.0f s ago); nothing to profile",
-                               layer, rng.to_spec(), (now - _time_end(rng)) / 1e6)
+                self._refuse(layer, rng, "past", f"{layer}_profiling {rng.to_spec()} is already past (it ended "
+                             f"{(now - _time_end(rng)) / 1e6:.0f} s ago); nothing to profile")
         self.config = config
         self._update_idle()
 
@@ -249,6 +249,8 @@ class WindowController:
         if layer != DATALOADER and not self._staging:
             warn_once(f"no-staging-{layer}", "%s profiling needs `stallwatch run` or stallwatch.torch.profile(); "
                       "skipped", layer)
+            self._notify(layer, rng, "failed", f"{layer} profiling needs `stallwatch run` or "
+                         "stallwatch.torch.profile(); skipped")
             return
         try:
             profiler = _make(layer, config, self.detailed_profiler)
@@ -256,8 +258,22 @@ class WindowController:
         except Exception as exc:  # another profiler already running, pyinstrument not installed…
             logger.warning("cannot start %s profiling (%s: %s); training goes on without it",
                            layer, type(exc).__name__, exc)
+            self._notify(layer, rng, "failed", f"cannot start {layer} profiling ({type(exc).__name__}: "
+                         f"{str(exc)[:200]})")
             return
         self._active[layer] = _Window(layer, rng, profiler, now)
+        self._notify(layer, rng, "started", f"{layer} profiling started at step {step}")
+
+    def _refuse(self, layer: str, rng: ProfilingRange, outcome: str, message: str) -> None:
+        logger.warning("%s", message)
+        self._notify(layer, rng, outcome, message)
+
+    def _notify(self, layer: str, rng: ProfilingRange, outcome: str, message: str) -> None:
+        """Tell the sampler what became of a window (the live dashboard shows it beside the request)."""
+        try:
+            self._send({"notice": {"layer": layer, "range": rng.to_spec(), "outcome": outcome, "message": message}})
+        except Exception:  # a notice is a courtesy: never into the training loop
+            pass
 
     def _stop(self, window: _Window, status: str) -> None:
         del self._active[window.layer]
@@ -282,6 +298,9 @@ class WindowController:
                                 "last_step": meta["last_step"], "status": status})))
         if files:
             self._send({"artifact": {"layer": window.layer, "window": window.name, "files": files, "meta": meta}})
+        self._notify(window.layer, window.range, "failed" if status == "failed" else "captured",
+                     f"{window.layer} profiling {status}: steps {meta['first_step']}–{meta['last_step']}"
+                     if window.steps else f"{window.layer} profiling {status}")
 
 
 def _time_end(rng: ProfilingRange) -> int:

@@ -35,9 +35,24 @@ class BadRequest(ValueError):
 
 def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], float] | None = None) -> Any:
     """The app serving `served` behind `policy` (host, token and origin checks)."""
-    hub = Hub(poll_s)
+    def summary_of(state: RunState) -> dict[str, Any]:
+        a = state.analysis()
+        live = state.live()  # before the run's lock: it may read the live files
+        with state.lock:
+            doc = documents.summary_doc(state.id, a, live)
+        doc["version"] = state.version
+        return doc
 
-    def api(handler: Callable[..., Any]) -> Callable[[Request], Any]:
+    def summary_event(state: RunState) -> bytes:
+        """The summary as the live stream sends it: the same one computation the pollers share."""
+        data = _shared(state, ("summary-event",), True, lambda: summary_of(state), encode=lambda d: _event("summary", d))
+        return data
+
+    hub = Hub(poll_s, summary=summary_event, encode=_event, on_steps=_note_steps)
+
+    def api(handler: Callable[..., Any], shared: str | None = None) -> Callable[[Request], Any]:
+        """`shared`: "stored" (the answer changes with the run's stored data) or "live" (with its live counts too):
+        answered once per change for every client (`answers`), and sent as the bytes kept."""
         async def endpoint(request: Request) -> Response:
             try:
                 if "id" in request.path_params:
@@ -45,6 +60,11 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                     body = None
                     if request.method == "POST":
                         body = await _body(request)
+                    if shared is not None and body is None:
+                        question = (request.url.path, tuple(sorted(request.query_params.multi_items())))
+                        data = await asyncio.to_thread(_shared, state, question, shared == "live",
+                                                       lambda: handler(state, request.query_params))
+                        return _raw(data)
                     doc = await asyncio.to_thread(handler, state, request.query_params, body) if body is not None \
                         else await asyncio.to_thread(handler, state, request.query_params)
                 else:
@@ -73,11 +93,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         return doc
 
     def summary(state: RunState, q: Any) -> dict[str, Any]:
-        a = state.analysis()
-        with state.lock:
-            doc = documents.summary_doc(state.id, a)
-        doc["version"] = state.version
-        return doc
+        return summary_of(state)
 
     def document(state: RunState, q: Any) -> dict[str, Any]:
         """The whole run document, as `stallwatch summary --json` prints it: from every sample, as the report."""
@@ -95,9 +111,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         return {**documents.header("catalogue"), **cat.to_json()}
 
     def findings(state: RunState, q: Any) -> dict[str, Any]:
-        a = state.analysis()
-        with state.lock:
-            return documents.findings_doc(a)
+        return state.findings.answer(state)
 
     def usage(state: RunState, q: Any) -> dict[str, Any]:
         a = state.analysis()
@@ -163,16 +177,20 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
             if body.get("clear"):
                 controls.apply(state.run.location, layer, None)
             else:
-                rng = controls.profiling_range(layer, body, _latest_step(state))
+                live = state.live()
+                latest, rate = _latest_step(state, live)
+                rng = controls.profiling_range(layer, body, latest, steps_per_s=rate)
                 controls.apply(state.run.location, layer, rng)
-                state.requests.append({"layer": layer, "range": rng.to_spec(), "requested_us": int(time.time() * 1e6)})
+                state.requests.append({"layer": layer, "range": rng.to_spec(), "requested_us": int(time.time() * 1e6),
+                                       "step_then": latest})
                 del state.requests[:-20]
         config = controls.current_config(state.run.location)
         windows = state.run.profiles()
-        nodes = state.run.node_records() if any(r["layer"] == "interval" for r in state.requests) else {}
+        nodes = state.run.node_records() if state.requests else {}
+        live = state.live() if state.requests else None
         return documents.profiling_doc(config, [controls.interval_status(r, nodes) if r["layer"] == "interval"
-                                                else controls.request_status(r, windows) for r in state.requests],
-                                       windows)
+                                                else controls.request_status(r, windows, live, nodes)
+                                                for r in state.requests], windows)
 
     def capture_file(state: RunState, q: Any) -> Response:
         """A capture's stored file, as a download: only the files of the run's own complete windows."""
@@ -232,9 +250,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                     except asyncio.TimeoutError:
                         yield b": heartbeat\n\n"
                         continue
-                    if message["event"] == "steps":
-                        _note_steps(state, message["data"])
-                    yield _event(message["event"], message["data"])
+                    yield message["bytes"]  # encoded once for every client
             finally:
                 hub.unsubscribe(state.id, client)
 
@@ -266,16 +282,16 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/metrics", api(metrics)),
         Route("/api/runs", api(runs)),
         Route("/api/catalogue", api(catalogue)),
-        Route("/api/run/{id}/summary", api(summary)),
-        Route("/api/run/{id}/document", api(document)),
+        Route("/api/run/{id}/summary", api(summary, "live")),
+        Route("/api/run/{id}/document", api(document, "stored")),
         Route("/api/run/{id}/findings", api(findings)),
-        Route("/api/run/{id}/usage", api(usage)),
-        Route("/api/run/{id}/operators", api(operators)),
-        Route("/api/run/{id}/timeline", api(timeline)),
-        Route("/api/run/{id}/events", api(events)),
-        Route("/api/run/{id}/steps", api(steps)),
-        Route("/api/run/{id}/ranks", api(ranks)),
-        Route("/api/run/{id}/heatmap", api(heatmap)),
+        Route("/api/run/{id}/usage", api(usage, "stored")),
+        Route("/api/run/{id}/operators", api(operators, "stored")),
+        Route("/api/run/{id}/timeline", api(timeline, "stored")),
+        Route("/api/run/{id}/events", api(events, "stored")),
+        Route("/api/run/{id}/steps", api(steps, "stored")),
+        Route("/api/run/{id}/ranks", api(ranks, "stored")),
+        Route("/api/run/{id}/heatmap", api(heatmap, "stored")),
         Route("/api/run/{id}/profiling", api(profiling), methods=["GET", "POST"]),
         Route("/api/run/{id}/report", api(report)),
         Route("/api/run/{id}/capture", api(capture_file)),
@@ -323,6 +339,13 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
+def _shared(state: RunState, question: Any, live: bool, compute: Callable[[], Any],
+            encode: Callable[[Any], bytes] | None = None) -> bytes:
+    """The answer's bytes, computed once per stamp of the run for every client asking."""
+    encode = encode or (lambda doc: _dumps(doc))
+    return state.answers.get(question, state.stamp(live), lambda: encode(compute()))
+
+
 def _note_steps(state: RunState, data: dict[str, Any]) -> None:
     recent = data.get("recent") or []
     steps = [s.get("step") for s in recent if s.get("mode") == "TRAIN" and isinstance(s.get("step"), int)]
@@ -330,12 +353,14 @@ def _note_steps(state: RunState, data: dict[str, Any]) -> None:
         state.latest_step = max(steps + ([state.latest_step] if state.latest_step is not None else []))
 
 
-def _latest_step(state: RunState) -> int | None:
-    if state.latest_step is not None:
-        return state.latest_step
+def _latest_step(state: RunState, live: Any) -> tuple[int | None, float | None]:
+    """The job's newest training step as it stands now (its live counts; else what the store has) and its rate."""
+    candidates = [x for x in (live.latest_step if live is not None else None, state.latest_step) if x is not None]
+    if candidates:
+        return max(candidates), live.steps_per_s if live is not None else None
     a = state.analysis()
     with state.lock:
-        return a.latest_step
+        return a.latest_step, None
 
 
 def _node(a: Any, q: Any) -> str:
@@ -368,9 +393,16 @@ def _time(q: Any, name: str) -> int | None:
     return value
 
 
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(_plain(doc), allow_nan=False, separators=(",", ":")).encode()
+
+
 def _json(doc: Any, status: int = 200) -> Response:
-    return Response(json.dumps(_plain(doc), allow_nan=False, separators=(",", ":")), status,
-                    media_type="application/json", headers={"cache-control": "no-store"})
+    return _raw(_dumps(doc), status)
+
+
+def _raw(data: bytes, status: int = 200) -> Response:
+    return Response(data, status, media_type="application/json", headers={"cache-control": "no-store"})
 
 
 def _event(name: str, data: Any) -> bytes:

@@ -4,6 +4,7 @@ to the job); whether the job picked it up is read back from the capture windows 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -13,7 +14,10 @@ from stallwatch.store import run_files
 from stallwatch.store.node_record import NodeRecord
 
 LAYERS = {"detailed": "detailed_profiling", "dataloader": "dataloader_profiling", "python": "python_profiling"}
-STEP_MARGIN = 2  # steps between the newest step seen here and the first profiled one (events reach the store late)
+STEP_MARGIN = 2  # steps between the newest step seen here and the first profiled one, at least
+LEAD_S = 3.0  # the live step is about a second old, and the request reaches the job a second or so later
+ANSWER_WITHIN_S = 60.0  # a request the job neither took nor refused by then has expired
+STORE_WITHIN_S = 60.0  # a capture the job made is stored (and listed) within this long
 
 
 class ControlError(ValueError):
@@ -29,8 +33,10 @@ def current_config(location: Any) -> ProfilerConfig:
         raise ControlError(f"the run's config.json cannot be changed: {exc}") from None
 
 
-def profiling_range(layer: str, body: dict[str, Any], latest_step: int | None) -> ProfilingRange:
-    """The window a request asks for: N steps from a start step (blank: the current step), or a time range."""
+def profiling_range(layer: str, body: dict[str, Any], latest_step: int | None,
+                    steps_per_s: float | None = None) -> ProfilingRange:
+    """The window a request asks for: N steps from a start step (blank: a step still ahead of the job when the
+    request reaches it — the job's live step plus what it runs in LEAD_S at its current rate), or a time range."""
     field = LAYERS.get(layer)
     if field is None:
         raise ControlError(f"unknown profiling layer {layer!r}: use one of {', '.join(LAYERS)}")
@@ -42,7 +48,8 @@ def profiling_range(layer: str, body: dict[str, Any], latest_step: int | None) -
         else:
             start = body.get("start_step")
             if start in (None, ""):
-                start_step = 0 if latest_step is None else latest_step + STEP_MARGIN
+                start_step = 0 if latest_step is None else \
+                    latest_step + STEP_MARGIN + math.ceil(max(steps_per_s or 0.0, 0.0) * LEAD_S)
             else:
                 start_step = _int("start_step", start)
             rng = ProfilingRange(start_step=start_step, num_steps=_int("num_steps", body.get("num_steps") or 1))
@@ -100,15 +107,61 @@ def interval_status(request: dict[str, Any], nodes: dict[str, NodeRecord]) -> di
             "nodes": [{"node": n, "picked_up_us": v} for n, v in taken.items()], "captures": []}
 
 
-def request_status(request: dict[str, Any], windows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A request with what became of it: the capture windows of its layer that started after it was made."""
+def request_status(request: dict[str, Any], windows: list[dict[str, Any]], live: Any = None,
+                   nodes: dict[str, NodeRecord] | None = None, now_us: int | None = None) -> dict[str, Any]:
+    """A request with what became of it, always heading for an end: `state` is captured (its capture windows,
+    or the job's word for data-loader timing), rejected (the job's reason: past, ran already, could not start),
+    ended (the job ended first), expired (no answer from the job in time), or waiting / started / storing, with
+    a `message` the page shows as it is."""
+    now_us = now_us if now_us is not None else int(time.time() * 1e6)
+    since = request["requested_us"] - 1_000_000
     layer = "python" if request["layer"] == "python" else "detailed"
     found = [w for w in windows if w.get("layer") == layer and isinstance(w.get("start_us"), int)
-             and w["start_us"] >= request["requested_us"] - 1_000_000]
+             and w["start_us"] >= since]
     if request["layer"] == "dataloader":
         found = []  # data-loader timing lands in the framework events, not in a capture window
-    return {**request, "picked_up_us": min((w["start_us"] for w in found), default=None),
-            "captures": [capture(w) for w in found]}
+    told = [n for n in (live.notices if live is not None else ()) if n.layer == request["layer"]
+            and n.range == request["range"] and n.at_us >= since]
+    out = {**request, "picked_up_us": min([w["start_us"] for w in found] +
+                                          [n.at_us for n in told if n.outcome == "started"], default=None),
+           "captures": [capture(w) for w in found]}
+    latest = live.latest_step if live is not None else None
+    ended = bool(nodes) and all(r.finished for r in nodes.values())
+    last = told[-1] if told else None
+    waited_s = (now_us - request["requested_us"]) / 1e6
+    if found:
+        state, message = "captured", f"captured ({len(found)} window{'s' if len(found) > 1 else ''})"
+    elif last is not None and last.outcome in ("past", "ran_already", "failed"):
+        state, message = "rejected", last.message
+    elif last is not None and last.outcome == "captured":
+        if request["layer"] == "dataloader":
+            state, message = "captured", f"{last.message} (in the framework timeline)"
+        elif ended or waited_s > STORE_WITHIN_S + ANSWER_WITHIN_S:
+            state, message = "expired", f"{last.message}, but no capture was stored (see the job's log)"
+        else:
+            state, message = "storing", f"{last.message}; storing the capture…"
+    elif ended:
+        state, message = "ended", "the job ended before it took this request" if last is None else \
+            "the job ended during the window (its capture, if any, is listed below)"
+    elif last is not None and last.outcome == "started":
+        state, message = "started", last.message
+    elif waited_s > ANSWER_WITHIN_S and (live is None or not live.notices or _past(request, latest)):
+        state, message = "expired", (f"no answer from the job within {ANSWER_WITHIN_S:.0f} s" +
+                                     (f" (it is at step {latest})" if latest is not None else
+                                      ": is it running under `stallwatch run` with framework hooks?"))
+    else:
+        state, message = "waiting", "waiting for the job" + (f" (now at step {latest})" if latest is not None else "")
+    out.update(state=state, message=message, step_now=latest)
+    return out
+
+
+def _past(request: dict[str, Any], latest: int | None) -> bool:
+    """A step window the job's live step has gone beyond."""
+    try:
+        rng = ProfilingRange.parse("profiling", request["range"])
+    except Exception:
+        return True
+    return not rng.by_steps or (latest is not None and latest >= rng.start_step + rng.num_steps)
 
 
 def _int(name: str, value: Any) -> int:

@@ -4,7 +4,7 @@ size, NaN as null). Nothing is computed here beyond picking, rounding and shapin
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -12,11 +12,14 @@ import numpy as np
 from stallwatch import __version__
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow
+from stallwatch.analyze.live_view import LiveFigures, overview
 from stallwatch.analyze.node_series import NodeSeries
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
+from stallwatch.analyze.summary import RUNNING
 from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
 from stallwatch.present.document import run_document
 from stallwatch.store.node_record import NodeRecord
+from stallwatch.timeutil import now_us as now
 
 SCHEMA = 1
 TOP_OPERATORS = 15
@@ -30,10 +33,24 @@ def runs_doc(root: str, rows: Sequence[RunRow]) -> dict[str, Any]:
     return {**header("runs"), "root": root, "runs": [r.to_json() for r in rows]}
 
 
-def summary_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:
-    """The job part of the run document (`present/document.py`, as `stallwatch summary --json` prints it) and
-    the training progress line; `id` is the name this dashboard serves the run under."""
-    return {**run_document(a, sections=("progress",)).to_json(), "id": run_id}
+def summary_doc(run_id: str, a: RunAnalysis, live: LiveFigures | None = None,
+                now_us: int | None = None) -> dict[str, Any]:
+    """The job part of the run document (`present/document.py`, as `stallwatch summary --json` prints it) with
+    the training progress line — the stored figures brought up to date with the nodes' live counts while the job
+    runs (`live_view.overview`); `id` is the name this dashboard serves the run under."""
+    s = a.summary
+    doc = run_document(a, sections=("progress",))
+    o = overview(running=s.fate.state == RUNNING, start_us=s.start_us, now_us=now_us or now(),
+                 stored_steps=s.steps, stored_last_us=s.last_us, stored_duration_s=s.duration_s,
+                 stored_ranks={n: list(a.ranks.get(n, [])) for n in a.nodes},
+                 stored_loop=(s.loop.first_us, s.loop.last_us) if s.loop is not None else None,
+                 stored_parts=s.parts_s(), stored_progress=doc.progress, stored_shares=a.phase_shares,
+                 stored_latest=a.latest_step, live=live)
+    doc = replace(doc, nodes=[replace(n, ranks=o.ranks.get(n.name, [])) for n in doc.nodes], steps=o.steps,
+                  total_steps=o.total_steps, last_us=o.last_us, duration_s=o.duration_s, training_loop_s=o.loop_s,
+                  parts_s=o.parts_s, phase_shares=o.phase_shares, progress=o.progress)
+    return {**doc.to_json(), "id": run_id, "latest_step": o.latest_step, "live_us": o.live_us,
+            "steps_per_s": live.steps_per_s if live is not None else None}
 
 
 def full_doc(run_id: str, a: RunAnalysis) -> dict[str, Any]:

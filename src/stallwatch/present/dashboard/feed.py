@@ -6,6 +6,7 @@ slowing the others or the reader. The reader stops when its last client goes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -13,11 +14,13 @@ from typing import Any, Callable
 import anyio.to_thread
 import numpy as np
 
+from stallwatch.analyze.frames import NodeFrame
 from stallwatch.analyze.node_series import LIVE_SERIES, METRICS, named_columns, tidy_frame
 from stallwatch.analyze.rules.live import LiveFeed
 from stallwatch.analyze.step_window import EVENT_KINDS, step_breakdown
 from stallwatch.log import logger
 from stallwatch.records import STEP
+from stallwatch.store.live_status import live_version, read_live
 
 POLL_LOCAL_S = 0.5
 POLL_REMOTE_S = 2.0
@@ -31,6 +34,7 @@ class Client:
     dropped: int = 0
 
     def put(self, message: dict[str, Any]) -> None:
+        """`message`: {"event": name, "bytes": the encoded event}, the same object for every client."""
         try:
             self.queue.put_nowait(message)
         except asyncio.QueueFull:
@@ -39,7 +43,11 @@ class Client:
             except asyncio.QueueEmpty:
                 pass
             self.dropped += 1
-            self.queue.put_nowait({"event": "resync", "data": {"dropped": self.dropped}})
+            self.queue.put_nowait({"event": "resync", "bytes": _encode("resync", {"dropped": self.dropped})})
+
+
+def _encode(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 class RunReader:
@@ -51,6 +59,8 @@ class RunReader:
         self.events = LiveFeed(run).skip_existing()
         self.statuses: dict[str, Any] = {}
         self.polls = 0
+        self.pushed: dict[str, int] = {}  # per node: the newest snapshot sent from the live counts
+        self._live_stamp: Any = None
 
     def poll(self) -> list[dict[str, Any]]:
         self.polls += 1
@@ -62,6 +72,7 @@ class RunReader:
         if rows.num_rows:
             for node in sorted(set(rows["node"].cast("string").to_pylist())):
                 out.append({"event": "samples", "data": _samples(node, rows, nodes.get(node), now)})
+        out += self._live_samples(sorted(records), nodes, now)
         statuses = {n: (r.status, r.exit_code) for n, r in records.items()}
         if statuses != self.statuses:
             self.statuses = statuses
@@ -78,6 +89,28 @@ class RunReader:
             out.append({"event": "steps", "data": {"new": counts, "recent": steps, "now_us": now}})
         if out:
             out.append({"event": "changed", "data": {"now_us": now}})
+        return out
+
+
+    def _live_samples(self, names: list[str], nodes: dict[str, Any], now: int) -> list[dict[str, Any]]:
+        """The newest snapshots from the nodes' live counts (ahead of the next flush), each sent once."""
+        stamp = live_version(self.run.location, names)
+        if stamp is not None and stamp == self._live_stamp:
+            return []
+        self._live_stamp = stamp
+        out = []
+        for name, live in read_live(self.run.location, names).items():
+            rows = [row for row in live.snapshots if row[0] > self.pushed.get(name, 0)]
+            if not rows or not live.columns:
+                continue
+            self.pushed[name] = rows[-1][0]
+            values = np.array([[np.nan if v is None else v for v in vs] for _, vs in rows], np.float32)
+            frame = NodeFrame(name, np.array([t for t, _ in rows], np.int64),
+                              {c: values[:, i] for i, c in enumerate(live.columns)}, nodes.get(name) or {})
+            cols = named_columns(frame)
+            out.append({"event": "samples", "data": {
+                "node": name, "ts": frame.timestamps.tolist(), "now_us": now, "live": True,
+                "series": {k: _round(cols[k]) for k in LIVE_SERIES if k in cols}}})
         return out
 
 
@@ -99,12 +132,20 @@ def _plain(d: dict[str, Any]) -> dict[str, Any]:
 
 
 class Hub:
-    """The readers of the served runs, one per run with listeners."""
+    """The readers of the served runs, one per run with listeners. Each message is encoded once and the same
+    bytes handed to every client; with `summary`, the run's summary (kept by the server for its pollers too) is
+    sent whenever the job's live counts or its stored data changed."""
 
-    def __init__(self, poll_s: Callable[[Any], float] | None = None) -> None:
+    def __init__(self, poll_s: Callable[[Any], float] | None = None, *,
+                 summary: Callable[[Any], bytes] | None = None,
+                 encode: Callable[[str, Any], bytes] | None = None,
+                 on_steps: Callable[[Any, dict[str, Any]], None] | None = None) -> None:
         self._clients: dict[str, set[Client]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._poll_s = poll_s
+        self._summary = summary
+        self._encode = encode or _encode
+        self._on_steps = on_steps
         self.readers_started = 0
 
     def clients(self, run_id: str) -> int:
@@ -144,6 +185,7 @@ class Hub:
         if self._poll_s is not None:
             interval = self._poll_s(state)
         failures = 0
+        last_summary: bytes | None = None
         while self._clients.get(run_id):
             try:
                 if reader is None:
@@ -159,7 +201,23 @@ class Hub:
                 messages = []
             if any(m["event"] == "changed" for m in messages):
                 state.changed()
-            for message in messages:
+            for m in messages:
+                if m["event"] == "steps" and self._on_steps is not None:
+                    self._on_steps(state, m["data"])
+            out = [{"event": m["event"], "bytes": self._encode(m["event"], m["data"])} for m in messages]
+            if self._summary is not None:
+                try:
+                    summary = await anyio.to_thread.run_sync(self._summary, state)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    summary = None
+                    if failures == 0:
+                        logger.warning("dashboard: the summary of %s failed (%s: %s)", run_id, type(exc).__name__, exc)
+                if summary is not None and summary is not last_summary:  # kept bytes: new only when they changed
+                    last_summary = summary
+                    out.insert(0, {"event": "summary", "bytes": summary})
+            for message in out:
                 for client in list(self._clients.get(run_id, ())):
                     client.put(message)
             await asyncio.sleep(interval * (1 if failures == 0 else min(2 ** failures, 30)))

@@ -12,12 +12,18 @@ from typing import Any
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow, run_rows
+from stallwatch.analyze.live_view import LiveFigures, live_figures
+from stallwatch.present.dashboard.answers import Answers
+from stallwatch.present.dashboard.findings_job import FindingsJob
 from stallwatch.store import layout
 from stallwatch.store.catalog import list_runs, run_records
+from stallwatch.store.live_status import live_version, read_live
 from stallwatch.store.location import FileEntry, RunLocation, is_remote
 from stallwatch.store.reader import Run, RunNotFoundError, open_run
 
 CHECK_EVERY_S = 2.0  # how often a run's listing is looked at for changes, at most
+LIVE_CHECK_S = 0.25  # how often the live counts' files are looked at, at most
+LIVE_PREFIX = layout.LIVE_DIR + "/"
 LIST_EVERY_S = 5.0
 
 
@@ -45,6 +51,11 @@ class RunState:
     report_lock: threading.Lock = field(default_factory=threading.Lock)
     latest_step: int | None = None  # the newest training step the live reader saw
     requests: list[dict[str, Any]] = field(default_factory=list)  # profiling requests made here
+    answers: Answers = field(default_factory=Answers)  # every client's questions, answered once per stamp
+    findings: FindingsJob = field(default_factory=FindingsJob)  # evaluated off the request path
+    _live: tuple[Any, LiveFigures | None] = (None, None)  # (stamp of the live files, their figures)
+    _live_checked: float = -1.0
+    _live_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def run(self) -> Run:
@@ -67,6 +78,28 @@ class RunState:
                     # this listing answers the analysis's every listing: the run is listed once per state
                     self._analysis = RunAnalysis(self.run.listed(files), overview_from_rollups=True)
             return self._analysis
+
+    def live(self) -> LiveFigures | None:
+        """The nodes' live counts together (`live/<node>.json`), read again when a file changed (looked at no more
+        often than every LIVE_CHECK_S, however many clients ask)."""
+        with self._live_lock:
+            now = time.monotonic()
+            if now - self._live_checked < (CHECK_EVERY_S if self.run.location.remote else LIVE_CHECK_S):
+                return self._live[1]
+            self._live_checked = now
+            nodes = self.analysis().nodes
+            stamp = live_version(self.run.location, nodes)
+            if stamp is None or stamp != self._live[0]:
+                self._live = (stamp, live_figures(read_live(self.run.location, nodes)))
+            return self._live[1]
+
+    def stamp(self, live: bool = False) -> tuple[Any, ...]:
+        """What an answer depends on: the run's stored state (its version), and with `live` its live counts."""
+        self.analysis()
+        if not live:
+            return (self.version,)
+        figures = self.live()
+        return (self.version, None if figures is None else figures.written_us)
 
     def changed(self) -> None:
         """The live reader saw new data: the next question gets a fresh analysis."""
@@ -166,5 +199,7 @@ def _inside(root: str, path: str) -> bool:
 
 
 def fingerprint(files: list[FileEntry]) -> tuple[int, int]:
-    """A run's state as its files' count and total size: new data changes it (files only grow or are replaced)."""
-    return len(files), sum(f.size for f in files)
+    """A run's state as its files' count and total size: new data changes it (files only grow or are replaced).
+    The live counts, rewritten every second, are not part of it (they have a stamp of their own)."""
+    stored = [f for f in files if not f.path.startswith(LIVE_PREFIX)]
+    return len(stored), sum(f.size for f in stored)

@@ -5,7 +5,7 @@
 
 const $ = id => document.getElementById(id);
 const state = { runs: null, run: null, view: "overview", node: null, from: null, to: null, summary: null,
-                cores: new Set(), gpus: new Set(), source: null, liveSteps: 0, lastSample: {}, clockSkew: 0,
+                cores: new Set(), gpus: new Set(), source: null, lastSample: {}, recent: {}, clockSkew: 0,
                 timeline: null, refreshTimer: null, changedAt: 0, fetchedAt: 0 };
 
 function el(tag, attrs, ...children) {
@@ -72,6 +72,21 @@ function writeHash() {
   if (state.view === "nodes" && state.from !== null) { p.set("from", String(Math.round(state.from))); p.set("to", String(Math.round(state.to))); }
   history.replaceState(null, "", "#" + p.toString());
 }
+// An address typed, pasted or followed (back/forward, a link): the page follows it. The page's own changes of the
+// address use replaceState, which fires no hashchange.
+function onHashChange() {
+  const before = state.run;
+  readHash();
+  if (state.run !== before) {
+    state.summary = null; state.node = null; state.timeline = null; state.recent = {}; state.lastSample = {};
+    $("download").href = `/api/run/${encodeURIComponent(state.run)}/report`;
+    connectLive();
+  }
+  const p = new URLSearchParams(location.hash.slice(1));
+  if (p.get("run") && !p.get("view")) state.view = "overview";
+  show(state.run ? state.view : "runs");
+}
+
 function show(view) {
   state.view = view;
   for (const b of document.querySelectorAll("#tabs button")) b.classList.toggle("active", b.dataset.view === view);
@@ -105,7 +120,8 @@ async function renderRuns() {
 }
 
 function openRun(id) {
-  state.run = id; state.node = null; state.from = state.to = null; state.summary = null; state.liveSteps = 0;
+  state.run = id; state.node = null; state.from = state.to = null; state.summary = null; state.captureCount = undefined;
+  state.recent = {}; state.lastSample = {};
   $("download").href = `/api/run/${encodeURIComponent(id)}/report`;
   connectLive();
   show("overview");
@@ -113,14 +129,31 @@ function openRun(id) {
 
 // -- overview ------------------------------------------------------------------------------------------------
 async function renderOverview() {
-  const [summary, findings] = await Promise.all([runApi("summary"), runApi("findings")]);
-  state.summary = summary; state.liveSteps = 0; state.fetchedAt = Date.now();
+  const summary = await runApi("summary");
+  state.summary = summary; state.fetchedAt = Date.now();
   renderHeader(summary);
   renderSummary(summary);
-  renderFindings(findings);
+  loadFindings();
   runApi("usage").then(renderUsage).catch(showError);
   runApi("operators").then(renderOperators).catch(showError);
   runApi("profiling").then(renderProfiling).catch(showError);
+}
+
+// The findings follow the charts: a run whose rules were never stored has them evaluated on the server (minutes
+// on a long multi-node run); until then the page says how far that got and asks again.
+function loadFindings() {
+  clearTimeout(state.findingsTimer);
+  const run = state.run;
+  runApi("findings").then(f => {
+    if (run !== state.run) return;
+    renderFindings(f);
+    const note = $("findings-progress");
+    if (f.pending) {
+      const p = f.pending, part = p.total ? ` — ${Math.min(p.done, p.total)} of ${p.total} slices` : "";
+      note.textContent = `${p.stale ? "Updating" : "Evaluating"} the rules${part} (${p.elapsed_s.toFixed(0)} s so far)…`;
+      if (state.view === "overview") state.findingsTimer = setTimeout(loadFindings, 1000);
+    } else note.textContent = f.error || "";
+  }).catch(showError);
 }
 
 function renderHeader(s) {
@@ -138,7 +171,10 @@ function renderSummary(s) {
     ["Nodes", `${s.nodes.length} (${s.nodes.map(n => n.name).join(", ")})`],
     ["Ranks", String(s.nodes.reduce((a, n) => a + n.ranks.length, 0))],
     ["Steps", steps], ["Training loop", fmtDur(s.training_loop_s)], ["Sampling interval", intervals]];
-  for (const [k, v] of rows) t.appendChild(el("tr", {}, el("td", {}, k), el("td", { id: k === "Steps" ? "steps-cell" : null }, v)));
+  for (const [k, v] of rows) t.appendChild(el("tr", {}, el("td", {}, k), el("td", { id: k === "Steps" ? "steps-cell" : "summary-" + k.toLowerCase().replace(/\W+/g, "-") }, v)));
+  $("steps-cell").dataset.total = String(s.total_steps);
+  $("summary-duration").dataset.seconds = String(s.duration_s);
+  $("summary-ranks").dataset.ranks = String(s.nodes.reduce((a, n) => a + n.ranks.length, 0));
   const parts = s.parts_s ? Object.entries(s.parts_s).map(([label, value]) => ({ label, value })) : [];
   Charts.pie($("phase-pie"), parts);
   const pc = new Charts.TimeChart($("progress-chart"), { height: 120, title: "steps done (all ranks)" });
@@ -146,11 +182,21 @@ function renderSummary(s) {
   for (const n of s.notes || []) t.appendChild(el("tr", {}, el("td", {}, "Note"), el("td", {}, n)));
 }
 
-function updateStepCount() {
-  const cell = $("steps-cell"); if (!cell || !state.summary) return;
-  const total = state.summary.total_steps + state.liveSteps;
-  cell.textContent = Object.entries(state.summary.steps).map(([m, n]) => `${m} ${n.toLocaleString()}`).join(" · ") + (state.liveSteps ? ` · total now ${total.toLocaleString()}` : "");
-  cell.dataset.total = String(total);
+// A running job's duration goes on between the summaries the live stream sends (each at least a second apart).
+function tickDuration() {
+  const s = state.summary, cell = $("summary-duration");
+  if (!s || !cell || s.fate.state !== "running" || !s.start_us || state.view !== "overview") return;
+  const seconds = Math.max(s.duration_s, (Date.now() * 1000 + state.clockSkew - s.start_us) / 1e6);
+  cell.textContent = fmtDur(seconds); cell.dataset.seconds = String(seconds);
+}
+
+// The live stream's summary: the stored figures brought up to date with the job's live counts (server side).
+function onSummary(s) {
+  if (s.id !== undefined && state.run !== null && s.id !== state.run) return;
+  state.summary = s; state.fetchedAt = Date.now();
+  renderHeader(s);
+  if (state.view === "overview") renderSummary(s);
+  else if (state.view === "nodes") renderBadges();
 }
 
 function renderFindings(f) {
@@ -168,7 +214,7 @@ function renderFindings(f) {
     }
     box.appendChild(card);
   }
-  if (!f.findings.length) box.appendChild(el("p", { class: "muted" }, "No findings."));
+  if (!f.findings.length && !(f.pending && !f.pending.stale)) box.appendChild(el("p", { class: "muted" }, "No findings."));
   const rules = $("rules"); rules.textContent = "";
   for (const r of f.rules) {
     const label = r.triggered ? "fired" : (r.status === "not_applicable" || r.status === "no_data" ? "not applicable" : r.status || "ok");
@@ -230,15 +276,20 @@ function renderProfiling(p) {
   if (!pick.dataset.touched) pick.value = String(p.sample_interval_ms);
   const t = $("requests"); t.textContent = "";
   let waiting = false;
-  if (p.requests.length) t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Picked up", "Captures"].map(h => el("th", {}, h))));
+  if (p.requests.length) t.appendChild(el("tr", {}, ...["Requested", "Layer", "Window", "Outcome", "Captures"].map(h => el("th", {}, h))));
   for (const r of p.requests.slice().reverse()) {
-    const pending = !r.picked_up_us && r.layer !== "dataloader";
+    // A profiling request always heads for an end (captured, rejected, ended, expired); an interval change
+    // ends when every node's sampler took it.
+    const pending = r.state ? ["waiting", "started", "storing"].includes(r.state) : !r.picked_up_us;
     waiting = waiting || pending;
-    const picked = r.picked_up_us ? fmtUs(r.picked_up_us) : (r.layer === "dataloader" ? "written" : "waiting for the job…");
+    const picked = r.state ? r.message : r.picked_up_us ? fmtUs(r.picked_up_us) : "waiting for the job…";
     const perNode = r.layer === "interval" && r.nodes && r.nodes.length > 1 ? " (" + r.nodes.map(n => `${n.node}: ${n.picked_up_us ? fmtUs(n.picked_up_us) : "waiting"}`).join(", ") + ")" : "";
-    t.appendChild(el("tr", { dataset: { layer: r.layer } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
+    t.appendChild(el("tr", { dataset: { layer: r.layer, state: r.state || (pending ? "waiting" : "done") } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
       el("td", { class: "text picked" }, picked + perNode), el("td", { class: "text" }, ...r.captures.map(captureLinks))));
   }
+  if (state.captureCount !== undefined && p.captures.length !== state.captureCount)  // a new capture: its operators
+    runApi("operators").then(renderOperators).catch(showError);
+  state.captureCount = p.captures.length;
   const c = $("captures"); c.textContent = "";
   if (!p.captures.length) c.appendChild(el("tr", {}, el("td", { class: "muted" }, "No capture yet.")));
   else c.appendChild(el("tr", {}, ...["Layer", "Start", "Steps", "Files and timeline"].map(h => el("th", {}, h))));
@@ -247,7 +298,18 @@ function renderProfiling(p) {
     c.appendChild(el("tr", { dataset: { layer: w.layer } }, el("td", { class: "text" }, w.layer), el("td", {}, fmtUs(w.start_us)), el("td", {}, steps), el("td", { class: "text" }, captureLinks(w))));
   }
   clearTimeout(state.profilingTimer);
-  if (waiting && state.view === "overview") state.profilingTimer = setTimeout(() => runApi("profiling").then(renderProfiling).catch(showError), 2000);
+  if (waiting && state.view === "overview") state.profilingTimer = setTimeout(() => runApi("profiling").then(renderProfiling).catch(requestsCut), 2000);
+}
+
+// The server is gone while requests were open (`stallwatch run --dashboard` stops its dashboard when the job
+// ends): each open request still ends on the page, saying why it cannot be followed.
+function requestsCut(e) {
+  for (const row of document.querySelectorAll("#requests tr[data-state=waiting], #requests tr[data-state=started], #requests tr[data-state=storing]")) {
+    row.dataset.state = "ended";
+    row.querySelector(".picked").textContent = (state.summary && state.summary.fate.state !== "running" ? "the job ended" : "the dashboard stopped") +
+      " before this request ended (a dashboard started by `run --dashboard` ends with the job); its capture, if any, is in the run";
+  }
+  showError(e);
 }
 
 async function submitInterval(ev) {
@@ -310,8 +372,9 @@ async function loadTimeline(first) {
   const q = { node: state.node, points: String(Math.min(Math.max(Math.round(($("chart-cpu").clientWidth || 800) / 2), 200), 1500)) };
   if (state.from !== null) { q.from = String(Math.floor(state.from)); q.to = String(Math.ceil(state.to)); }
   const t = await runApi("timeline", q);
+  if (state.from === null) mergeRecent(t, true);  // the whole run: up to the present
   state.timeline = t;
-  if (t.last_sample_us) state.lastSample[t.node] = t.last_sample_us;
+  if (t.last_sample_us) state.lastSample[t.node] = Math.max(state.lastSample[t.node] || 0, t.last_sample_us);
   if (first) pickers(t);
   drawTimeline();
   if (first) {
@@ -463,32 +526,58 @@ function connectLive() {
   src.addEventListener("error", () => $("live").classList.remove("on"));
   src.addEventListener("hello", e => { const d = JSON.parse(e.data); state.clockSkew = d.now_us - Date.now() * 1000; });
   src.addEventListener("samples", e => onSamples(JSON.parse(e.data)));
+  src.addEventListener("summary", e => onSummary(JSON.parse(e.data)));
   src.addEventListener("steps", e => onSteps(JSON.parse(e.data)));
   src.addEventListener("status", e => onStatus(JSON.parse(e.data)));
   src.addEventListener("changed", () => onChanged());
   src.addEventListener("resync", () => { render().catch(showError); });
 }
 
+// The newest streamed snapshots per node, whatever the view: a timeline read from the store (which trails the job
+// by a flush interval) is brought up to the present with them.
+const RECENT_SAMPLES = 64;
 function onSamples(d) {
   state.clockSkew = d.now_us - Date.now() * 1000;
-  if (d.ts.length) state.lastSample[d.node] = d.ts[d.ts.length - 1];
+  if (d.ts.length) state.lastSample[d.node] = Math.max(state.lastSample[d.node] || 0, d.ts[d.ts.length - 1]);
+  const r = state.recent[d.node] || (state.recent[d.node] = { ts: [], series: {} });
+  for (let i = 0; i < d.ts.length; i++) {
+    if (r.ts.length && d.ts[i] <= r.ts[r.ts.length - 1]) continue;
+    r.ts.push(d.ts[i]);
+    for (const [k, v] of Object.entries(d.series)) (r.series[k] || (r.series[k] = new Array(r.ts.length - 1).fill(null))).push(v[i]);
+    for (const [k, v] of Object.entries(r.series)) if (v.length < r.ts.length) v.push(null);
+  }
+  if (r.ts.length > RECENT_SAMPLES) { const cut = r.ts.length - RECENT_SAMPLES; r.ts.splice(0, cut); for (const v of Object.values(r.series)) v.splice(0, cut); }
   if (state.view === "nodes") renderBadges();
   const t = state.timeline;
   if (!t || state.view !== "nodes" || d.node !== t.node || state.from !== null) return;  // a zoomed view stays put
-  for (let i = 0; i < d.ts.length; i++) {
-    if (t.ts.length && d.ts[i] <= t.ts[t.ts.length - 1]) continue;
-    t.ts.push(d.ts[i]);
-    for (const [k, s] of Object.entries(t.series)) {
-      const v = d.series[k] ? d.series[k][i] : null;
-      s.min.push(v); s.max.push(v); s.mean.push(v);
-    }
-  }
+  if (!mergeRecent(t)) { loadTimeline(false).catch(showError); return; }  // a hole between the two: read it again
   drawTimeline();
 }
 
+// Append the node's streamed snapshots newer than the timeline's end; false when they do not join it (a stretch
+// stored meanwhile that neither holds).
+function mergeRecent(t, force) {
+  const r = state.recent[t.node];
+  if (!r || !r.ts.length) return true;
+  const last = t.ts.length ? t.ts[t.ts.length - 1] : null;
+  let i = r.ts.findIndex(x => last === null || x > last);
+  if (i < 0) return true;
+  if (last !== null && r.ts[i] - last > 3 * Math.max(t.bucket_us, 1) && (i === 0 || r.ts[i - 1] < last - t.bucket_us)) {
+    if (!force) return false;
+    t.ts.push(Math.round((last + r.ts[i]) / 2));  // a real gap, read again and still there: the line breaks
+    for (const s of Object.values(t.series)) { s.min.push(null); s.max.push(null); s.mean.push(null); }
+  }
+  for (; i < r.ts.length; i++) {
+    t.ts.push(r.ts[i]);
+    for (const [k, s] of Object.entries(t.series)) {
+      const v = r.series[k] ? r.series[k][i] : null;
+      s.min.push(v); s.max.push(v); s.mean.push(v);
+    }
+  }
+  return true;
+}
+
 function onSteps(d) {
-  state.liveSteps += Object.values(d.new).reduce((a, b) => a + b, 0);
-  updateStepCount();
   if (state.view === "nodes" && d.recent.length && d.recent[0].node === state.node) {
     const seen = new Set(recentSteps.map(s => `${s.rank}/${s.step}/${s.start_us}`));
     drawSteps(recentSteps.concat(d.recent.filter(s => !seen.has(`${s.rank}/${s.step}/${s.start_us}`))));
@@ -499,17 +588,29 @@ function onStatus(d) {
   if (!state.summary) return;
   for (const n of state.summary.nodes) if (d.nodes[n.name]) n.status = d.nodes[n.name].status;
   if (state.view === "nodes") renderBadges();
+  const ended = Object.values(d.nodes).every(n => n.status !== "running" && n.status !== "starting");
+  if (ended && state.view === "overview" && document.querySelector("#requests tr[data-state]")) {
+    clearTimeout(state.profilingTimer);  // the job ended: what became of each request, now (the server may stop soon)
+    runApi("profiling").then(renderProfiling).catch(requestsCut);
+  }
 }
 
 function onChanged() {
   // The whole-run answers (summary, findings) are asked again at most every 10 s while data arrives.
   state.changedAt = Date.now();
   if (state.refreshTimer) return;
-  const wait = Math.max(0, 10000 - (Date.now() - state.fetchedAt));
+  // (the summary itself comes with the live stream, up to date within a second or two)
+  const wait = Math.max(1000, 10000 - (Date.now() - (state.refreshedAt || 0)));
   state.refreshTimer = setTimeout(() => {
-    state.refreshTimer = null;
-    if (state.view === "overview") renderOverview().catch(showError);
-    else runApi("summary").then(s => { state.summary = s; state.liveSteps = 0; state.fetchedAt = Date.now(); renderHeader(s); }).catch(showError);
+    state.refreshTimer = null; state.refreshedAt = Date.now();
+    if (state.view === "nodes" && state.from === null) {  // the framework timeline and heatmap of the new data
+      runApi("events", { node: state.node }).then(drawEvents).catch(showError);
+      runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
+    }
+    if (state.view !== "overview") return;
+    loadFindings();
+    runApi("usage").then(renderUsage).catch(showError);
+    runApi("operators").then(renderOperators).catch(showError);
   }, wait);
 }
 
@@ -526,7 +627,8 @@ window.addEventListener("DOMContentLoaded", async () => {
   $("profile-form").addEventListener("submit", submitProfiling);
   $("interval-form").addEventListener("submit", submitInterval);
   $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
-  setInterval(() => { if (state.view === "nodes") renderBadges(); }, 1000);
+  setInterval(() => { if (state.view === "nodes") renderBadges(); tickDuration(); }, 1000);
+  window.addEventListener("hashchange", onHashChange);
   readHash();
   try {
     await Cat.load();
