@@ -27,6 +27,13 @@ class _Clock:
         return self.value
 
 
+class _NoMemory:
+    limits: list = []
+
+    def read(self, end_us: int) -> str:
+        return ""
+
+
 def _loop(tracker: StepTracker, n: int) -> None:
     for _ in range(n):
         w = tracker.batch_begin(1, True)
@@ -41,6 +48,7 @@ def test_each_step_says_how_long_it_waited_for_a_cpu_with_one_read_per_boundary(
     events: list[tuple] = []
     tracker = StepTracker(events.append, 1)
     tracker._runq = clock = _Clock(0, 3_000_000, 0, 1_500, -1)  # type: ignore[assignment]
+    tracker._memory = _NoMemory()  # type: ignore[assignment]  # the step's memory: tests/torch/test_memory.py
     _loop(tracker, 4)
     steps = [e for e in events if e[0] == STEP]
     assert [s[7] for s in steps] == ['{"runq_us": 3000}', "", '{"runq_us": 1}', ""]

@@ -219,6 +219,36 @@ def _memory(r: RuleResult, s: JobSummary) -> list[Finding]:
                     severity=MEDIUM)]
 
 
+@translates("MemoryGrowth")
+def _memory_growth(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """A leak: high when it reaches its limit before the run has run as long again (the run's work so far is then
+    at stake), else medium; where the capture saw it allocated, the line is in the title and the evidence."""
+    from stallwatch.analyze.rules.memory_growth import MemoryGrowthDetails
+
+    d = MemoryGrowthDetails.from_json(r.details)
+    top = d.top
+    if not r.fired or top is None:
+        return []
+    evidence: dict[str, Any] = {}
+    for key in d.fired[:16]:
+        g = d.series[key]
+        evidence[key] = {"rate_mb_per_1000_steps": g.rate_mb_per_1000, "since_step": g.since_step,
+                         "start_mb": g.start_mb, "last_mb": g.last_mb, "limit_mb": g.limit_mb,
+                         "limit": g.limit_source, "steps_to_limit": g.steps_to_limit,
+                         "time_to_limit_s": g.time_to_limit_s}
+    capture = d.capture_of(top.node, top.rank)
+    if capture is not None:
+        evidence["sites"] = [{"where": x.where, "grown_mb": round(x.size_kb / 1024, 3), "traceback": x.traceback}
+                             for x in capture.sites[:5]]
+        if capture.cuda_snapshot:
+            evidence["cuda_snapshot"] = capture.cuda_snapshot
+    fired = [d.series[k] for k in d.fired]
+    steps = sorted({g.since_step for g in fired})[:LISTED_STEPS]
+    return [finding(r, s, "memory", d.title or "Memory grows with steps", d.time_at_stake_s,
+                    Where(d.nodes, d.ranks_fired, steps), evidence,
+                    severity=HIGH if top.within_horizon else MEDIUM)]
+
+
 @translates("BatchSize")
 def _batch(r: RuleResult, s: JobSummary) -> list[Finding]:
     if not r.fired:
