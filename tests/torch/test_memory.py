@@ -48,13 +48,30 @@ for i in range({steps}):
 '''
 
 
-def _run(tmp: Path, body: str, *flags: str) -> tuple[RunAnalysis, Path]:
+# Under an address-space limit 600 MB above what it has at the start, a loop that keeps 1 MB of activations a step
+# dies of an allocation failure after about 600 steps.
+DIES = '''
+import os, resource, torch
+size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (size + 600 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 4096)
+opt = torch.optim.SGD(model.parameters(), lr=0.001)
+kept = []
+for i in range(100_000):
+    kept.append(out := model(torch.randn(64, 64)))
+    loss = out.square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
+
+def _run(tmp: Path, body: str, *flags: str, code: int = 0) -> tuple[RunAnalysis, Path]:
     script = tmp / "job.py"
     script.write_text(body)
     run = tmp / "run"
     p = run_cli(tmp, "run", "--report", "off", "--out", str(run), *flags, "--", sys.executable, str(script),
                 timeout=240, env={"OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == code, p.stderr
     return RunAnalysis(str(run)), script
 
 
@@ -127,3 +144,83 @@ def test_memory_that_plateaus_after_warm_up_is_silent(tmp_path: Path):
     result = analysis.rule("MemoryGrowth")
     assert result.status == "ok" and result.datapoints >= 600 and not result.fired, result.details
     assert all(abs(g["rate_mb_per_1000"]) < 10 for g in result.details["series"].values()), result.details
+
+
+def test_a_job_that_runs_out_of_address_space_is_said_to_have_run_out_of_memory(tmp_path: Path):
+    analysis, _ = _run(tmp_path, DIES, "--rules-interval", "0", code=1)
+    result = analysis.rule("MemoryGrowth")
+    death = result.details["death"]
+    assert death["kind"] == "host" and death["limit"] == "address space (RLIMIT_AS)", death
+    assert "can't allocate memory" in death["error"]
+    assert 500 < death["at_mb"] <= death["limit_mb"] and death["rate_mb_per_1000"] > 500, death
+    verdict = analysis.findings.verdict
+    assert verdict.startswith("The job ran out of memory (RuntimeError: can't allocate memory) at "), verdict
+    assert " of address space of a " in verdict and " limit (RLIMIT_AS)" in verdict, verdict
+    assert analysis.findings.findings[0].rule == "MemoryGrowth" and analysis.findings.findings[0].severity == "high"
+    assert f"memory grew {death['rate_mb_per_1000']:,.0f} MB per 1,000 steps since step" in verdict, verdict
+
+
+# Moves itself into the cgroup named by argv[1] (memory charged from then on), then keeps 512 KB a step.
+KILLED = '''
+import os, sys, torch
+open(os.path.join(sys.argv[1], "cgroup.procs"), "w").write(str(os.getpid()))
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 2048)
+opt = torch.optim.SGD(model.parameters(), lr=0.001)
+kept = []
+for i in range(100_000):
+    kept.append(out := model(torch.randn(64, 64)))
+    loss = out.square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
+
+def _memory_cgroup(limit: int) -> Path:
+    """A cgroup with a memory limit (v2 memory.max, v1 memory.limit_in_bytes without swap); skips where it can't."""
+    import uuid
+
+    root = Path("/sys/fs/cgroup")
+    name = f"stallwatch-test-{uuid.uuid4().hex[:8]}"
+    v2 = (root / "cgroup.controllers").exists()
+    group = root / name if v2 else root / "memory" / name
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup here ({exc}): needs root and a writable cgroup hierarchy")
+    try:
+        if v2:
+            (group / "memory.max").write_text(str(limit))
+            (group / "memory.swap.max").write_text("0") if (group / "memory.swap.max").exists() else None
+        else:
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+            if (group / "memory.memsw.limit_in_bytes").exists():
+                (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+    except OSError as exc:
+        group.rmdir()
+        pytest.skip(f"cannot set a memory limit on {group} ({exc})")
+    return group
+
+
+def test_a_kill_by_the_oom_killer_is_said_so_with_the_growth_before_it(tmp_path: Path):
+    group = _memory_cgroup(300 * 2**20)
+    try:
+        script = tmp_path / "job.py"
+        script.write_text(KILLED)
+        p = run_cli(tmp_path, "run", "--report", "off", "--out", str(tmp_path / "run"), "--rules-interval", "0",
+                    "--", sys.executable, str(script), str(group), timeout=240, env={"OMP_NUM_THREADS": "1"})
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+    assert p.returncode == 137, p.stderr
+    analysis = RunAnalysis(str(tmp_path / "run"))
+    death = analysis.rule("MemoryGrowth").details["death"]
+    assert death["kind"] == "oom_killer" and death["limit_mb"] == 300 and 250 < death["at_mb"] <= 301, death
+    verdict = analysis.findings.verdict
+    assert verdict.startswith("The job was killed by the out-of-memory killer at "), verdict
+    assert "of a 300 MB limit" in verdict and "memory grew " in verdict and "SIGKILL" not in verdict, verdict

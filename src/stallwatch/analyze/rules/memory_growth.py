@@ -17,7 +17,7 @@ import numpy as np
 from stallwatch.analyze.memory import CUDA_ALLOC, LABELS, RSS, memory_columns, theil_sen
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.rules.steps import new_events, rank_key
-from stallwatch.records import GLOBAL, MEMORY_LIMIT, STEP, TRAIN
+from stallwatch.records import GLOBAL, MEMORY_LIMIT, OOM, STEP, TRAIN
 
 KB_PER_MB = 1024.0
 MEMORY_SITES = "memory_sites"  # the kind of the event a capture records its top allocation sites with
@@ -88,6 +88,24 @@ class SeriesGrowth:
 
 
 @dataclass(frozen=True)
+class MemoryDeath:
+    """How the job died of memory, for the run's verdict: `head` says what killed it and at how much of which
+    limit, `growth` how memory grew before it (empty when no series could be judged)."""
+
+    kind: str  # oom_killer (the kernel's, counted in the cgroup), sigkill_near_limit, host, cuda
+    node: str
+    rank: int | None
+    error: str | None  # the exception, for host and cuda
+    at_mb: float | None
+    limit_mb: float | None
+    limit: str | None  # what the limit is: cgroup, machine, address space (RLIMIT_AS), gpu
+    rate_mb_per_1000: float | None
+    since_step: int | None
+    head: str
+    growth: str
+
+
+@dataclass(frozen=True)
 class MemoryGrowthDetails:
     """The rule's Details: every judged series, the fired ones, the captures the job recorded, the headline."""
 
@@ -98,6 +116,7 @@ class MemoryGrowthDetails:
     time_at_stake_s: float | None
     ranks_fired: list[str]
     nodes: list[str]
+    death: MemoryDeath | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,9 +125,10 @@ class MemoryGrowthDetails:
     def from_json(d: dict[str, Any]) -> MemoryGrowthDetails:
         """The Details of a result (raises KeyError/TypeError on another shape: the findings fall back)."""
         captures = [Capture(**{**c, "sites": [Site(**s) for s in c["sites"]]}) for c in d["captures"]]
+        death = MemoryDeath(**d["death"]) if isinstance(d.get("death"), dict) else None
         return MemoryGrowthDetails({k: SeriesGrowth(**v) for k, v in d["series"].items()},
                                    [str(x) for x in d["fired"]], captures, d.get("title"), d.get("time_at_stake_s"),
-                                   [str(x) for x in d["ranks_fired"]], [str(x) for x in d["nodes"]])
+                                   [str(x) for x in d["ranks_fired"]], [str(x) for x in d["nodes"]], death)
 
     @property
     def top(self) -> SeriesGrowth | None:
@@ -204,6 +224,8 @@ class MemoryGrowth(Rule):
         self._machine: dict[str, int] = {}  # node -> memory_total_bytes
         self._captures: dict[tuple[str, int, int], Capture] = {}
         self._snapshots: dict[tuple[str, int], str] = {}
+        self._ooms: dict[tuple[str, int], tuple[int, str, dict[str, Any]]] = {}  # the job's allocation failures
+        self._ends: dict[str, dict[str, Any]] = {}  # node -> how its job ended (signal, the OOM killer's count)
         self._events = 0
 
     def update(self, chunk: Chunk) -> None:
@@ -211,6 +233,9 @@ class MemoryGrowth(Rule):
             total = rec.get("memory_total_bytes") if isinstance(rec, dict) else None
             if isinstance(total, int) and not isinstance(total, bool) and total > 0:
                 self._machine[node] = total
+            if isinstance(rec, dict) and rec.get("exit_code") is not None:
+                self._ends[node] = {k: rec.get(k) for k in ("exit_code", "exit_signal", "oom_kills",
+                                                            "memory_limit_bytes", "memory_peak_bytes")}
         cols = new_events(chunk)
         if cols is None:
             return
@@ -229,7 +254,7 @@ class MemoryGrowth(Rule):
                     continue
                 series = self._series.setdefault((node, rank, mode, metric), _Series())
                 series.add(cols.step[rows][ok] // window, values[ok], cols.end[rows][ok], window)
-        for kind in (MEMORY_LIMIT, MEMORY_SITES, CUDA_SNAPSHOT):
+        for kind in (MEMORY_LIMIT, MEMORY_SITES, CUDA_SNAPSHOT, OOM):
             for (node, rank), rows in cols.groups(cols.kind_is(kind), by_mode=False):
                 for i in rows.tolist():
                     self._marker(kind, node, rank, cols, i)
@@ -249,6 +274,10 @@ class MemoryGrowth(Rule):
             value = data.get("bytes")
             if isinstance(value, int) and not isinstance(value, bool) and value > 0 and name in ("cgroup", "gpu"):
                 self._limits[(node, rank, name)] = value
+        elif kind == OOM:
+            if name in ("host", "cuda"):
+                self._ooms[(node, rank)] = max(self._ooms.get((node, rank), (-1, "", {})),
+                                               (int(cols.start[i]), name, data), key=lambda x: x[0])
         elif kind == CUDA_SNAPSHOT:
             path = data.get("path")
             if isinstance(path, str) and len(path) < 1000:
@@ -274,14 +303,17 @@ class MemoryGrowth(Rule):
         self._limits.update({k: v for k, v in other._limits.items() if k[0] == node})
         self._captures.update({k: v for k, v in other._captures.items() if k[0] == node})
         self._snapshots.update({k: v for k, v in other._snapshots.items() if k[0] == node})
+        self._ooms.update({k: v for k, v in other._ooms.items() if k[0] == node})
+        if node in other._ends:
+            self._ends[node] = other._ends[node]
         if node in other._machine:
             self._machine[node] = other._machine[node]
 
     def result(self) -> RuleResult:
-        if self._events == 0 or not self._time:
+        if (self._events == 0 or not self._time) and not self._ooms:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        if not self._series:
+        if not self._series and not self._ooms:
             return self.not_applicable("the steps do not record memory (a run recorded before it was measured, or "
                                        "a system without /proc)")
         judged: dict[str, SeriesGrowth] = {}
@@ -302,15 +334,16 @@ class MemoryGrowth(Rule):
             captures = [Capture(n, r, 0, -1, -1, 0.0, 0.0, [], p) for (n, r), p in sorted(self._snapshots.items())]
         ranks_fired = sorted({rank_key(judged[k].node, judged[k].rank) for k in fired})
         nodes = sorted({judged[k].node for k in fired})
-        details = MemoryGrowthDetails(judged, fired, captures, None, None, ranks_fired, nodes)
+        death = self._death(judged)
+        details = MemoryGrowthDetails(judged, fired, captures, None, None, ranks_fired, nodes, death)
         top = details.top
         if top is not None:
             stake = None
-            if top.within_horizon:  # the job dies of it before it is done: its training so far is at stake
+            if top.within_horizon or death is not None:  # the job dies of it: its training so far is at stake
                 stake = round(sum(t[1] for k, t in self._time.items() if (k[0], k[1]) == (top.node, top.rank)) / 1e6,
                               6)
             details = MemoryGrowthDetails(judged, fired, captures, _title(top, details.capture_of(top.node, top.rank)),
-                                          stake, ranks_fired, nodes)
+                                          stake, ranks_fired, nodes, death)
         datapoints = sum(s.n for s in self._series.values())
         return self.make_result(triggered=len(fired), violations=len(fired), datapoints=datapoints,
                                 details=details.to_json(), recommendation=_advice(details) if fired else None)
@@ -346,6 +379,62 @@ class MemoryGrowth(Rule):
                             round(limit / 2**20, 3) if limit is not None else None, source,
                             round(to_limit, 1) if to_limit is not None else None,
                             round(time_to, 3) if time_to is not None else None, round(step_s, 6), horizon, fires)
+
+    def _death(self, judged: dict[str, SeriesGrowth]) -> MemoryDeath | None:
+        """The job's death of memory, if it died of it: an allocation failure it recorded (host or CUDA), a kill by
+        the kernel's OOM killer (counted by the launcher in the job's cgroup), or a SIGKILL with memory within
+        NEAR_LIMIT of its limit."""
+        def growth(node: str, rank: int | None, metric: str) -> SeriesGrowth | None:
+            mine = [g for g in judged.values() if g.node == node and g.metric == metric and rank in (None, g.rank)]
+            return max(mine, key=lambda g: g.last_mb) if mine else None
+
+        for (node, rank), (_, kind, data) in sorted(self._ooms.items()):
+            end = self._ends.get(node) or {}
+            if end.get("exit_code") in (None, 0):
+                continue
+            error = str(data.get("error") or "")[:300] or None
+            g = growth(node, rank, RSS if kind == "host" else CUDA_ALLOC)
+            if kind == "cuda":
+                cuda = data.get("cuda") if isinstance(data.get("cuda"), dict) else {}
+                at, limit, what = _kb_mb(cuda.get("allocated_kb")), _kb_mb(cuda.get("total_kb")), "gpu"
+                head = "ran out of GPU memory" + (f" ({_short(error)})" if error else "")
+                if at is not None and limit is not None:
+                    head += f" at {_mb(at)} allocated of a {_mb(limit)} GPU"
+            else:
+                rss, vm = _kb_mb(data.get("rss_kb")), _kb_mb(data.get("vm_kb"))
+                rlimit, cgroup = _b_mb(data.get("rlimit_as_bytes")), _b_mb(data.get("cgroup_limit_bytes"))
+                head = "ran out of memory" + (f" ({_short(error)})" if error else "")
+                if rlimit is not None and vm is not None:
+                    at, limit, what = vm, rlimit, "address space (RLIMIT_AS)"
+                    head += f" at {_mb(vm)} of address space of a {_mb(rlimit)} limit (RLIMIT_AS)"
+                else:
+                    limit = cgroup if cgroup is not None else _b_mb(self._machine.get(node))
+                    at, what = rss, "cgroup" if cgroup is not None else "machine"
+                    if rss is not None:
+                        head += f" at {_mb(rss)}" + (f" of a {_mb(limit)} {what} limit" if limit is not None else "")
+            return MemoryDeath(kind, node, rank, error, at, limit, what, g.rate_mb_per_1000 if g else None,
+                               g.since_step if g else None, head, _growth_text(g))
+        for node, end in sorted(self._ends.items()):
+            if end.get("exit_signal") != "SIGKILL":
+                continue
+            g = growth(node, None, RSS)
+            kills = end.get("oom_kills")
+            limit_b = end.get("memory_limit_bytes")
+            limit = _b_mb(limit_b) if limit_b else (g.limit_mb if g is not None else None)
+            what = "cgroup" if limit_b else (g.limit_source if g is not None else None)
+            peak = _b_mb(end.get("memory_peak_bytes")) if limit_b else None  # the cgroup's own count
+            at = peak if peak is not None else g.last_mb if g is not None else None
+            of = f" at {_mb(at)}" + (f" of a {_mb(limit)} limit" if limit is not None else "") if at is not None else ""
+            if isinstance(kills, int) and kills > 0:
+                return MemoryDeath("oom_killer", node, g.rank if g else None, None, at, limit, what,
+                                   g.rate_mb_per_1000 if g else None, g.since_step if g else None,
+                                   f"was killed by the out-of-memory killer{of}", _growth_text(g))
+            if at is not None and limit is not None and at >= NEAR_LIMIT * limit:
+                return MemoryDeath("sigkill_near_limit", node, g.rank if g else None, None, at, limit, what,
+                                   g.rate_mb_per_1000 if g else None, g.since_step if g else None,
+                                   f"was killed by SIGKILL{of}, most likely by the out-of-memory killer",
+                                   _growth_text(g))
+        return None
 
     def _limit(self, node: str, rank: int, metric: str) -> tuple[int | None, str | None]:
         """The bytes the series can grow to: the GPU's memory, or the tighter of the cgroup's limit and the
@@ -384,13 +473,39 @@ def _num(value: Any) -> float:
         else 0.0
 
 
+NEAR_LIMIT = 0.9  # a SIGKILL with memory at this share of its limit reads as the OOM killer's
+
+
+def _kb_mb(value: Any) -> float | None:
+    return round(value / 1024, 3) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _b_mb(value: Any) -> float | None:
+    return round(value / 2**20, 3) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _short(error: str) -> str:
+    """The exception in a few words: its type and the allocator's own phrase where there is one."""
+    kind, _, text = error.partition(": ")
+    for phrase in ("can't allocate memory", "CUDA out of memory", "Unable to allocate", "Cannot allocate memory"):
+        if phrase.lower() in text.lower():
+            return f"{kind}: {phrase}"
+    return f"{kind}: {text[:80]}" if text else kind
+
+
+def _growth_text(g: SeriesGrowth | None) -> str:
+    if g is None or g.rate_mb_per_1000 <= 0:
+        return ""
+    return f"memory grew {g.rate_mb_per_1000:,.0f} MB per 1,000 steps since step {g.since_step:,}"
+
+
 def _mb(value: float) -> str:
     return f"{value / 1024:.1f} GB" if value >= 1024 else f"{value:.0f} MB"
 
 
 def _title(top: SeriesGrowth, capture: Capture | None) -> str:
     what = LABELS.get(top.metric, top.metric)
-    head = (f"{what[0].upper()}{what[1:]} grows {top.rate_mb_per_1000:.0f} MB per 1,000 steps on rank "
+    head = (f"{what[0].upper()}{what[1:]} grows {top.rate_mb_per_1000:,.0f} MB per 1,000 steps on rank "
             f"{top.node}/{top.rank} since step {top.since_step:,}")
     if top.time_to_limit_s is not None and top.limit_mb is not None:
         head += (f": it reaches the {top.limit_source} limit ({_mb(top.limit_mb)}) in about "
