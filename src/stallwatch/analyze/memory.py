@@ -4,6 +4,7 @@ recorded before memory was measured read as -1 (no reading)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,3 +60,51 @@ def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
     if not ok.any():
         return 0.0
     return float(np.median((y[j] - y[i])[ok] / dx[ok]))
+
+
+MAX_POINTS = 1000  # a rank's timeline is at most this many points (medians of equal step ranges)
+
+
+@dataclass(frozen=True)
+class MemorySeries:
+    """One rank's memory (`metric`, MB) against its step numbers, for the report's timeline."""
+
+    node: str
+    rank: int
+    metric: str
+    steps: np.ndarray
+    mb: np.ndarray
+
+
+def memory_timeline(table: pa.Table, max_points: int = MAX_POINTS) -> list[MemorySeries]:
+    """Per rank and memory field, the memory each training step recorded (GLOBAL steps where a rank has no TRAIN
+    steps), thinned to at most `max_points` medians of equal step ranges. `table`: step events with `args`."""
+    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.records import GLOBAL, TRAIN
+
+    if table.num_rows == 0:
+        return []
+    cols = FrameworkColumns(table)
+    mem = memory_columns(cols)
+    steps = cols.kind_is(STEP) & (cols.step >= 0)
+    out = []
+    groups = {key: rows for key, rows in cols.groups(steps & cols.mode_is((TRAIN, GLOBAL)))}
+    for (node, rank, mode), rows in sorted(groups.items()):
+        if mode == GLOBAL and (node, rank, TRAIN) in groups:
+            continue
+        for metric in FIELDS:
+            values = mem[metric][rows]
+            ok = values >= 0
+            if not ok.any():
+                continue
+            x, y = cols.step[rows][ok], values[ok] / 1024.0
+            order = np.argsort(x, kind="stable")
+            x, y = x[order], y[order]
+            if x.size > max_points:
+                edges = np.linspace(int(x[0]), int(x[-1]) + 1, max_points + 1)
+                bins = np.searchsorted(edges, x, side="right") - 1
+                keep = np.unique(bins)
+                x = np.array([np.median(x[bins == b]) for b in keep])
+                y = np.array([np.median(y[bins == b]) for b in keep])
+            out.append(MemorySeries(node, rank, metric, x.astype(np.float64), np.round(y, 3)))
+    return out
