@@ -19,7 +19,9 @@ from typing import Any, Callable
 from stallwatch.log import warn_once
 
 STEPS = 5  # the snapshots are this many steps apart
-NFRAMES = 16  # frames kept per traced allocation (tracemalloc's cost grows with it)
+NFRAMES = 8  # frames tracemalloc keeps per allocation (its cost per allocation grows with them)
+TENSOR_FRAMES = 64  # frames kept per tensor made (a walk up the stack: the job's line may be deep in a model)
+MAX_CAPTURE_S = 5.0  # a capture whose steps run this long ends at the next boundary with what it has
 TOP = 10  # sites kept
 CUDA_ENTRIES = 100_000  # allocator history entries kept (PyTorch's ring buffer)
 MEMORY_SITES = "memory_sites"
@@ -70,9 +72,11 @@ class MemoryCapture:
         self._cuda = False
         self._tensors: list[dict[str, Any]] = []
         self._mode: Any = None
+        self._started = 0.0
 
     def start(self, first_step: int) -> None:
         t0 = time.perf_counter_ns()
+        self._started = time.monotonic()
         self._step0 = first_step
         if not tracemalloc.is_tracing():
             tracemalloc.start(NFRAMES)
@@ -87,20 +91,23 @@ class MemoryCapture:
         self._cost_ns += time.perf_counter_ns() - t0
 
     def next_step(self) -> None:
-        """A step begins inside the window: the first full step starts the diff, `STEPS` later ends it."""
+        """A step begins inside the window: the first full step starts the diff, `STEPS` later ends it (or
+        earlier, once MAX_CAPTURE_S have passed: tracing slows a job that allocates many Python objects)."""
         self._seen += 1
         if self._seen == 1:
             self._first = self._snapshot()
-            self._track_tensors()
             self._steps[0] = self._step0 + 1
-        elif self._seen == STEPS and self._mode is not None:
+            self._track_tensors()
+            return
+        late = time.monotonic() - self._started > MAX_CAPTURE_S
+        if self._seen == STEPS and self._mode is not None and not late:
             self._mode.on = False  # what the last step makes is its own state (its grads, its batch), not kept
-        elif self._seen == 1 + STEPS:
+        elif self._seen >= 1 + STEPS or late:
             self._last = self._snapshot()
+            self._steps[1] = self._step0 + self._seen - 1
             t0 = time.perf_counter_ns()
             self._end_tracking()
             self._cost_ns += time.perf_counter_ns() - t0
-            self._steps[1] = self._step0 + STEPS
             self.done = True
 
     def _track_tensors(self) -> None:
@@ -230,7 +237,7 @@ def _tensor_tracker() -> Any:
                     and not any(a is out for a in args):
                 try:
                     f, frames = sys._getframe(1), []
-                    while f is not None and len(frames) < NFRAMES:
+                    while f is not None and len(frames) < TENSOR_FRAMES:
                         frames.append((f.f_code.co_filename, f.f_lineno))
                         f = f.f_back
                     self.made[id(out)] = (weakref.ref(out), frames[::-1])
