@@ -135,6 +135,7 @@ def test_a_loop_that_keeps_its_activations_is_named_by_its_line(tmp_path: Path):
     assert captures[0]["cost_ms"] > 0 and captures[0]["last_step"] - captures[0]["first_step"] == 4
     finding = next(f for f in analysis.findings.findings if f.rule == "MemoryGrowth")
     assert f"{script}:{leak_line}" in finding.title and finding.evidence["sites"][0]["traceback"]
+    assert [w["layer"] for w in analysis.profiles("memory")] == ["memory"]  # a window the reader lists
     stored = list((tmp_path / "run" / "traces").rglob("memory_sites.json"))
     assert stored and json.loads(stored[0].read_text())["sites"][0]["line"] == leak_line
 
