@@ -61,6 +61,7 @@ class StepMemory:
                 self._cuda_state = 1
                 total = torch.cuda.get_device_properties(device).total_memory
                 self.limits.append(("gpu", f'{{"bytes": {int(total)}, "device": {int(device)}}}'))
+                attach_oom_observer(torch)
             return (f'"cuda_alloc_kb": {alloc["current"] // 1024}, "cuda_reserved_kb": {reserved["current"] // 1024}, '
                     f'"cuda_peak_kb": {alloc["peak"] // 1024}')
         except Exception:  # no CUDA build, a driver gone: the host figures stay
@@ -89,6 +90,30 @@ class StepMemory:
             except OSError:
                 pass
         self._fd = None
+
+
+# What the CUDA allocator said at its last failed allocation, at that moment (before the exception is raised):
+# the `oom` event recorded at exit carries it (torch/oom.py)
+CUDA_FAILURE: dict[str, int] = {}
+_observing = False
+
+
+def attach_oom_observer(torch: object) -> None:
+    """Once per process: PyTorch calls the observer when an allocation fails, before OutOfMemoryError is raised."""
+    global _observing
+    attach = getattr(getattr(torch, "_C", None), "_cuda_attach_out_of_memory_observer", None)
+    if _observing or attach is None:
+        return
+    _observing = True
+
+    def observed(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        CUDA_FAILURE.update(device=int(device), tried_kb=int(alloc) // 1024,
+                            allocated_kb=int(device_allocated) // 1024, free_kb=int(device_free) // 1024)
+
+    try:
+        attach(observed)
+    except Exception:  # an allocator without observers: the state read at exit stays
+        pass
 
 
 UNLIMITED = 1 << 60  # v1 writes "no limit" as a page-rounded 2^63

@@ -14,7 +14,7 @@ import time
 import tracemalloc
 from typing import Any
 
-from stallwatch.torch.memory import cgroup_memory_limit
+from stallwatch.torch.memory import CUDA_FAILURE, cgroup_memory_limit
 
 OOM = "oom"
 HOST, CUDA = "host", "cuda"
@@ -66,6 +66,8 @@ def memory_state(kind: str, exc: BaseException, step: int | None) -> dict[str, A
         out["cgroup_limit_bytes"] = limit
     if kind == CUDA:
         out["cuda"] = _cuda_state()
+        if CUDA_FAILURE:  # the allocator's own figures at the moment it failed (its OOM observer)
+            out["cuda"]["at_failure"] = dict(CUDA_FAILURE)
     if tracemalloc.is_tracing():
         try:
             stats = tracemalloc.take_snapshot().statistics("lineno")[:TOP_SITES]

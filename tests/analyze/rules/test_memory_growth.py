@@ -131,3 +131,39 @@ def test_a_run_without_memory_readings_is_not_applicable():
     gen.steps(n=50)
     out = evaluate(MemoryGrowth, whole(gen.table()))
     assert out["Status"] == "not_applicable" and "do not record memory" in out["Message"]
+
+
+def _ended(chunk, **end):
+    for rec in chunk.run["nodes"].values():
+        rec.update(end)
+    return chunk
+
+
+def test_a_cuda_out_of_memory_death_on_recorded_allocator_data():
+    """As a CUDA job records it: allocated grows 100 MB a step, then OutOfMemoryError at exit (recorded data)."""
+    gen = _loop(lambda i: GB_KB, cuda=lambda i: 20 * GB_KB + 100 * 1024 * i)
+    state = {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                      "of 79.19 GiB of which 1.2 GiB is free.", "rss_kb": GB_KB,
+             "cuda": {"device": 0, "allocated_kb": 78 * GB_KB, "reserved_kb": 79 * GB_KB, "peak_kb": 78 * GB_KB,
+                      "total_kb": 80 * GB_KB, "at_failure": {"device": 0, "tried_kb": 2 * GB_KB}}}
+    gen.events("algo-1", 0, "oom", "cuda", GLOBAL, None, T0 + 7 * 10**6, T0 + 7 * 10**6, json.dumps(state))
+    out = evaluate(MemoryGrowth, _ended(_run(gen), exit_code=1, exit_signal=None))
+    death = MemoryGrowthDetails.from_json(out["Details"]).death
+    assert death is not None and death.kind == "cuda" and (death.at_mb, death.limit_mb) == (78 * 1024, 80 * 1024)
+    assert death.head == "ran out of GPU memory (OutOfMemoryError: CUDA out of memory) at 78.0 GB allocated of a " \
+                         "80.0 GB GPU"
+    assert death.growth == "memory grew 100,000 MB per 1,000 steps since step 60"
+    succeeded = evaluate(MemoryGrowth, _ended(_run(gen), exit_code=0, exit_signal=None))  # caught by the job
+    assert succeeded["Details"]["death"] is None
+
+
+def test_a_sigkill_near_the_limit_reads_as_the_oom_killer_and_far_from_it_does_not():
+    near = _loop(lambda i: 14 * GB_KB + 2048 * i)  # reaches 15.2 GB of 16 GB
+    out = evaluate(MemoryGrowth, _ended(_run(near), exit_code=137, exit_signal="SIGKILL"))
+    death = out["Details"]["death"]
+    assert death["kind"] == "sigkill_near_limit" and "most likely by the out-of-memory killer" in death["head"]
+    counted = evaluate(MemoryGrowth, _ended(_run(near), exit_code=137, exit_signal="SIGKILL", oom_kills=1,
+                                            memory_limit_bytes=15 * 2**30, memory_peak_bytes=15 * 2**30 - 2**20))
+    assert counted["Details"]["death"]["head"] == "was killed by the out-of-memory killer at 15.0 GB of a 15.0 GB limit"
+    far = evaluate(MemoryGrowth, _ended(_run(_loop(lambda i: GB_KB + 200 * i)), exit_code=137, exit_signal="SIGKILL"))
+    assert far["Details"]["death"] is None
