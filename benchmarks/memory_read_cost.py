@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from typing import ClassVar
 
 from stallwatch.torch.memory import StepMemory
 from stallwatch.torch.steps import StepTracker, now_us
@@ -18,7 +19,7 @@ from stallwatch.torch.steps import StepTracker, now_us
 class _Off:
     """A reader that reads nothing: the tracker as it was before memory was recorded."""
 
-    limits: list = []
+    limits: ClassVar[list] = []
 
     def read(self, end_us: int) -> str:
         return ""

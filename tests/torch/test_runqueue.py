@@ -4,6 +4,7 @@ step boundary, reused where one step ends as the next begins; nothing when there
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import pytest
 
@@ -28,7 +29,7 @@ class _Clock:
 
 
 class _NoMemory:
-    limits: list = []
+    limits: ClassVar[list] = []
 
     def read(self, end_us: int) -> str:
         return ""

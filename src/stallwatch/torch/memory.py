@@ -19,7 +19,7 @@ class StepMemory:
     """`read(end_us)` → the memory fields of a step's args (`"rss_kb": N` …), "" where nothing can be read. The
     statm fd is kept open and reopened in a forked child (whose /proc/self is another process)."""
 
-    __slots__ = ("_fd", "_pid", "_cuda_next", "_cuda_state", "limits")
+    __slots__ = ("_cuda_next", "_cuda_state", "_fd", "_pid", "limits")
 
     def __init__(self) -> None:
         self._fd: int | None = None

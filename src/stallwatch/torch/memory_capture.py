@@ -14,7 +14,8 @@ import sys
 import sysconfig
 import time
 import tracemalloc
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stallwatch.log import warn_once
 

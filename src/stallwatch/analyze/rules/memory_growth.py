@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -144,7 +144,7 @@ class _Series:
     """One (node, rank, mode, metric) series as window medians: a window's values are kept until it is full, then
     reduced to their median (the same whichever chunks brought them)."""
 
-    __slots__ = ("open", "done", "n", "last")
+    __slots__ = ("done", "last", "n", "open")
 
     def __init__(self) -> None:
         self.open: dict[int, list[int]] = {}
@@ -155,8 +155,7 @@ class _Series:
     def add(self, buckets: np.ndarray, values: np.ndarray, ends: np.ndarray, window: int) -> None:
         self.n += int(values.size)
         i = int(np.argmax(ends))
-        if (int(ends[i]), int(values[i])) > self.last:
-            self.last = (int(ends[i]), int(values[i]))
+        self.last = max(self.last, (int(ends[i]), int(values[i])))
         for b in np.unique(buckets).tolist():
             vals = values[buckets == b].tolist()
             if b in self.done:  # a window full already: a step seen twice, ignore
@@ -205,7 +204,7 @@ class MemoryGrowth(Rule):
     recommendation = ("Find what keeps a reference to each step's tensors: a list of losses or outputs appended to "
                       "every step (append loss.item() or loss.detach(), not loss), a cache or dict without a bound, "
                       "hooks registered every step, a growing history in a logger.")
-    defaults = {"min_rate_mb": 10.0, "min_growth_mb": 20.0, "persist": 0.5, "patience": 50, "window": 20,
+    defaults: ClassVar[dict[str, Any]] = {"min_rate_mb": 10.0, "min_growth_mb": 20.0, "persist": 0.5, "patience": 50, "window": 20,
                 "min_windows": 6}
 
     def __init__(self, **params: Any) -> None:
