@@ -28,23 +28,22 @@ def _pattern(name: str) -> str:
     return rf'"{name}":\s*(?P<v>\d{{1,15}})\D'  # at most 15 digits: a run directory is untrusted
 
 
-def memory_columns(cols: FrameworkColumns) -> dict[str, np.ndarray]:
-    """Per row of a FrameworkColumns, each memory field of the step in KiB (-1 where the row is not a step or its
-    args do not say); decoded once per table and shared by the rules that ask."""
-    cached = cols.__dict__.get(_CACHE)
-    if cached is not None:
-        return cached
-    out = {name: np.full(cols.n, -1, np.int64) for name in FIELDS}
-    rows = np.flatnonzero(cols.kind_is(STEP))
-    if rows.size and "args" in cols.table.column_names:
-        args = cols.table["args"].take(pa.array(rows))
-        has_kb = pc.match_substring(args, "_kb")
-        if pc.any(has_kb).as_py():
-            for name in FIELDS:
+def memory_columns(cols: FrameworkColumns, fields: tuple[str, ...] = FIELDS) -> dict[str, np.ndarray]:
+    """Per row of a FrameworkColumns, each memory field of `fields` in KiB (-1 where the row is not a step or its
+    args do not say); each decoded once per table and shared by the rules that ask."""
+    cached: dict[str, np.ndarray] = cols.__dict__.setdefault(_CACHE, {})
+    missing = [name for name in fields if name not in cached]
+    if missing:
+        rows = np.flatnonzero(cols.kind_is(STEP))
+        args = cols.table["args"].take(pa.array(rows)) if rows.size and "args" in cols.table.column_names else None
+        if args is not None and not pc.any(pc.match_substring(args, "_kb")).as_py():
+            args = None  # a run recorded before memory was measured
+        for name in missing:
+            out = cached[name] = np.full(cols.n, -1, np.int64)
+            if args is not None:
                 found = pc.struct_field(pc.extract_regex(args, _pattern(name)), [0])
-                out[name][rows] = pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False)
-    cols.__dict__[_CACHE] = out
-    return out
+                out[rows] = pc.fill_null(pc.cast(found, pa.int64()), -1).to_numpy(zero_copy_only=False)
+    return {name: cached[name] for name in fields}
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
@@ -100,11 +99,11 @@ def memory_timeline(table: pa.Table, max_points: int = MAX_POINTS) -> list[Memor
             x, y = cols.step[rows][ok], values[ok] / 1024.0
             order = np.argsort(x, kind="stable")
             x, y = x[order], y[order]
-            if x.size > max_points:
+            if x.size > max_points:  # x is sorted: each bin is a slice
                 edges = np.linspace(int(x[0]), int(x[-1]) + 1, max_points + 1)
-                bins = np.searchsorted(edges, x, side="right") - 1
-                keep = np.unique(bins)
-                x = np.array([np.median(x[bins == b]) for b in keep])
-                y = np.array([np.median(y[bins == b]) for b in keep])
+                cuts = np.unique(np.searchsorted(x, edges))
+                pieces = [(lo, hi) for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()) if hi > lo]
+                x = np.array([np.median(x[lo:hi]) for lo, hi in pieces])
+                y = np.array([np.median(y[lo:hi]) for lo, hi in pieces])
             out.append(MemorySeries(node, rank, metric, x.astype(np.float64), np.round(y, 3)))
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics  # a window's median: 30x cheaper than numpy's on 20 values
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -156,14 +157,17 @@ class _Series:
         self.n += int(values.size)
         i = int(np.argmax(ends))
         self.last = max(self.last, (int(ends[i]), int(values[i])))
-        for b in np.unique(buckets).tolist():
-            vals = values[buckets == b].tolist()
+        order = np.argsort(buckets, kind="stable")
+        by_bucket, vals = buckets[order], values[order]
+        uniq, starts = np.unique(by_bucket, return_index=True)
+        ends = np.append(starts[1:], by_bucket.size)
+        for b, lo, hi in zip(uniq.tolist(), starts.tolist(), ends.tolist()):
             if b in self.done:  # a window full already: a step seen twice, ignore
                 continue
             held = self.open.setdefault(b, [])
-            held += vals
+            held += vals[lo:hi].tolist()
             if len(held) >= window:
-                self.done[b] = float(np.median(held))
+                self.done[b] = float(statistics.median(held))
                 del self.open[b]
 
     def merge(self, other: _Series, window: int) -> None:
@@ -176,12 +180,12 @@ class _Series:
             held = self.open.setdefault(b, [])
             held += vals
             if len(held) >= window:
-                self.done[b] = float(np.median(held))
+                self.done[b] = float(statistics.median(held))
                 del self.open[b]
 
     def medians(self) -> dict[int, float]:
         out = dict(self.done)
-        out.update({b: float(np.median(v)) for b, v in self.open.items() if v})
+        out.update({b: float(statistics.median(v)) for b, v in self.open.items() if v})
         return out
 
 
@@ -240,7 +244,7 @@ class MemoryGrowth(Rule):
             return
         self._events += cols.n
         window = int(self.params["window"])
-        mem = memory_columns(cols)
+        mem = memory_columns(cols, JUDGED)
         steps = cols.kind_is(STEP) & (cols.step >= 0) & cols.mode_is((TRAIN, GLOBAL))
         for (node, rank, mode), rows in cols.groups(steps):
             t = self._time.setdefault((node, rank, mode), [0, 0])
