@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.cli import build_parser
 
 pytest.importorskip("torch")
@@ -134,3 +135,16 @@ def test_a_slow_start_is_found_when_asked_with_a_lower_threshold(guide):
                      rules.stdout + rules.stderr)
     assert (guide.cwd / "prepared.pt").is_file()  # the fix's cache, loaded by the last run
     assert "data ready after" in _one(ran, "runs/cached-again").stdout
+
+
+def test_the_leak_is_named_by_its_line_and_the_fix_is_silent(guide):
+    ran = guide("memory leak")
+    assert _one(ran, "leak.py", "runs/leak --").returncode == 0
+    leak = RunAnalysis(str(guide.cwd / "runs" / "leak"))
+    result = leak.rule("MemoryGrowth")
+    assert result.fired and result.details["series"][result.details["fired"][0]]["rate_mb_per_1000"] > 100
+    title = next(f.title for f in leak.findings.findings if f.rule == "MemoryGrowth")
+    assert title.endswith("allocated at " + str(guide.cwd / "examples" / "problems" / "leak.py") + ":31"), title
+    assert "out = model(x)" == (ROOT / "examples/problems/leak.py").read_text().splitlines()[30].strip()
+    fixed = RunAnalysis(str(guide.cwd / "runs" / "leak-fixed")).rule("MemoryGrowth")
+    assert fixed.status == "ok" and not fixed.fired, fixed.details

@@ -20,8 +20,8 @@ PYTHON_PROFILERS = ("cprofile", "pyinstrument")
 CPROFILE_TIMERS = ("total", "cpu", "off_cpu")
 MAX_TIME_US = 253_402_300_800 * 1_000_000  # 10000-01-01T00:00:00Z
 # What a running job picks up from its run's config.json (`stallwatch config RUN ...`).
-LIVE_FIELDS = ("sample_interval_ms", "detailed_profiling", "dataloader_profiling", "python_profiling", "python_profiler",
-               "cprofile_timer", "stop_training", "dump_stacks")
+LIVE_FIELDS = ("sample_interval_ms", "detailed_profiling", "dataloader_profiling", "python_profiling", "memory_profiling",
+               "python_profiler", "cprofile_timer", "stop_training", "dump_stacks")
 ACTION_KINDS = ("log", "stop_training", "command:", "notify:")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _URI_LIKE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):(/*)([^/?#]*)")
@@ -178,6 +178,8 @@ class ProfilerConfig:
     detailed_profiling: ProfilingRange | None = None
     dataloader_profiling: ProfilingRange | None = None
     python_profiling: ProfilingRange | None = None
+    # Where memory grows: tracemalloc snapshots a few steps apart (and CUDA's allocator history) in this window
+    memory_profiling: ProfilingRange | None = None
     python_profiler: str = "cprofile"
     cprofile_timer: str = "total"
     rules_interval_s: float = 10.0  # live rule evaluation during `stallwatch run`; 0: only when the job ends
@@ -276,7 +278,7 @@ class ProfilerConfig:
             raise ConfigError("stop_training", self.stop_training, "must be the reason, as text (or null)")
         if self.cprofile_timer not in CPROFILE_TIMERS:
             raise ConfigError("cprofile_timer", self.cprofile_timer, f"must be one of {', '.join(CPROFILE_TIMERS)}")
-        for name in ("detailed_profiling", "dataloader_profiling", "python_profiling"):
+        for name in ("detailed_profiling", "dataloader_profiling", "python_profiling", "memory_profiling"):
             rng = getattr(self, name)
             if rng is not None:
                 if not isinstance(rng, ProfilingRange):

@@ -63,6 +63,8 @@ OVERHEAD = "overhead"  # a marker: stallwatch's own time in the training process
 # (args: steps, first, stretches, us; start/end: when timing paused and resumed)
 UNTIMED = "untimed"
 LOOP = "loop"  # a marker: how a rank's steps are delimited (name: loader, explicit, optimizer, pairs, undetermined)
+MEMORY_LIMIT = "memory_limit"  # a marker: a memory limit the rank runs under (name: cgroup, gpu; args: bytes)
+OOM = "oom"  # a marker: an allocation failed (name: cuda, host); args: the memory state at the failure
 TRAIN, EVAL, GLOBAL = "TRAIN", "EVAL", "GLOBAL"
 MODES = (TRAIN, EVAL, GLOBAL)
 

@@ -5,6 +5,7 @@ step ends as the next begins, and one when the read ends; nothing when there is 
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import pytest
 
@@ -28,6 +29,13 @@ class _Clock:
         return self.value
 
 
+class _NoMemory:
+    limits: ClassVar[list] = []
+
+    def read(self, end_us: int) -> str:
+        return ""
+
+
 def _loop(tracker: StepTracker, n: int) -> None:
     for _ in range(n):
         w = tracker.batch_begin(1, True)
@@ -42,6 +50,7 @@ def test_each_step_says_how_long_it_waited_for_a_cpu_and_how_much_of_it_in_its_r
     events: list[tuple] = []
     tracker = StepTracker(events.append, 1)
     tracker._runq = clock = _Clock(0, 1_000_000, 2_000_000, 0, 0, 1_000, 500, -1, -1)  # type: ignore[assignment]
+    tracker._memory = _NoMemory()  # type: ignore[assignment]  # the step's memory: tests/torch/test_memory.py
     _loop(tracker, 4)
     steps = [e for e in events if e[0] == STEP]
     assert [s[7] for s in steps] == ['{"runq_us": 3000, "wait_runq_us": 1000}', '{"runq_us": 0, "wait_runq_us": 0}',

@@ -219,6 +219,36 @@ def _memory(r: RuleResult, s: JobSummary) -> list[Finding]:
                     severity=MEDIUM)]
 
 
+@translates("MemoryGrowth")
+def _memory_growth(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """A leak: high when it reaches its limit before the run has run as long again (the run's work so far is then
+    at stake), else medium; where the capture saw it allocated, the line is in the title and the evidence."""
+    from stallwatch.analyze.rules.memory_growth import MemoryGrowthDetails
+
+    d = MemoryGrowthDetails.from_json(r.details)
+    top = d.top
+    if not r.fired or top is None:
+        return []
+    evidence: dict[str, Any] = {}
+    for key in d.fired[:16]:
+        g = d.series[key]
+        evidence[key] = {"rate_mb_per_1000_steps": g.rate_mb_per_1000, "since_step": g.since_step,
+                         "start_mb": g.start_mb, "last_mb": g.last_mb, "limit_mb": g.limit_mb,
+                         "limit": g.limit_source, "steps_to_limit": g.steps_to_limit,
+                         "time_to_limit_s": g.time_to_limit_s}
+    capture = d.capture_of(top.node, top.rank)
+    if capture is not None:
+        evidence["sites"] = [{"where": x.where, "grown_mb": round(x.size_kb / 1024, 3), "traceback": x.traceback}
+                             for x in capture.sites[:5]]
+        if capture.cuda_snapshot:
+            evidence["cuda_snapshot"] = capture.cuda_snapshot
+    fired = [d.series[k] for k in d.fired]
+    steps = sorted({g.since_step for g in fired})[:LISTED_STEPS]
+    return [finding(r, s, "memory", d.title or "Memory grows with steps", d.time_at_stake_s,
+                    Where(d.nodes, d.ranks_fired, steps), evidence,
+                    severity=HIGH if top.within_horizon or d.death is not None else MEDIUM)]
+
+
 @translates("BatchSize")
 def _batch(r: RuleResult, s: JobSummary) -> list[Finding]:
     if not r.fired:
@@ -374,7 +404,7 @@ def build_findings(results: list[RuleResult], summary: JobSummary, *, health: li
     healthy = not [f for f in found if f.rule not in MACHINE_RULES] \
         and summary.fate.state in ("succeeded", "stopped", "running") and summary.total_steps > 0 \
         and not summary.loop_undetermined
-    said = verdict(summary, found, health or [], not_judged(results))
+    said = verdict(summary, found, health or [], not_judged(results), death=_memory_death(results))
     return Findings(summary.uri, summary.fate, said, healthy, found,
                     summary.loop_s, list(health or []) if healthy else [], list(summary.notes), dict(summary.steps))
 
@@ -421,14 +451,30 @@ def not_judged(results: list[RuleResult]) -> list[str]:
                   and "patience" in r.parameters and not r.details.get("nothing_to_compare"))
 
 
-def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudged: list[str] | None = None) -> str:
-    """One line: the job's fate first when it did not end well, then the top finding, else health (and the
-    rules the run was too short for, so that it never reads as if they had looked)."""
+def _memory_death(results: list[RuleResult]) -> tuple[str, str] | None:
+    """How the job died of memory (MemoryGrowth's `death`: what killed it, how memory grew), if it did."""
+    r = next((r for r in results if r.name == "MemoryGrowth" and r.status == "ok"), None)
+    death = r.details.get("death") if r is not None and isinstance(r.details, dict) else None
+    if not isinstance(death, dict) or not isinstance(death.get("head"), str):
+        return None
+    return death["head"], death["growth"] if isinstance(death.get("growth"), str) else ""
+
+
+def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudged: list[str] | None = None,
+            death: tuple[str, str] | None = None) -> str:
+    """One line: the job's fate first when it did not end well (what killed it, when it died of memory: "was
+    killed by the out-of-memory killer at 31.2 GB of a 32 GB limit", and how memory grew before), then the top
+    finding, else health (and the rules the run was too short for, so that it never reads as if they had
+    looked)."""
     fate, top = summary.fate, (found[0] if found else None)
     lasted = format_duration(summary.duration_s)
     if fate.ended_badly or fate.state == "unknown":
         where = ("before its first step" if summary.total_steps == 0 else
                  f"after {summary.total_steps:,} steps")
+        if death is not None and fate.ended_badly:
+            head, growth = death
+            text = f"The job {head} after {lasted}, {where}" + (f"; {growth}." if growth else ".")
+            return text + (f" Before that: {_lower(top.title)}." if top and top.rule != "MemoryGrowth" else "")
         text = f"The job {fate.phrase()} after {lasted}, {where}."
         return text + (f" Before that: {_lower(top.title)}." if top else "")
     if summary.total_steps == 0:

@@ -9,6 +9,7 @@ from stallwatch.log import logger
 
 CONFIG_FLAGS = ("sample_interval_ms", "out", "runs_dir", "node", "flush_interval_s", "max_storage_mb",
                 "upload_timeout_s", "gpu", "detailed_profiling", "dataloader_profiling", "python_profiling",
+                "memory_profiling",
                 "python_profiler", "cprofile_timer", "rules_interval_s", "rule_actions", "custom_rules",
                 "rule_params", "stop_training", "price_per_hour", "escalate", "escalate_every_s",
                 "escalate_budget_pct", "sample_steps_above_per_s")

@@ -117,6 +117,9 @@ def add_live_flags(g: argparse._ArgumentGroup) -> None:
                    help="torch.profiler for these steps or this time window")
     g.add_argument("--dataloader-profiling", type=range_arg("dataloader_profiling"), metavar="START:NUM|TIME/SECONDS")
     g.add_argument("--python-profiling", type=range_arg("python_profiling"), metavar="START:NUM|TIME/SECONDS")
+    g.add_argument("--memory-profiling", type=range_arg("memory_profiling"), metavar="START:NUM|TIME/SECONDS",
+                   help="where memory grows: tracemalloc snapshots 5 steps apart from this step or time (and CUDA's "
+                        "allocator history); MemoryGrowth asks for one on its own when it fires live")
     g.add_argument("--python-profiler", choices=["cprofile", "pyinstrument"])
     g.add_argument("--cprofile-timer", choices=["total", "cpu", "off_cpu"])
     g.add_argument("--stop-training", metavar="REASON",

@@ -32,6 +32,7 @@ _READ_CHUNK = 1 << 20
 STAGED_NAMES = {
     "detailed": frozenset({"trace.json"}),
     "python": frozenset({layout.PSTATS, layout.PYINSTRUMENT_JSON}),
+    "memory": frozenset({layout.MEMORY_SITES_JSON, layout.CUDA_MEMORY_PICKLE}),  # stored as they are
 }
 
 
@@ -201,6 +202,9 @@ class ArtifactStore:
     def _store(self, w: Window) -> None:
         if w.layer == "detailed":
             self._prepare_detailed(w)
+        elif w.layer == "memory":  # tracemalloc's top sites, PyTorch's allocator history: kept as written
+            for name, path in w.staged.items():
+                w.files[name] = _read_staged(path)
         else:
             self._prepare_python(w)
         if self._late():

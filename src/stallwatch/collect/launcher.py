@@ -26,6 +26,7 @@ from typing import Any
 
 from stallwatch.collect.events import ENV_ACKS, ENV_CONFIG, ENV_EVENTS, ENV_STAGING
 from stallwatch.collect.node_name import clean, default_node_name, fallback_names
+from stallwatch.collect.oom_watch import OomWatch
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
 from stallwatch.config import ProfilerConfig
 from stallwatch.log import logger
@@ -430,12 +431,16 @@ class NodeSession:
                                self.start.staging_dir)
 
     def finish(self, exit_code: int, end_us: int, *, exit_signal: str | None = None,
-               interrupted: bool = False) -> str | None:
+               interrupted: bool = False, oom_kills: int | None = None,
+               memory_limit_bytes: int | None = None, memory_peak_bytes: int | None = None) -> str | None:
         """Tell the sampler how the job ended (recorded in the node record) and wait for its last flush; the
         local spool path when some of the data could not be uploaded."""
         if self.sampler is None:
             return None
-        end = json.dumps({"exit": exit_code, "end_us": end_us, "signal": exit_signal, "interrupted": interrupted})
+        ended: dict = {"exit": exit_code, "end_us": end_us, "signal": exit_signal, "interrupted": interrupted}
+        if oom_kills is not None:  # the kernel's OOM killer in the job's memory cgroup (collect/oom_watch.py)
+            ended.update(oom_kills=oom_kills, memory_limit_bytes=memory_limit_bytes, memory_peak_bytes=memory_peak_bytes)
+        end = json.dumps(ended)
         self.sampler.send(end)
         by_itself = self.sampler.stop(timeout_s=self.config.flush_interval_s + self.config.upload_timeout_s + 15)
         code = self.sampler.proc.returncode
@@ -554,7 +559,9 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
             forward(signum, None)
         if sampler is not None:
             _check_ready(sampler)
+        oom = OomWatch()  # kills by the kernel's OOM killer in the job's memory cgroup (collect/oom_watch.py)
         while True:
+            oom.look(child.pid)
             if _wait_step(child, take_terminal):
                 break
             if sampler is not None and not sampler.alive and restarts < MAX_SAMPLER_RESTARTS:
@@ -575,6 +582,7 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
     exit_code = 128 - code if code < 0 else code
     exit_signal = signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else None
     asked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} & received
-    local_copy = session.finish(exit_code, end_us, exit_signal=exit_signal, interrupted=bool(asked))
+    local_copy = session.finish(exit_code, end_us, exit_signal=exit_signal, interrupted=bool(asked),
+                                oom_kills=oom.kills(), memory_limit_bytes=oom.limit, memory_peak_bytes=oom.peak())
     return LaunchResult(run_uri, node, exit_code, start_us, end_us, sampler_restarts=restarts,
                         local_copy=local_copy, exit_signal=exit_signal, interrupted=bool(asked))

@@ -188,6 +188,9 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                 node_record["end_us"] = msg.get("end_us")
                 node_record["exit_signal"] = msg.get("signal")
                 node_record["interrupted"] = bool(msg.get("interrupted"))
+                for key in ("oom_kills", "memory_limit_bytes", "memory_peak_bytes"):  # the launcher's count of OOM-killer kills
+                    if isinstance(msg.get(key), int) and not isinstance(msg.get(key), bool):
+                        node_record[key] = msg[key]
         if not ticks.due():
             continue
         try:

@@ -159,13 +159,15 @@ def live_chunks(chunks: list[Chunk]) -> list[Chunk]:
 WINDOW_JSON = "window.json"
 TRACE_JSON_GZ = "trace.json.gz"  # torch.profiler Chrome trace, gzipped (Perfetto and HTA open it as is)
 OPERATORS_PARQUET = "operators.parquet"  # per (operator, device) totals from the trace
+MEMORY_SITES_JSON = "memory_sites.json"  # a memory capture's top allocation sites (tracemalloc diff)
+CUDA_MEMORY_PICKLE = "cuda_memory.pickle"  # torch.cuda.memory._dump_snapshot: pytorch.org/memory_viz opens it
 PSTATS = "profile.pstats"  # cProfile dump_stats output, as written
 PYINSTRUMENT_JSON = "pyinstrument.json"  # pyinstrument session (Session.load reads it back)
 PYINSTRUMENT_HTML = "pyinstrument.html"  # pyinstrument's interactive page for that session
 FUNCTIONS_PARQUET = "functions.parquet"  # per-function totals from cProfile or pyinstrument
-PROFILE_LAYERS = ("detailed", "python")
+PROFILE_LAYERS = ("detailed", "python", "memory")  # memory: where memory grows (issue 38)
 # The files of a window that are the capture itself (what a user downloads); the rest are summaries of them.
-CAPTURE_FILES = (TRACE_JSON_GZ, PSTATS, PYINSTRUMENT_JSON, PYINSTRUMENT_HTML)
+CAPTURE_FILES = (TRACE_JSON_GZ, PSTATS, PYINSTRUMENT_JSON, PYINSTRUMENT_HTML, MEMORY_SITES_JSON, CUDA_MEMORY_PICKLE)
 _WINDOW = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 
 

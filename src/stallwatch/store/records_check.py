@@ -126,6 +126,7 @@ NODE_FIELDS: dict[str, Check] = {
     "sampler_pid": PID, "sampler_end_us": TIME, "exit_signal": _optional(_signal),
     "interrupted": lambda v: isinstance(v, bool), "imported": _json_object,
     "cpu_competitors": _list_of(_COMPETITOR),
+    "oom_kills": COUNT, "memory_limit_bytes": _optional(COUNT), "memory_peak_bytes": _optional(COUNT),  # the kernel's OOM killer in the job's cgroup
 }
 WINDOW_FIELDS: dict[str, Check] = {
     "layer": _text, "start_us": TIME, "end_us": _optional(TIME), "mode": _text,

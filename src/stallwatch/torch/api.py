@@ -146,7 +146,7 @@ class Profile:
 def profile(config: ProfilerConfig | None = None, *, torch_hooks: bool = True, **fields: Any) -> Profile:
     """`with stallwatch.torch.profile(out="runs/x", detailed_profiling="5:1") as prof:` (fields as in
     ProfilerConfig; ranges may be given as "START:NUM" strings)."""
-    for name in ("detailed_profiling", "dataloader_profiling", "python_profiling"):
+    for name in ("detailed_profiling", "dataloader_profiling", "python_profiling", "memory_profiling"):
         if isinstance(fields.get(name), str):
             from stallwatch.config import ProfilingRange
 

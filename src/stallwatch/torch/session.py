@@ -141,6 +141,13 @@ class Session:
             return
         self._closed = True
         try:
+            if self.sender is not None:  # an uncaught allocation failure: the memory state, before it is gone
+                from stallwatch.torch.oom import record_at_exit
+
+                record_at_exit(self.sender.emit_tuple, self.pid, self.tracker.counts[TRAIN])
+        except Exception as exc:
+            warn_once("session-oom", "stallwatch could not record the memory state (%s: %s)", type(exc).__name__, exc)
+        try:
             if self.sampling is not None:
                 self.sampling.stop()
             self.tracker.finish()

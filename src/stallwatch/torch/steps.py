@@ -19,8 +19,11 @@ import time
 from typing import Callable, Protocol
 
 from stallwatch.log import warn_once
+from stallwatch.torch.memory import StepMemory
 from stallwatch.torch.runqueue import RunQueueClock
-from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN, UNTIMED
+from stallwatch.records import (
+    BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, MEMORY_LIMIT, OPTIMIZER, STEP, TRAIN, UNTIMED,
+)
 
 LOADER, EXPLICIT, OPTIMIZER_SOURCE, PAIRS = "loader", "explicit", "optimizer", "pairs"
 UNDETERMINED = "undetermined"
@@ -129,6 +132,7 @@ class StepTracker:
         # reading at a step's end reused as the next one's start when they meet (most loops)
         self._runq = RunQueueClock()
         self._runq_at = -1
+        self._memory = StepMemory()  # each step's resident set (and CUDA allocator) at its end: torch/memory.py
 
     @property
     def in_step(self) -> bool:
@@ -691,14 +695,21 @@ class StepTracker:
             self._loader_modes[step.loader] = mode
         runq = self._runq_at = self._runq.read()
         waited = (runq - step.runq0) // 1000 if step.runq0 >= 0 and runq >= 0 else 0
+        memory = self._memory
+        mem = memory.read(end_us)
+        if memory.limits:
+            for name, limit in memory.limits:
+                self._emit((MEMORY_LIMIT, name, end_us, end_us, GLOBAL, None, self.pid, limit))
+            memory.limits.clear()
+        if step.wait_runq >= 0:
+            head = f'"runq_us": {waited}, "wait_runq_us": {step.wait_runq}'
+        else:
+            head = f'"runq_us": {waited}' if waited > 0 else ""
+        args = f"{{{head}, {mem}}}" if head and mem else f"{{{head or mem}}}" if head or mem else ""
         # One record per step, its phases inside: the fewest objects built in the training thread. All
         # tuples of plain values: the garbage collector stops tracking them while they wait to be sent
         # (lists would stay tracked and, thousands at a time, trigger full collections of the job's heap).
-        if step.wait_runq >= 0:
-            args = f'{{"runq_us": {waited}, "wait_runq_us": {step.wait_runq}}}'
-        else:
-            args = f'{{"runq_us": {waited}}}' if waited > 0 else ""
-        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid, args,
-                    tuple(step.events)))
+        self._emit((STEP, step.name or STEP_NAMES[mode], step.start_us, end_us, mode, number, self.pid,
+                    args, tuple(step.events)))
         if self.listener is not None:
             self.listener.on_step_end(mode, number, step.start_us, end_us)

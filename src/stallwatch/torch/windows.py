@@ -17,8 +17,8 @@ from stallwatch.records import GLOBAL, TRAIN
 from stallwatch.torch import dataloader as dl
 from stallwatch.torch.steps import now_us
 
-DETAILED, PYTHON, DATALOADER = "detailed", "python", "dataloader"
-LAYERS = (DETAILED, PYTHON, DATALOADER)
+DETAILED, PYTHON, DATALOADER, MEMORY = "detailed", "python", "dataloader", "memory"
+LAYERS = (DETAILED, PYTHON, DATALOADER, MEMORY)  # memory: where memory grows (torch/memory_capture.py)
 PROFILING = "profiling"  # the framework-event kind that marks a window
 
 
@@ -126,7 +126,12 @@ def _no_other_python_profiler() -> None:
         raise RuntimeError("another Python profiler is already running in this thread")
 
 
-def _make(layer: str, config: ProfilerConfig, detailed: Callable[[], _Profiler] | None = None) -> _Profiler:
+def _make(layer: str, config: ProfilerConfig, detailed: Callable[[], _Profiler] | None = None,
+          emit: Callable[[tuple], None] | None = None, pid: int = 0) -> _Profiler:
+    if layer == MEMORY:
+        from stallwatch.torch.memory_capture import MemoryCapture
+
+        return MemoryCapture(emit or (lambda _e: None), pid)  # type: ignore[return-value]
     if layer == DETAILED:
         return detailed() if detailed is not None else _TorchProfiler()
     if layer == DATALOADER:
@@ -208,6 +213,8 @@ class WindowController:
                                    "(torch.profiler keeps every event in the job's memory); profile a shorter "
                                    "window to see all of it", active.stepped)
                     self._stop(active, "capped")
+                elif getattr(active.profiler, "done", False):  # a memory capture that has its two snapshots
+                    self._stop(active, "complete")
                 else:
                     active.profiler.next_step()
                     active.stepped += 1
@@ -253,7 +260,7 @@ class WindowController:
                          "stallwatch.torch.profile(); skipped")
             return
         try:
-            profiler = _make(layer, config, self.detailed_profiler)
+            profiler = _make(layer, config, self.detailed_profiler, self._emit, self.pid)
             profiler.start(step)
         except Exception as exc:  # another profiler already running, pyinstrument not installed…
             logger.warning("cannot start %s profiling (%s: %s); training goes on without it",

@@ -77,3 +77,20 @@ def test_escalate_flag(run_stallwatch, tmp_path):
     assert json.loads((run / "config.json").read_text())["escalate"] is False
     with pytest.raises(Exception, match="escalate_budget_pct"):
         ProfilerConfig(escalate_budget_pct=200)
+
+
+def test_memory_growth_asks_for_a_memory_window_within_the_budget(tmp_path):
+    """MemoryGrowth's capture is a `memory_profiling` window (no operators), counted as its 5 s bound."""
+    loc = RunLocation(str(tmp_path / "run"))
+    run_files.write_config(loc, ProfilerConfig())
+    start = 1_800_000_000_000_000
+    esc = Escalation(ProfilerConfig(escalate_budget_pct=2.0), loc, start)
+    grows = [_Result(name="MemoryGrowth", triggered=1, violations=1, details={"title": "grows"})]
+    esc.on_results(grows, now_us=start + 200_000_000)  # 200 s in: 5 s would be 2.5 %, over 2 %
+    assert esc.records == []
+    esc.on_results([_Result(name="MemoryGrowth", triggered=2, violations=2, details={})], now_us=start + 300_000_000)
+    (record,) = esc.records
+    assert record["layers"] == ["memory"] and esc.captured_s == 5.0
+    config = run_files.read_config(loc)
+    assert config.memory_profiling is not None and config.memory_profiling.start_time_us == start + 301_000_000
+    assert config.detailed_profiling is None

@@ -10,12 +10,14 @@ from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetrics
 from stallwatch.analyze.rules.hang import Hang
 from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization
 from stallwatch.analyze.rules.input_bound import InputBound
+from stallwatch.analyze.rules.memory_growth import MemoryGrowth
 from stallwatch.analyze.rules.steps import MaxInitializationTime, StepOutlier
 from stallwatch.analyze.rules.straggler import Straggler
 from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
 RULES: list = [
     CPUBottleneck, IOBottleneck, CPUContention, Dataloader, InputBound, GPUMemoryIncrease, BatchSize,
-    LowGPUUtilization, MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, Hang,
+    LowGPUUtilization, MaxInitializationTime, LoadBalancing, StepOutlier, Straggler, CommunicationBound, MemoryGrowth,
+    Hang,
     OverallSystemUsage, OverallFrameworkMetrics,
 ]

@@ -18,6 +18,12 @@ LEAD_S = 1.0  # the capture starts this long after the rule fired: the job picks
 INPUT_RULES = ("InputBound", "Dataloader", "StepOutlier")  # + data-loader timing
 HOST_RULES = ("CPUBottleneck", "IOBottleneck")  # + Python profiling
 OTHER_RULES = ("LowGPUUtilization", "Straggler", "CommunicationBound", "GPUMemoryIncrease", "BatchSize")
+MEMORY_RULES = ("MemoryGrowth",)  # + where memory grows: tracemalloc snapshots 5 steps apart (no operators)
+# A memory capture ends after 6 steps, or at the first step boundary 5 s after it began (MAX_CAPTURE_S); it is
+# counted against the budget as those 5 s, its bound (docs/benchmarks.md: ~35 ms of snapshots and diff on a small
+# loop, and the steps it covers slowed by tracing, up to 40x for a loop that allocates a million Python objects)
+MEMORY_WINDOW_S = 120.0
+MEMORY_COST_S = 5.0
 
 
 class Escalation:
@@ -39,7 +45,7 @@ class Escalation:
         for r in results:
             grew = r.triggered > self._seen.get(r.name, 0)
             self._seen[r.name] = r.triggered
-            if not grew or r.name not in (*INPUT_RULES, *HOST_RULES, *OTHER_RULES):
+            if not grew or r.name not in (*INPUT_RULES, *HOST_RULES, *OTHER_RULES, *MEMORY_RULES):
                 continue
             try:
                 self._consider(r, now_us)
@@ -53,12 +59,16 @@ class Escalation:
         if last is not None and mono - last < self.config.escalate_every_s:
             return
         elapsed_s = max(now_us - self.start_us, 0) / 1e6
-        if self.captured_s + CAPTURE_S > elapsed_s * self.config.escalate_budget_pct / 100.0:
+        cost_s = MEMORY_COST_S if result.name in MEMORY_RULES else CAPTURE_S
+        if self.captured_s + cost_s > elapsed_s * self.config.escalate_budget_pct / 100.0:
             warn_once(f"escalate-budget-{result.name}", "rule %s fired; no automatic capture: it would exceed the "
                       "budget of %.1f %% of the job's time (escalate_budget_pct)", result.name,
                       self.config.escalate_budget_pct)
             return
         current = run_files.read_config(self.location)
+        if result.name in MEMORY_RULES:
+            self._memory(result, current, now_us, mono)
+            return
         busy = current.detailed_profiling
         if busy is not None and (busy.by_steps or (busy.start_time_us or 0) + (busy.duration_s or 0) * 1e6 > now_us):
             warn_once(f"escalate-busy-{result.name}", "rule %s fired; no automatic capture: a detailed-profiling "
@@ -84,6 +94,26 @@ class Escalation:
         self.records.append(record)
         logger.warning("rule %s fired: capturing %s for %.0f s (escalation; --escalate off to disable)",
                        result.name, " + ".join(layers), CAPTURE_S)
+
+
+    def _memory(self, result: Any, current: ProfilerConfig, now_us: int, mono: float) -> None:
+        """MemoryGrowth: a memory window (torch/memory_capture.py), unless one is still open."""
+        busy = current.memory_profiling
+        if busy is not None and not busy.by_steps and \
+                (busy.start_time_us or 0) + (busy.duration_s or 0) * 1e6 > now_us:
+            return
+        start = now_us + int(LEAD_S * 1e6)
+        window = ProfilingRange(start_time_us=start, duration_s=MEMORY_WINDOW_S)
+        run_files.write_config(self.location, current.replace(memory_profiling=window))
+        record = {"rule": result.name, "start_us": start, "end_us": start + int(MEMORY_WINDOW_S * 1e6),
+                  "layers": ["memory"], "fired_us": now_us, "evidence": _evidence(result),
+                  "reason": f"rule {result.name} fired ({result.triggered} times so far)"}
+        run_files.write_escalation(self.location, record)
+        self._last[result.name] = mono
+        self.captured_s += MEMORY_COST_S
+        self.records.append(record)
+        logger.warning("rule %s fired: capturing where memory grows (tracemalloc, 5 steps; escalation; "
+                       "--escalate off to disable)", result.name)
 
 
 def _evidence(result: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ ORDER = (
     "cpu_bottlenecks",  # 5. CPU bottlenecks
     "io_bottlenecks",   # 5. I/O bottlenecks
     "gpu_memory",       # 5. GPU memory
+    "memory",           # beyond the seeds: memory per step, per rank; the leak with its line; an OOM death
     "ranks",            # beyond the seeds: rank × step heatmaps of step time and data wait
     "nodes",            # beyond the seeds: node comparison (multi-node runs)
     "overhead",         # beyond the seeds: the cost of profiling itself
