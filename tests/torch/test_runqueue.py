@@ -10,6 +10,7 @@ from typing import ClassVar
 import pytest
 
 from stallwatch.records import STEP
+from stallwatch.torch import steps as step_tracking
 from stallwatch.torch.runqueue import RunQueueClock
 from stallwatch.torch.steps import StepTracker, now_us
 
@@ -46,7 +47,8 @@ def _loop(tracker: StepTracker, n: int) -> None:
     tracker.finish()
 
 
-def test_each_step_says_how_long_it_waited_for_a_cpu_and_how_much_of_it_in_its_read():
+def test_each_step_says_how_long_it_waited_for_a_cpu_and_how_much_of_it_in_its_read(monkeypatch):
+    monkeypatch.setattr(step_tracking, "WAIT_RUNQ_MIN_US", 0)  # these waits take no time: each is read
     events: list[tuple] = []
     tracker = StepTracker(events.append, 1)
     tracker._runq = clock = _Clock(0, 1_000_000, 2_000_000, 0, 0, 1_000, 500, -1, -1)  # type: ignore[assignment]
@@ -71,3 +73,12 @@ def test_the_clock_reads_this_threads_delay_and_a_forked_child_its_own():
     os.waitpid(pid, 0)
     assert int(os.read(r, 64)) < first + 10**9
     clock.close()
+
+
+def test_a_wait_too_short_to_matter_costs_no_read():
+    events: list[tuple] = []
+    tracker = StepTracker(events.append, 1)
+    tracker._runq = clock = _Clock(0, 1_000, 1_000, 1_000)  # type: ignore[assignment]
+    tracker._memory = _NoMemory()  # type: ignore[assignment]
+    _loop(tracker, 3)
+    assert clock.reads == 4 and all("wait_runq_us" not in e[7] for e in events if e[0] == STEP)

@@ -59,6 +59,9 @@ class StepListener(Protocol):
     def on_step_end(self, mode: str, step: int, start_us: int, end_us: int) -> None: ...
 
 
+WAIT_RUNQ_MIN_US = 200  # a wait for a batch this long or longer has its own run-queue delay read (`wait_runq_us`)
+
+
 class _Step:
     __slots__ = ("start_us", "last_us", "events", "work", "backward", "forward", "mode", "loader",
                  "predicted_mode", "predicted_step", "cuts", "backward_since_cut", "forwards", "name", "updated",
@@ -175,7 +178,7 @@ class StepTracker:
         args = self._wait_args.get(loader) or self._loader_args(loader)
         if self.source == EXPLICIT:
             if self._open is not None and not self._open.work:  # fetched inside `with prof.step():`
-                self._opening_wait(self._open)
+                self._opening_wait(self._open, t1 - t0)
                 self._add(self._open, DATA_WAIT, "next_batch", t0, t1, args)
             elif not exhausted:  # fetched for the next step (before its mark, or after this one's work)
                 self._pending.append((t0, t1, args))
@@ -190,12 +193,14 @@ class StepTracker:
             if not step.work:
                 self._open = None  # the request that found the loader empty: no step
             return
-        self._opening_wait(step)
+        self._opening_wait(step, t1 - t0)
         self._add(step, DATA_WAIT, "next_batch", t0, t1, args)
 
-    def _opening_wait(self, step: _Step) -> None:
-        """A wait for a batch that opens `step` just ended: the run-queue delay since the step began is the wait's."""
-        if step.runq0 >= 0 and not step.events and not step.work:
+    def _opening_wait(self, step: _Step, waited_us: int) -> None:
+        """A wait for a batch that opens `step` just ended: the run-queue delay since the step began is the wait's.
+        Read only for a wait long enough to matter: in a loop of sub-ms steps the read would be most of the hooks'
+        cost, and a shorter wait's share is left as the delay spread over the step says."""
+        if waited_us >= WAIT_RUNQ_MIN_US and step.runq0 >= 0 and not step.events and not step.work:
             runq = self._runq.read()
             if runq >= 0:
                 step.wait_runq = max(runq - step.runq0, 0) // 1000
