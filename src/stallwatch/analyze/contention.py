@@ -14,14 +14,14 @@ import pyarrow.compute as pc
 from stallwatch.records import STEP
 
 if TYPE_CHECKING:
-    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.analyze.framework_frame import FrameworkColumns
 
 RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})\D'  # at most 15 digits: a run directory is untrusted
 _CACHE = "_runq_us"
 
 
 def runq_column(cols: FrameworkColumns) -> np.ndarray:
-    """Per row of a FrameworkColumns (analyze/rules/steps.py), the step's run-queue delay in µs (0 where the row
+    """Per row of a FrameworkColumns (analyze/framework_frame.py), the step's run-queue delay in µs (0 where the row
     is not a step or its args do not say); decoded once per table and shared by the rules that ask."""
     cached = cols.__dict__.get(_CACHE)
     if cached is not None:
