@@ -160,9 +160,9 @@ def slices_rows(tmp: str, full: bool) -> list[list[str]]:
     subprocess.run([sys.executable, "-c", textwrap.dedent(code), root], check=True)
     ours = _child("""
         import json, sys, time
-        from stallwatch.analyze.rules.feed import iter_run
+        from stallwatch.analyze.judge.feed import iter_run
         from stallwatch.analyze.rules.registry import builtin_rules
-        from stallwatch.analyze.rules.runner import evaluate
+        from stallwatch.analyze.judge.runner import evaluate
         from stallwatch.store.reader import open_run
         import logging; logging.disable(logging.WARNING)
         t = time.perf_counter()
@@ -174,7 +174,7 @@ def slices_rows(tmp: str, full: bool) -> list[list[str]]:
     """, root)
     base = _child("""
         import json, sys, time
-        from stallwatch.analyze.rules.feed import node_frame
+        from stallwatch.analyze.judge.feed import node_frame
         from stallwatch.store import layout
         from stallwatch.store.reader import open_run
         import logging; logging.disable(logging.WARNING)

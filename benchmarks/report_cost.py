@@ -44,9 +44,9 @@ MB = 1e6
 def with_stored_rules(run_dir: Path) -> float:
     """Evaluate the rules once and store them in the run (as `stallwatch run` does); seconds it took, or 0
     when they are there already."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate, write_results
+    from stallwatch.analyze.judge.runner import evaluate, write_results
     from stallwatch.store.reader import open_run
 
     if all((run_dir / "rules" / f"{cls.name}.json").exists() for cls in builtin_rules()):
@@ -99,9 +99,9 @@ def child_baseline(run_dir: str) -> dict[str, Any]:
 
 
 def child_rules(run_dir: str) -> dict[str, Any]:
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.store.reader import open_run
 
     t0 = time.perf_counter()

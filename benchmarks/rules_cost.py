@@ -232,9 +232,9 @@ def child_batch(path: str, mode: str) -> dict[str, Any]:
     """One batch evaluation: "batch" as shipped (iter_run: an hour at a time, read ahead on a thread),
     "serial" (the same, reading and evaluating in turn), "one-chunk" (the baseline: the whole run read into
     one chunk, then evaluated, as before slicing)."""
-    from stallwatch.analyze.rules.feed import iter_run, read_run
+    from stallwatch.analyze.judge.feed import iter_run, read_run
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.store.reader import open_run
 
     rss0 = peak_rss()
@@ -257,7 +257,7 @@ def digest(results: list[Any]) -> str:
     """A fingerprint of the results' JSON (the same data must give the same results, however it was read)."""
     import hashlib
 
-    from stallwatch.analyze.rules.runner import _plain
+    from stallwatch.analyze.judge.runner import _plain
 
     text = json.dumps([x.to_json() for x in results], sort_keys=True, default=_plain)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -294,9 +294,9 @@ class _Slicer:
 def child_live(path: str, history_chunks: int) -> dict[str, Any]:
     """Rules fed the day up to the last LIVE_STEPS x 10 s (as one chunk, or as `history_chunks` chunks),
     then given each following 10 s: update() of every rule, then result() of every rule, timed."""
-    from stallwatch.analyze.rules.feed import read_run
+    from stallwatch.analyze.judge.feed import read_run
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.store.reader import open_run
 
     chunk = read_run(open_run(path), builtin_rules())
@@ -362,7 +362,7 @@ def child_live(path: str, history_chunks: int) -> dict[str, Any]:
 def child_live_read(path: str) -> dict[str, Any]:
     """Informational: reading the latest 10 s back from the finished run (system_wide(start_us=),
     framework(start_us=)), and the 10 minutes of events a follower re-reads to catch late writes."""
-    from stallwatch.analyze.rules.feed import node_frame
+    from stallwatch.analyze.judge.feed import node_frame
     from stallwatch.store.reader import open_run
 
     run = open_run(path)
@@ -384,7 +384,7 @@ def child_live_read(path: str) -> dict[str, Any]:
 def child_breakdown(path: str) -> dict[str, Any]:
     """Where the shipped batch time goes: reading the hourly slices (with the rules' shared framework view),
     then each rule's update() over every slice and its result(), in CPU seconds of this process."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.store.reader import open_run
 
@@ -407,9 +407,9 @@ def child_profile(path: str, out: str) -> dict[str, Any]:
     import cProfile
     import pstats
 
-    from stallwatch.analyze.rules.feed import read_run
+    from stallwatch.analyze.judge.feed import read_run
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.store.reader import open_run
 
     prof = cProfile.Profile()

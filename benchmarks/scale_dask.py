@@ -1,7 +1,8 @@
 """The Dask engine against the local one on one generated run (benchmarks/report_gen.py, 8 GPUs and 8 ranks a
 node, framework events at --steps-per-s per rank): the rules, the per-node step statistics, the timeline export —
 each with the local engine, then with a LocalCluster of 1 and 2 worker processes (one thread each). On Dask the rules
-are measured both ways: fed node by node on the workers and merged (`rules/by_node.py`, what `--engine dask` does),
+are measured both ways: fed node by node on the workers and merged (`analyze/judge/by_node.py`, what
+`--engine dask` does),
 and fed in the caller the slices the workers read (the way before it, "rules, slices"). Checks that every engine
 and way gives identical results, and prints per engine: seconds, speed-up over local, the caller's peak RSS, each
 worker's peak RSS, tasks and bytes sent back to the caller.
@@ -33,10 +34,10 @@ def one(run: str, spec: str, workers: int, out: str, jobs: set[str]) -> dict:
 
     from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.analyze.engine import open_engine
-    from stallwatch.analyze.rules.by_node import evaluate_run
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.by_node import evaluate_run
+    from stallwatch.analyze.judge.feed import iter_run
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.analyze.rules.registry import builtin_rules
-    from stallwatch.analyze.rules.runner import evaluate
     from stallwatch.present.trace_export import export_timeline
     from stallwatch.store.reader import open_run
 
@@ -85,7 +86,7 @@ def one(run: str, spec: str, workers: int, out: str, jobs: set[str]) -> dict:
 def _time_the_caller() -> dict[str, float]:
     """Seconds the caller spends merging the workers' rules, feeding the merged rules the final chunk and making
     their results (the serial part of the rules on Dask), summed into the returned dict as the rules run."""
-    from stallwatch.analyze.rules import by_node
+    from stallwatch.analyze.judge import by_node
     from stallwatch.analyze.rules.registry import builtin_rules
 
     spent = {"merge": 0.0, "final": 0.0, "result": 0.0}

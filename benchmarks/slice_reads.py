@@ -1,6 +1,6 @@
 """What the rules' feed pays to read one node's slices as the run grows in nodes: the first node's first --slices
-slices (`rules/feed.read_slice`, as `stallwatch rules` reads them), timed on each run given, with this code and with
-`--baseline` (the `src` folder of another checkout), each in a fresh process. Linear time needs the seconds per
+slices (`analyze/judge/feed.read_slice`, as `stallwatch rules` reads them), timed on each run given, with this code
+and with `--baseline` (the `src` folder of another checkout), each in a fresh process. Linear time needs the seconds per
 slice to stay flat from a run of 8 nodes to one of 64.
 
 Run: python benchmarks/slice_reads.py --runs RUN_8_NODES RUN_64_NODES [--baseline OTHER_CHECKOUT/src] [--slices 30]
@@ -21,7 +21,10 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 def measure(run_dir: str, slices: int) -> dict:
     """In this process: seconds to read the first node's first `slices` slices, and the events read."""
-    from stallwatch.analyze.rules.feed import plan, read_slice
+    try:
+        from stallwatch.analyze.judge.feed import plan, read_slice
+    except ImportError:  # a baseline tree from before analyze/judge/
+        from stallwatch.analyze.rules.feed import plan, read_slice  # type: ignore[no-redef]
     from stallwatch.store.reader import open_run
 
     run = open_run(run_dir).pinned()

@@ -28,7 +28,10 @@ SRC = HERE.parent / "src"
 def save(run_dir: str, state: str) -> None:
     """Straggler over the run, node by node, pickled just before its final chunk."""
     from stallwatch.analyze.engine import LocalEngine
-    from stallwatch.analyze.rules import by_node
+    try:
+        from stallwatch.analyze.judge import by_node
+    except ImportError:  # a baseline tree from before analyze/judge/
+        from stallwatch.analyze.rules import by_node  # type: ignore[no-redef]
     from stallwatch.analyze.rules.straggler import Straggler
     from stallwatch.store.reader import open_run
 
@@ -45,7 +48,10 @@ def save(run_dir: str, state: str) -> None:
 
 def result(run_dir: str, state: str) -> dict:
     """The saved state fed the final chunk; seconds of `result()` and its digest."""
-    from stallwatch.analyze.rules.feed import RunReplay, empty_chunk
+    try:
+        from stallwatch.analyze.judge.feed import RunReplay, empty_chunk
+    except ImportError:  # a baseline tree from before analyze/judge/
+        from stallwatch.analyze.rules.feed import RunReplay, empty_chunk  # type: ignore[no-redef]
     from stallwatch.store.reader import open_run
 
     run = open_run(run_dir).pinned()

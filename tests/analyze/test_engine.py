@@ -13,10 +13,10 @@ import pytest
 from stallwatch.analyze import engine as engine_mod
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.engine import EngineError, LocalEngine, open_engine, parse_engine
-from stallwatch.analyze.rules.by_node import evaluate_run
-from stallwatch.analyze.rules.feed import iter_run
+from stallwatch.analyze.judge.by_node import evaluate_run
+from stallwatch.analyze.judge.feed import iter_run
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.cli import main
 from stallwatch.present.trace_export import export_timeline
 from stallwatch.store.reader import open_run

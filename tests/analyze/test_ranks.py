@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from stallwatch.analyze.ranks import rank_steps
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.records import DATA_WAIT, EVAL, STEP, TRAIN
 from tests.analyze.rules._fw_gen import MS, FwGen
 

@@ -13,7 +13,7 @@ from stallwatch.analyze import step_digest, timeline
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.cost import window_costs
 from stallwatch.analyze.ranks import rank_steps
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.steps import step_histograms
 from stallwatch.records import EVAL, STEP, TRAIN
 from tests.analyze.rules._fw_gen import T0, FwGen

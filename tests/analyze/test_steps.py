@@ -44,7 +44,7 @@ def test_streamed_step_statistics_equal_the_whole_run_computation():
     import numpy as np
     import pyarrow.compute as pc
 
-    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.analyze.framework_frame import FrameworkColumns
     from stallwatch.analyze.steps import StepStatsAccumulator, loop_spans, steps_per_mode
 
     from .rules._fw_gen import T0, FwGen

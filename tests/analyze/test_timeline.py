@@ -7,7 +7,7 @@ import numpy as np
 
 from stallwatch.analyze import timeline
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import FwGen
 from tests.analyze.rules._gen import INTERVAL_US, START_US, make_node

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.analyze.rules.by_node import evaluate_run
+from stallwatch.analyze.judge.by_node import evaluate_run
 from stallwatch.analyze.rules.registry import builtin_rules
 from stallwatch.cli import end_of_run
 from stallwatch.collect import report_timing

@@ -610,9 +610,9 @@ def test_a_fifo_named_run_json_does_not_hang_the_reader(tmp_path, caplog):
 
 def test_a_rank_beyond_int32_is_skipped_with_a_line(tmp_path, caplog):
     """A rank directory named 4294967296 overflowed the int32 rank column: summary, rules and report raised."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.analyze.rules.registry import all_rules
-    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.analyze.steps import step_stats
     from stallwatch.analyze.analysis import RunAnalysis
     from stallwatch.present.info import render_info
@@ -644,7 +644,7 @@ def _rename_chunk(path: Path, start_us: int, end_us: int) -> Path:
 def test_a_file_named_in_1970_does_not_stretch_the_run(run_dir, caplog):
     """A segment named from 1970 made the batch rules step through 56 years an hour at a time (4 minutes)
     and put the timeline's origin in 1970: a name that cannot be true is checked against the data."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.present.trace_export import run_origin_us
 
     root, nodes = run_dir
@@ -666,7 +666,7 @@ def test_a_file_named_in_1970_does_not_stretch_the_run(run_dir, caplog):
 def test_data_from_1970_is_a_slice_of_its_own_not_56_years(tmp_path):
     """Snapshots really stamped 1970 next to this year's: the rules read the slices that hold data, not
     every hour between (the data exists; the gap does not)."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
 
     root = tmp_path / "run"
     make_run(root, nodes=("algo-1",), seconds=5)

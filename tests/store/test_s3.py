@@ -337,9 +337,10 @@ def test_straggler_reads_a_run_on_s3_again_with_the_result_of_memory(s3_env, buc
     """Past its budget of kept steps Straggler lets them go and reads the run again, a block of step numbers at a
     time, node by node: on S3 that is one listing and ranged reads of the same objects, with the same result as
     every step held. Two nodes × two ranks, one rank 30 % slower; everything replayed (KEEP_BYTES = 0)."""
-    from stallwatch.analyze.rules import feed, straggler
-    from stallwatch.analyze.rules.feed import iter_run, read_run
-    from stallwatch.analyze.rules.runner import evaluate
+    from stallwatch.analyze.judge import feed
+    from stallwatch.analyze.rules import straggler, straggler_excess, straggler_replay
+    from stallwatch.analyze.judge.feed import iter_run, read_run
+    from stallwatch.analyze.judge.runner import evaluate
     from stallwatch.store.transfer import copy_run
     from tests.analyze.rules._fw_gen import FwGen, write_events
     from tests.run_builder import T0, make_run
@@ -358,8 +359,8 @@ def test_straggler_reads_a_run_on_s3_again_with_the_result_of_memory(s3_env, buc
 
     (memory,) = [r.to_json() for r in evaluate([straggler.Straggler], [read_run(run, [straggler.Straggler])])]
     monkeypatch.setattr(straggler, "KEEP_BYTES", 0)
-    monkeypatch.setattr(straggler, "SPAN", 64)
-    monkeypatch.setattr(straggler, "REPLAY_CELLS", 4 * 64)  # a block of 64 step numbers: 5 blocks, 10 pieces
+    monkeypatch.setattr(straggler_excess, "SPAN", 64)
+    monkeypatch.setattr(straggler_replay, "REPLAY_CELLS", 4 * 64)  # a block of 64 step numbers: 5 blocks, 10 pieces
     pieces = []
     real = feed.RunReplay.__call__
 

@@ -44,7 +44,7 @@ from stallwatch.analyze.engine import Engine, open_engine, shared_uri
 from stallwatch.analyze.frames import NodeFrame, interval_changes, node_frame
 from stallwatch.analyze.results import NOT_APPLICABLE, RuleResult
 from stallwatch.analyze.rules.base import Rule
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
 from stallwatch.config import ProfilerConfig
@@ -269,7 +269,7 @@ class RunAnalysis:
 
     def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
         """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
-        from stallwatch.analyze.rules.by_node import evaluate_run
+        from stallwatch.analyze.judge.by_node import evaluate_run
 
         return evaluate_run(self.run, rule_classes, self._params, engine=self.engine, progress=self.rules_progress)
 

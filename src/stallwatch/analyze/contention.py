@@ -14,14 +14,14 @@ import pyarrow.compute as pc
 from stallwatch.records import STEP
 
 if TYPE_CHECKING:
-    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.analyze.framework_frame import FrameworkColumns
 
 RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})\D'  # at most 15 digits: a run directory is untrusted
 WAIT_RUNQ_PATTERN = r'"wait_runq_us":\s*(?P<runq>\d{1,15})\D'  # of it, the part in the step's opening wait
 
 
 def runq_column(cols: FrameworkColumns, pattern: str = RUNQ_PATTERN, missing: int = 0) -> np.ndarray:
-    """Per row of a FrameworkColumns (analyze/rules/steps.py), a step's run-queue delay in µs read by `pattern`
+    """Per row of a FrameworkColumns (analyze/framework_frame.py), a step's run-queue delay in µs read by `pattern`
     (`missing` where the row is not a step or its args do not say); decoded once per table and shared by the
     rules that ask."""
     cache = f"_runq_{pattern}"

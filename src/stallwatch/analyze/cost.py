@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.steps import node_rank_mode
 from stallwatch.store.node_record import NodeRecord
 

@@ -1,10 +1,11 @@
-"""The system snapshots of one node as numpy columns (`NodeFrame`): what rules, statistics and charts compute
-on. Built once from the store's wide table, float32 as stored, time-ordered."""
+"""The ground floor of analysis: the system snapshots of one node as numpy columns (`NodeFrame`), what rules,
+statistics and charts compute on (built once from the store's wide table, float32 as stored, time-ordered); and the
+`Chunk` of new data a rule is handed at each evaluation."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -69,6 +70,32 @@ class NodeFrame:
         gap after it is judged against."""
         ts = self.timestamps if timestamps is None else timestamps
         return intervals_at(self.interval_changes, ts, self.sample_interval_ms)
+
+
+@dataclass
+class Chunk:
+    """What a rule is handed at each evaluation: the data that is new since the last one. (Rules may cache
+    what they derive from it on the instance, outside the fields: see `framework_frame.framework_columns`.)"""
+
+    system: dict[str, NodeFrame]
+    framework: pa.Table  # framework events (stallwatch.records.framework_schema), new since the last chunk
+    run: dict[str, Any] = field(default_factory=dict)  # Run.info: run.json merged with every node's record
+    final: bool = False  # the run has ended: nothing more will come
+    # nodes whose data is complete with this chunk: no later chunk holds a row of theirs, so a rule may reduce
+    # their per-step state to a summary now (batch feeds node by node; live leaves it empty until `final`)
+    done: frozenset[str] = frozenset()
+    # batch feeds only: the run read again in pieces (`Replay`), for a rule whose verdict compares ranks across
+    # nodes step by step and so cannot reduce a finished node to a summary: it keeps where to look instead; None
+    # when live
+    replay: Replay | None = field(default=None, compare=False, repr=False)
+
+
+class Replay(Protocol):
+    """The run read again, piece by piece: for each (node, start µs, end µs) of `pieces`, in order, a chunk of
+    that node's framework events of `kinds` (None: all) that start in [start, end) (node, rank and `fields`)."""
+
+    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...] | None,
+                 fields: tuple[str, ...]) -> Iterator[Chunk]: ...
 
 
 def interval_changes(info: dict[str, Any] | None) -> list[tuple[int, float]]:

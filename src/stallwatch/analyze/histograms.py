@@ -9,7 +9,7 @@ import numpy as np
 
 from stallwatch.analyze.frames import NodeFrame
 from stallwatch.analyze.heatmap import row_columns
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.series import Hist
 from stallwatch.analyze.step_digest import node_event_slices
 from stallwatch.records import STEP

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from stallwatch.records import STEP
 
 if TYPE_CHECKING:
-    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.analyze.framework_frame import FrameworkColumns
 
 RSS, CUDA_ALLOC, CUDA_RESERVED, CUDA_PEAK = "rss_kb", "cuda_alloc_kb", "cuda_reserved_kb", "cuda_peak_kb"
 FIELDS = (RSS, CUDA_ALLOC, CUDA_RESERVED, CUDA_PEAK)
@@ -78,7 +78,7 @@ class MemorySeries:
 def memory_timeline(table: pa.Table, max_points: int = MAX_POINTS) -> list[MemorySeries]:
     """Per rank and memory field, the memory each training step recorded (GLOBAL steps where a rank has no TRAIN
     steps), thinned to at most `max_points` medians of equal step ranges. `table`: step events with `args`."""
-    from stallwatch.analyze.rules.steps import FrameworkColumns
+    from stallwatch.analyze.framework_frame import FrameworkColumns
     from stallwatch.records import GLOBAL, TRAIN
 
     if table.num_rows == 0:

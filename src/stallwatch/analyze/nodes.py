@@ -11,6 +11,8 @@ import numpy as np
 
 from stallwatch import catalogue, units
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.step_outlier import StepOutlierDetails
+from stallwatch.analyze.rules.system_usage import OverallSystemUsageDetails
 from stallwatch.records import TRAIN
 
 
@@ -68,21 +70,20 @@ def medians(rules: Mapping[str, RuleResult], nodes: list[str]) -> dict[str, dict
     node's ranks of their TRAIN steps' p50)."""
     out: dict[str, dict[str, float]] = {}
     usage_result = rules.get("OverallSystemUsage")
-    usage = usage_result.details if usage_result is not None else {}
+    usage = OverallSystemUsageDetails.from_json(usage_result.details if usage_result is not None else {})
     for metric, col in USAGE.items():
-        per_node = usage.get(metric) or {}
-        values = {n: float(per_node[n]["p50"]) for n in nodes if isinstance(per_node.get(n), dict)
-                  and per_node[n].get("p50") is not None}
+        per_node = usage.metric(metric)
+        values = {n: float(p50) for n in nodes if n in per_node and (p50 := per_node[n].p50) is not None}
         if metric == "Network":
             values = {n: v / 1e6 for n, v in values.items()}
         if values:
             out[col.label] = values
     outliers = rules.get("StepOutlier")
-    steps = (outliers.details if outliers is not None else {}).get("step_details") or {}
+    steps = StepOutlierDetails.from_json(outliers.details if outliers is not None else {}).series
     per_rank: dict[str, list[float]] = {}
     for entry in steps.values():
-        if entry.get("phase") == TRAIN and (entry.get("step_stats") or {}).get("p50") is not None:
-            per_rank.setdefault(str(entry.get("node")), []).append(1000.0 * float(entry["step_stats"]["p50"]))
+        if entry.phase == TRAIN and entry.step_stats.p50 is not None:
+            per_rank.setdefault(entry.node, []).append(1000.0 * float(entry.step_stats.p50))
     if per_rank:
         out[STEP.label] = {n: float(np.median(v)) for n, v in per_rank.items() if n in nodes}
     return out

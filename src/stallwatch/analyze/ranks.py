@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.records import TRAIN
 
 MAX_COLUMNS = 600  # step buckets drawn at most: each cell is one byte, a report stays small

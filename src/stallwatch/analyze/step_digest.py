@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze.cost import WindowCost, window_costs
 from stallwatch.analyze.ranks import RankCells, StepGrid
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.timeline import merge_intervals
 from stallwatch.records import DATA_WAIT, STEP
 from stallwatch.store.reader import Run, open_run

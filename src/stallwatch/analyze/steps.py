@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from stallwatch.analyze.rules.steps import FrameworkColumns, mode_order
+from stallwatch.analyze.framework_frame import FrameworkColumns, mode_order
 from stallwatch.records import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER, STEP
 
 PHASES = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)

@@ -12,8 +12,13 @@ import numpy as np
 
 from stallwatch import catalogue, units
 from stallwatch.analyze.downsample import minmax
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.results import RuleResult
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.rules.batch_size import BatchSizeDetails
+from stallwatch.analyze.rules.bottleneck import BottleneckDetails
+from stallwatch.analyze.rules.gpu_memory_increase import GPUMemoryIncreaseDetails
+from stallwatch.analyze.rules.low_gpu_utilization import LowGPUUtilizationDetails
+from stallwatch.analyze.rules.step_outlier import StepOutlierDetails
 from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 from stallwatch.analyze.series import Marker, Panel, Series, Span
 from stallwatch.records import EVAL, GLOBAL, TRAIN
@@ -214,25 +219,21 @@ def bottleneck_spans(rules: Rules, sample_interval_ms: Mapping[str, float]) -> l
     range ends one sampling interval of its node after its last bottleneck snapshot."""
     out = []
     for name, label in (("CPUBottleneck", "CPU bottleneck"), ("IOBottleneck", "I/O bottleneck")):
-        details = _details(rules, name)
-        for r in (details.get("bottlenecks") or {}).get("ranges") or []:
-            a, b = int(r["start_us"]), int(r["end_us"]) + int(1000 * sample_interval_ms.get(str(r.get("node")), 0.0))
-            out.append(Span(a, b, label, f"{label} on {r.get('node')}: {r.get('snapshots')} snapshot(s) from "
-                                         f"{format_us(a)}"))
+        for r in BottleneckDetails.from_json(_details(rules, name)).bottlenecks.ranges:
+            a, b = r.start_us, r.end_us + int(1000 * sample_interval_ms.get(r.node, 0.0))
+            out.append(Span(a, b, label, f"{label} on {r.node}: {r.snapshots} snapshot(s) from {format_us(a)}"))
     return out
 
 
 def outlier_markers(rules: Rules, limit: int = MAX_MARKERS) -> list[Marker]:
     """StepOutlier's listed outlier steps, one marker per (phase, step number) however many ranks it was slow
     on, the slowest `limit` of them."""
-    details = _details(rules, "StepOutlier").get("step_details") or {}
     found: dict[tuple[str, int], list[Any]] = {}
-    for entry in details.values():
-        for n, sec, at in zip(entry.get("step_numbers") or [], entry.get("outliers") or [],
-                              entry.get("outlier_start_us") or []):
-            key = (str(entry.get("phase")), int(n))
+    for entry in StepOutlierDetails.from_json(_details(rules, "StepOutlier")).series.values():
+        for sec, n, at in entry.listed():
+            key = (entry.phase, int(n))
             prev = found.get(key)
-            where = f"{entry.get('node')}/{entry.get('rank')}"
+            where = entry.rank_key
             if prev is None:
                 found[key] = [int(at), float(sec), [where]]
             else:
@@ -248,6 +249,8 @@ def outlier_markers(rules: Rules, limit: int = MAX_MARKERS) -> list[Marker]:
 
 WINDOW_RULES = (("LowGPUUtilization", "Low GPU utilization"), ("GPUMemoryIncrease", "GPU memory increase"),
                 ("BatchSize", "Small batch"))
+WINDOW_DETAILS: dict[str, Any] = {"LowGPUUtilization": LowGPUUtilizationDetails,
+                                  "GPUMemoryIncrease": GPUMemoryIncreaseDetails, "BatchSize": BatchSizeDetails}
 
 
 def window_spans(rules: Rules) -> list[Span]:
@@ -255,11 +258,10 @@ def window_spans(rules: Rules) -> list[Span]:
     node, with the GPUs concerned)."""
     out = []
     for name, label in WINDOW_RULES:
-        flagged = _details(rules, name).get("flagged_windows") or {}
-        for w in flagged.get("windows") or []:
-            devices = ", ".join(w.get("devices") or [])
-            out.append(Span(int(w["start_us"]), int(w["end_us"]), label,
-                            f"{label} on {w.get('node')}{' ' + devices if devices else ''} from {format_us(w['start_us'])}"))
+        for w in WINDOW_DETAILS[name].from_json(_details(rules, name)).flagged.windows:
+            devices = ", ".join(w.devices)
+            out.append(Span(w.start_us, w.end_us, label,
+                            f"{label} on {w.node}{' ' + devices if devices else ''} from {format_us(w.start_us)}"))
     return out
 
 
@@ -269,19 +271,12 @@ def last_window_markers(rules: Rules) -> list[Marker]:
     out = []
     for name, label in (("LowGPUUtilization", "Low GPU utilization (last)"),
                         ("GPUMemoryIncrease", "GPU memory increase (last)"), ("BatchSize", "Small batch (last)")):
-        details = _details(rules, name)
-        if "flagged_windows" in details:
+        details = WINDOW_DETAILS[name].from_json(_details(rules, name))
+        if details.flagged_windows is not None:
             continue  # drawn as windows
-        for node, entry in details.items():
-            if not isinstance(entry, dict):
-                continue
-            if entry.get("last_timestamp") is not None:  # per node (BatchSize)
-                out.append(Marker(int(entry["last_timestamp"]), label, f"{name} on {node}: last flagged window"))
-                continue
-            for gpu, sub in entry.items():
-                if isinstance(sub, dict) and sub.get("last_timestamp") is not None:
-                    out.append(Marker(int(sub["last_timestamp"]), label,
-                                      f"{name} on {node} {gpu}: last flagged window"))
+        for node, gpu, at in details.last_flagged():
+            where = f"{node} {gpu}" if gpu is not None else node
+            out.append(Marker(at, label, f"{name} on {where}: last flagged window"))
     return out
 
 
@@ -289,16 +284,16 @@ def flag_totals(rules: Rules) -> dict[str, int]:
     """How many of each flag the rules counted (they list only the first or slowest ones)."""
     out = {}
     for name, label in (("CPUBottleneck", "CPU bottleneck"), ("IOBottleneck", "I/O bottleneck")):
-        b = _details(rules, name).get("bottlenecks") or {}
-        if b.get("ranges_total") is not None:
-            out[label] = int(b["ranges_total"])
+        b = BottleneckDetails.from_json(_details(rules, name)).bottlenecks
+        if b.ranges_total is not None:
+            out[label] = b.ranges_total
     for name, label in WINDOW_RULES:
-        flagged = _details(rules, name).get("flagged_windows") or {}
-        if flagged.get("total") is not None:
-            out[label] = int(flagged["total"])
-    details = _details(rules, "StepOutlier").get("step_details") or {}
-    if details:
-        out["Outlier step"] = sum(int(e.get("number_of_outliers") or 0) for e in details.values())
+        flagged = WINDOW_DETAILS[name].from_json(_details(rules, name)).flagged_windows
+        if flagged is not None:
+            out[label] = flagged.total
+    outliers = StepOutlierDetails.from_json(_details(rules, "StepOutlier"))
+    if outliers.series:
+        out["Outlier step"] = outliers.outliers()
     return out
 
 

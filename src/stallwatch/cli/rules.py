@@ -13,9 +13,9 @@ def cmd_rules(args: argparse.Namespace) -> int:
     """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary.
     Custom rules run only when named here (`--custom-rule`): never because the run's config names them."""
     from stallwatch.analyze.rules.base import ParameterError
-    from stallwatch.analyze.rules.by_node import evaluate_run
-    from stallwatch.analyze.rules.feed import count_slices
-    from stallwatch.analyze.rules.live import follow
+    from stallwatch.analyze.judge.by_node import evaluate_run
+    from stallwatch.analyze.judge.feed import count_slices
+    from stallwatch.analyze.judge.live import follow
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.present.progress import Progress
     from stallwatch.present.rules_table import rules_table
@@ -85,7 +85,7 @@ def _say_recorded_custom_rules(run: Any, loaded: list) -> None:
 
 
 def _write_rules(run: Any, results: list) -> None:
-    from stallwatch.analyze.rules.runner import write_results
+    from stallwatch.analyze.judge.runner import write_results
 
     try:
         write_results(run.location, results)

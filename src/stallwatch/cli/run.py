@@ -29,7 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"stallwatch run: {exc}", file=sys.stderr)
         return 2
-    from stallwatch.analyze.rules.during_run import LiveRules
+    from stallwatch.analyze.judge.during_run import LiveRules
     from stallwatch.collect.launcher import resolve_run_uri
 
     config = config.replace(out=resolve_run_uri(config))  # known now: the rules follow the run while it goes on

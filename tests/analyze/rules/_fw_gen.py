@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule
-from stallwatch.analyze.rules.feed import split_by_time
+from stallwatch.analyze.judge.feed import split_by_time
 from stallwatch.records import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER, STEP, TRAIN, framework_schema
 
 T0 = 1_763_790_000_000_000  # 2025-11-22T05:40:00Z, µs
@@ -194,7 +194,7 @@ def write_events(root, table: pa.Table) -> None:
 
 def spy_replays(monkeypatch: Any) -> list[tuple[list[tuple[str, int, int]], Any]]:
     """Every reading of the run again by a batch feed (`feed.RunReplay`), as it happens: its pieces and kinds."""
-    from stallwatch.analyze.rules import feed
+    from stallwatch.analyze.judge import feed
 
     reads: list[tuple[list[tuple[str, int, int]], Any]] = []
     real = feed.RunReplay.__call__

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule
-from stallwatch.analyze.rules.feed import split_by_time
+from stallwatch.analyze.judge.feed import split_by_time
 from stallwatch.records import framework_schema
 from stallwatch.store.run_files import jsonable as _plain
 

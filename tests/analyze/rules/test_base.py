@@ -10,9 +10,9 @@ import pytest
 
 from stallwatch.analyze.rules import Chunk, NodeFrame, Rule, register_rule
 from stallwatch.analyze.rules.base import ERROR, ParameterError
-from stallwatch.analyze.rules.feed import read_run, split_by_time
+from stallwatch.analyze.judge.feed import read_run, split_by_time
 from stallwatch.analyze.rules.registry import get_rule
-from stallwatch.analyze.rules.runner import evaluate, write_results
+from stallwatch.analyze.judge.runner import evaluate, write_results
 from stallwatch.records import framework_schema
 from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
@@ -74,8 +74,8 @@ def test_parameters_are_typed_from_text_and_unknown_ones_are_named():
 
 def test_continuous_parameters_take_floats_where_the_default_is_whole():
     """`MaxInitializationTime.threshold=0.5` (minutes) was refused because its default (20) is an integer."""
-    from stallwatch.analyze.rules.gpu import LowGPUUtilization
-    from stallwatch.analyze.rules.steps import MaxInitializationTime
+    from stallwatch.analyze.rules.low_gpu_utilization import LowGPUUtilization
+    from stallwatch.analyze.rules.max_initialization_time import MaxInitializationTime
 
     assert MaxInitializationTime(threshold="0.5").params["threshold"] == 0.5
     assert MaxInitializationTime(threshold="2").params["threshold"] == 2

@@ -11,7 +11,8 @@ import pytest
 from stallwatch.analyze.contention import own_waits, runq_column, wait_runq
 from stallwatch.analyze.rules.contention import CPUContention
 from stallwatch.analyze.rules.input_bound import InputBound
-from stallwatch.analyze.rules.steps import FrameworkColumns, StepOutlier
+from stallwatch.analyze.framework_frame import FrameworkColumns
+from stallwatch.analyze.rules.step_outlier import StepOutlier
 from stallwatch.records import DATA_WAIT, FORWARD, STEP, TRAIN
 
 from ._fw_gen import MS, S, T0, FwGen, evaluate, node_info, random_chunks, run_info, snapshots, whole

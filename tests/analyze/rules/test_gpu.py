@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from stallwatch.analyze.rules.base import ParameterError
-from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization, js_distance
+from stallwatch.analyze.rules.batch_size import BatchSize
+from stallwatch.analyze.rules.gpu_memory_increase import GPUMemoryIncrease
+from stallwatch.analyze.rules.load_balancing import js_distance, LoadBalancing
+from stallwatch.analyze.rules.low_gpu_utilization import LowGPUUtilization
 from tests.analyze.rules import _gen as g
 
 PATIENCE, WINDOW = 100, 100
@@ -151,7 +154,8 @@ def test_low_gpu_lists_its_flagged_windows_with_their_gpus():
 
 
 def test_flagged_windows_are_capped_but_counted():
-    from stallwatch.analyze.rules.gpu import MAX_WINDOWS, GPUMemoryIncrease
+    from stallwatch.analyze.rules.gpu_memory_increase import GPUMemoryIncrease
+    from stallwatch.analyze.rules.kit.windows import MAX_WINDOWS
 
     frame = g.make_node(n=PATIENCE + 10 * (MAX_WINDOWS + 20))
     memory = frame.columns["gpu0/gpu_mem_util"]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from stallwatch.analyze.rules import input_stream, step_stream
-from stallwatch.analyze.rules.feed import iter_run, read_run
+from stallwatch.analyze.judge.feed import iter_run, read_run
 from stallwatch.analyze.rules.input_bound import InputBound
-from stallwatch.analyze.rules.runner import evaluate as run_rules
+from stallwatch.analyze.judge.runner import evaluate as run_rules
 from stallwatch.records import DATA_WAIT, EVAL, TRAIN
 from stallwatch.store.reader import open_run
 

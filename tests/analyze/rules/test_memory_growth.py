@@ -11,7 +11,7 @@ import pytest
 
 from stallwatch.analyze.memory import memory_columns, theil_sen
 from stallwatch.analyze.rules.memory_growth import MemoryGrowth, MemoryGrowthDetails
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.records import GLOBAL, MEMORY_LIMIT, STEP, TRAIN
 
 from ._fw_gen import MS, T0, FwGen, assert_chunk_invariant, evaluate, node_info, run_info, whole

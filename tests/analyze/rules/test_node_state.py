@@ -13,10 +13,12 @@ import pytest
 from stallwatch.analyze.rules.base import Chunk
 from stallwatch.analyze.rules.bottleneck import CPUBottleneck
 from stallwatch.analyze.rules.dataloader import Dataloader
-from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LowGPUUtilization
+from stallwatch.analyze.rules.batch_size import BatchSize
+from stallwatch.analyze.rules.gpu_memory_increase import GPUMemoryIncrease
+from stallwatch.analyze.rules.low_gpu_utilization import LowGPUUtilization
 from stallwatch.analyze.rules.input_bound import InputBound
-from stallwatch.analyze.rules.stats import Distribution, ValueCounts
-from stallwatch.analyze.rules.steps import StepOutlier
+from stallwatch.analyze.rules.kit.stats import Distribution, ValueCounts
+from stallwatch.analyze.rules.step_outlier import StepOutlier
 from stallwatch.analyze.rules.straggler import Straggler
 from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 

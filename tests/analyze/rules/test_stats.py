@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from stallwatch.analyze.rules.stats import Distribution, ValueCounts, column_medians
+from stallwatch.analyze.rules.kit.stats import Distribution, ValueCounts, column_medians
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from stallwatch.analyze.rules import step_stream
-from stallwatch.analyze.rules.feed import iter_run, read_run
-from stallwatch.analyze.rules.runner import evaluate as run_rules
-from stallwatch.analyze.rules.steps import StepOutlier
+from stallwatch.analyze.judge.feed import iter_run, read_run
+from stallwatch.analyze.judge.runner import evaluate as run_rules
+from stallwatch.analyze.rules.step_outlier import StepOutlier
 from stallwatch.records import COLLECTIVE, EVAL, TRAIN
 from stallwatch.store.reader import open_run
 

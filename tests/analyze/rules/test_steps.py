@@ -8,8 +8,9 @@ import pyarrow.compute as pc
 import pytest
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError
-from stallwatch.analyze.rules.feed import split_by_time
-from stallwatch.analyze.rules.steps import MaxInitializationTime, StepOutlier
+from stallwatch.analyze.judge.feed import split_by_time
+from stallwatch.analyze.rules.max_initialization_time import MaxInitializationTime
+from stallwatch.analyze.rules.step_outlier import StepOutlier
 from stallwatch.records import EVAL, GLOBAL, TRAIN
 
 from ._fw_gen import MINUTE, MS, T0, FwGen, S, assert_chunk_invariant, evaluate, node_info, run_info, snapshots, whole
@@ -228,7 +229,7 @@ def test_step_outlier_steps_without_a_number_and_numbers_far_apart():
 
 
 def test_sum_of_squares_is_exact_for_long_steps():
-    from stallwatch.analyze.rules.steps import _sum_squares
+    from stallwatch.analyze.rules.step_series import _sum_squares
 
     values = np.array([0, 1, (1 << 31) - 1, 1 << 31, 5 * 3600 * 10**6, 123_456_789], np.int64)
     assert _sum_squares(values) == sum(int(v) ** 2 for v in values)
@@ -304,7 +305,8 @@ def test_narrow_columns_hold_int32_until_a_value_does_not_fit_and_read_back_exac
     """The rules' per-step columns (step numbers, durations, waits) and StepOutlier's per-step-number tables are
     int32 while every value fits — half the memory of the node being read — and widen to int64 at the first
     value that does not (a 40-minute step, a step number past 2^31); what is read back is the same."""
-    from stallwatch.analyze.rules.steps import Appendable, _Series
+    from stallwatch.analyze.rules.kit.appendable import Appendable
+    from stallwatch.analyze.rules.step_series import _Series
 
     col = Appendable(narrow=True)
     col.extend(np.array([5, 2**31 - 1, -(2**31)], np.int64))

@@ -160,22 +160,22 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
 
     import pyarrow as pa
 
-    from stallwatch.analyze.rules import straggler
-    from stallwatch.analyze.rules.feed import iter_run, read_run
-    from stallwatch.analyze.rules.runner import evaluate as run_rules
+    from stallwatch.analyze.rules import straggler, straggler_excess, straggler_replay
+    from stallwatch.analyze.judge.feed import iter_run, read_run
+    from stallwatch.analyze.judge.runner import evaluate as run_rules
     from stallwatch.store.reader import open_run
 
     from ...run_builder import make_run
     from ._fw_gen import write_events
 
-    monkeypatch.setattr(straggler, "SPAN", 32)
+    monkeypatch.setattr(straggler_excess, "SPAN", 32)
     if budget == "kept":
         monkeypatch.setattr(straggler, "KEEP_BYTES", 0)  # the steps of the first finished rank are let go
     else:
         monkeypatch.setattr(straggler, "NODE_BYTES", 0)  # … of the first chunk read: only numbers are kept
-    monkeypatch.setattr(straggler, "REPLAY_CELLS", 64 * 6)
+    monkeypatch.setattr(straggler_replay, "REPLAY_CELLS", 64 * 6)
     node_cells = 32 * per_node if wait_in == COLLECTIVE else 1 << 30  # with collectives, a node's ranks bound a block
-    monkeypatch.setattr(straggler, "NODE_CELLS", node_cells)
+    monkeypatch.setattr(straggler_replay, "NODE_CELLS", node_cells)
     nodes = ("algo-1", "algo-2", "algo-3", "algo-4", "algo-5")[:3 if per_node == 2 else 5]
     ranks = [(n, r) for n in nodes for r in range(per_node)]
     table = synchronous(ranks, n=600, extra_ms={key: 12 + 3 * i for i, key in enumerate(slow)}, from_step=200,
@@ -231,7 +231,8 @@ def test_a_batch_evaluation_keeps_summaries_and_replays_the_run_with_the_result_
 
 
 def test_shared_numbers_from_runs_are_those_of_two_ranks_or_more():
-    from stallwatch.analyze.rules.straggler import _runs, _shared
+    from stallwatch.analyze.rules.straggler import _runs
+    from stallwatch.analyze.rules.straggler_replay import _shared
 
     a, b, c = np.arange(0, 50), np.r_[np.arange(10, 20), np.arange(40, 70)], np.arange(65, 90)
     numbers = _shared([_runs(a), _runs(b), _runs(c), _runs(np.empty(0, np.int64))])
@@ -262,7 +263,7 @@ def test_numbers_kept_as_runs_merge_and_overlap_as_sets_of_numbers():
 def test_the_replays_one_key_sort_is_lexsorts_order(keys, starts):
     """Ties of both kept in row order (a rank's first step of a number is its first row), whether the two fit in
     one int64 (the usual case) or not (the two-key sort)."""
-    from stallwatch.analyze.rules.straggler import _by_key_then_start
+    from stallwatch.analyze.rules.straggler_replay import _by_key_then_start
 
     rng = np.random.default_rng(keys % 97)
     for m in (0, 1, 2000):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.analyze.rules.feed import read_run
+from stallwatch.analyze.judge.feed import read_run
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import evaluate, write_results
+from stallwatch.analyze.judge.runner import evaluate, write_results
 from stallwatch.present.report import build_report, build_sections
 from stallwatch.present.report.model import NotApplicable
 from stallwatch.present.report.sections import section_modules

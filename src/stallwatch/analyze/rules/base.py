@@ -7,41 +7,18 @@ called, so feeding a run in one chunk or in many (live) ends with the same resul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import pyarrow as pa
-
-from stallwatch.analyze.frames import NodeFrame
+from stallwatch.analyze.frames import Chunk, NodeFrame, Replay
 from stallwatch.analyze.results import ERROR, NOT_APPLICABLE, OK, RuleResult
 
-__all__ = ["ERROR", "NOT_APPLICABLE", "OK", "Chunk", "NodeFrame", "ParameterError", "Rule", "RuleResult", "coerce"]
+if TYPE_CHECKING:
+    from stallwatch.analyze.finding import Finding
+    from stallwatch.analyze.summary import JobSummary
 
-
-@dataclass
-class Chunk:
-    """What a rule is handed at each evaluation: the data that is new since the last one. (Rules may cache
-    what they derive from it on the instance, outside the fields: see `steps.framework_columns`.)"""
-
-    system: dict[str, NodeFrame]
-    framework: pa.Table  # framework events (stallwatch.records.framework_schema), new since the last chunk
-    run: dict[str, Any] = field(default_factory=dict)  # Run.info: run.json merged with every node's record
-    final: bool = False  # the run has ended: nothing more will come
-    # nodes whose data is complete with this chunk: no later chunk holds a row of theirs, so a rule may reduce
-    # their per-step state to a summary now (batch feeds node by node; live leaves it empty until `final`)
-    done: frozenset[str] = frozenset()
-    # batch feeds only: the run read again in pieces (`Replay`), for a rule whose verdict compares ranks across
-    # nodes step by step and so cannot reduce a finished node to a summary: it keeps where to look instead; None
-    # when live
-    replay: Replay | None = field(default=None, compare=False, repr=False)
-
-
-class Replay(Protocol):
-    """The run read again, piece by piece: for each (node, start µs, end µs) of `pieces`, in order, a chunk of
-    that node's framework events of `kinds` (None: all) that start in [start, end) (node, rank and `fields`)."""
-
-    def __call__(self, pieces: Iterable[tuple[str, int, int]], *, kinds: tuple[str, ...] | None,
-                 fields: tuple[str, ...]) -> Iterator[Chunk]: ...
+__all__ = [
+    "ERROR", "NOT_APPLICABLE", "OK", "Chunk", "NodeFrame", "ParameterError", "Replay", "Rule", "RuleResult", "coerce",
+]
 
 
 class ParameterError(ValueError):
@@ -72,6 +49,17 @@ class Rule:
 
     def update(self, chunk: Chunk) -> None:
         raise NotImplementedError
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), from its own typed Details: each rule translates
+        its own. A rule that does not gets analyze/findings.py's generic finding when it fires."""
+        raise NotImplementedError
+
+    @classmethod
+    def translates(cls) -> bool:
+        """Whether this rule has a translation into findings of its own."""
+        return cls.findings.__func__ is not Rule.findings.__func__  # type: ignore[attr-defined]
 
     def result(self) -> RuleResult:
         raise NotImplementedError

@@ -29,13 +29,78 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from stallwatch.analyze.finding import LISTED_WINDOWS, Finding, Where, finding, pct
+from stallwatch.analyze.framework_frame import framework_columns
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import all_not_applicable, check_counts, listing, note_skipped, skip_patience
-from stallwatch.analyze.rules.steps import Appendable, framework_columns
+from stallwatch.analyze.rules.kit.appendable import Appendable
+from stallwatch.analyze.rules.kit.checks import check_counts, listing, skip_patience
+from stallwatch.analyze.rules.kit.details import DetailsRecord
+from stallwatch.analyze.rules.kit.windows import all_not_applicable, note_skipped
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import COLUMN_SEP, CPU, CPU_IOWAIT, CPU_UTIL, GPU_UTIL, STEP
 
 MAX_RANGES = 100  # time ranges kept in Details (counted beyond that, not listed)
 STEP_CODE = 0  # the code of the kind "step" in the rule's name table
+
+
+@dataclass(frozen=True)
+class BottleneckRange(DetailsRecord):
+    """A period of consecutive bottleneck snapshots on one node: its first and last snapshot (µs since the epoch)."""
+
+    node: str = ""
+    start_us: int = 0
+    end_us: int = 0
+    snapshots: int = 0
+
+
+@dataclass(frozen=True)
+class Bottlenecks(DetailsRecord):
+    """Details["bottlenecks"]: how many snapshots were bottlenecks, their % of those analyzed, and the periods
+    (the first listed, and how many in all)."""
+
+    count: int = 0
+    percent: float = 0.0
+    ranges: list[BottleneckRange] = field(default_factory=list)
+    ranges_total: int | None = None
+
+
+@dataclass(frozen=True)
+class BottleneckNode(DetailsRecord):
+    """One node: snapshots analyzed, those with a GPU below gpu_threshold, bottlenecks (count, seconds by the
+    snapshots' own intervals, % of snapshots), whether that is above the threshold, and its periods."""
+
+    datapoints: int | None = None
+    low_gpu_utilization: int | None = None
+    bottlenecks: int = 0
+    bottleneck_s: float | None = None
+    percent: float | None = None
+    above_threshold: bool = False
+    ranges: int | None = None
+
+
+@dataclass(frozen=True)
+class LoopDuring(DetailsRecord):
+    """One node's training loop inside its bottleneck periods: their seconds, its ranks and events, seconds per
+    phase of the steps and per event kind (rank-seconds), and outside steps."""
+
+    bottleneck_s: float = 0.0
+    ranks: int = 0
+    events: int = 0
+    phases_s: dict[str, float] = field(default_factory=dict)
+    kinds_s: dict[str, float] = field(default_factory=dict)
+    outside_steps_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BottleneckDetails(DetailsRecord):
+    """CPUBottleneck's and IOBottleneck's Details: snapshots with a GPU below gpu_threshold, the bottlenecks, per
+    node, and per node what the training loop did during them."""
+
+    rule = "CPUBottleneck"  # and IOBottleneck: one shape
+    low_gpu_utilization: int = 0
+    bottlenecks: Bottlenecks = field(default_factory=Bottlenecks)
+    nodes: dict[str, BottleneckNode] = field(default_factory=dict)
+    framework_context: dict[str, LoopDuring] = field(default_factory=dict)
 
 
 @dataclass
@@ -190,6 +255,11 @@ class _Bottleneck(Rule):
         st.gpus = max(st.gpus, len(gpus))
         st.cores = max(st.cores, len(cols))
         return low, low & busy
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), read through its typed Details."""
+        return findings_of(result, summary)
 
     def update(self, chunk: Chunk) -> None:
         threshold = self.params["threshold"]
@@ -384,3 +454,24 @@ class IOBottleneck(_Bottleneck):
             return ""
         return ("; read the data set from local disk or in larger sequential files (sharded binary records), "
                 "and load it with several workers in parallel")
+
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """One finding per node whose share of bottleneck snapshots passed the threshold; its time at stake is the
+    bottleneck snapshots' own intervals."""
+    what = "CPU" if r.name == "CPUBottleneck" else "I/O"
+    d = BottleneckDetails.from_json(r.details)
+    out = []
+    for node, e in sorted(d.nodes.items()):
+        if not e.above_threshold:
+            continue
+        held = e.bottleneck_s  # the snapshots' own intervals; a result of an older version has none
+        stake = (float(held) if held is not None else e.bottlenecks * s.sample_interval_ms.get(node, 0.0) / 1000.0) \
+            or None
+        windows = [(x.start_us, x.end_us) for x in d.bottlenecks.ranges if x.node == node]
+        out.append(finding(r, s, node,
+                           f"GPUs idle while the {what} was the bottleneck {pct(e.percent)} of the time "
+                           f"on node {node}", stake, Where([node], windows=windows[:LISTED_WINDOWS]),
+                           {"bottleneck_snapshots": e.bottlenecks, "snapshots": e.datapoints,
+                            "percent": e.percent, "threshold_percent": r.parameters.get("threshold")}))
+    return out

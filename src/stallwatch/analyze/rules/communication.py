@@ -17,9 +17,11 @@ import numpy as np
 import pyarrow as pa
 
 from stallwatch.analyze.collectives import DDP_EVENT, averages
+from stallwatch.analyze.finding import LISTED_WINDOWS, Finding, Where, finding, over_all_steps
+from stallwatch.analyze.framework_frame import new_events
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import check_counts
-from stallwatch.analyze.rules.steps import new_events, rank_key
+from stallwatch.analyze.rules.kit.checks import check_counts
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import COLLECTIVE, DDP_CONFIG, DDP_SYNC, STEP, TRAIN
 
 SYNC_EVENT, CONFIG_KIND = DDP_SYNC, DDP_CONFIG  # torch/ddp_sync.py: a step's exposed all-reduce; a model's settings
@@ -224,6 +226,11 @@ class CommunicationBound(Rule):
         self._events = 0
 
     # -- feeding -------------------------------------------------------------------------------------------
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), read through its typed Details."""
+        return findings_of(result, summary)
+
     def update(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
             if frame.info:
@@ -525,3 +532,22 @@ def _parse(text: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return args if isinstance(args, dict) else {}
+
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    d = CommunicationDetails.from_json(r.details)
+    top = d.top
+    if not r.fired or top is None:
+        return []
+    fired = d.fired
+    windows = sorted((int(e.worst_window["start_us"]), int(e.worst_window["end_us"])) for e in fired
+                     if isinstance(e.worst_window, dict))
+    evidence = {e.key: {"share": e.share, "exposed_ms_per_step": e.exposed_ms, "exposed_s": e.comm_s,
+                        "mean_exposed_ms_per_step": e.mean_exposed_ms, "held_up_s": e.wait_s,
+                        "bytes_per_step": e.bytes_per_step,
+                        "all_reduce_ms_per_step": e.total_ms, "hidden_pct": e.hidden_pct,
+                        "bandwidth_gbps": e.bandwidth_gbps, "source": e.source} for e in fired[:16]}
+    evidence["link_gbps"] = {n.node: n.link_gbps for n in d.nodes}
+    return [finding(r, s, "comm", d.title or "Training waits for communication", over_all_steps(d.time_at_stake_s, s),
+                    Where(sorted({e.node for e in fired}), [e.key for e in fired], [], windows[:LISTED_WINDOWS]),
+                    evidence)]

@@ -12,11 +12,24 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.contention import step_runq
+from stallwatch.analyze.finding import Finding, Where, finding, over_all_steps
+from stallwatch.analyze.framework_frame import new_events, rank_key
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.steps import new_events, rank_key
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import (
-    CGROUP, CPU, CPU_QUOTA_CORES, CPU_STEAL, CPU_THROTTLED, CPU_THROTTLED_S, CPU_UTIL, LOAD_1, NVCSW_PER_S, PROC,
-    RUNQ_MS_PER_S, STEP, WORKERS_RUNQ_MS_PER_S,
+    CGROUP,
+    CPU,
+    CPU_QUOTA_CORES,
+    CPU_STEAL,
+    CPU_THROTTLED,
+    CPU_THROTTLED_S,
+    CPU_UTIL,
+    LOAD_1,
+    NVCSW_PER_S,
+    PROC,
+    RUNQ_MS_PER_S,
+    STEP,
+    WORKERS_RUNQ_MS_PER_S,
 )
 
 US = 1_000_000
@@ -151,6 +164,11 @@ class CPUContention(Rule):
         self._ranks: dict[tuple[str, int], list[int]] = {}  # steps, step µs, run-queue µs, steps with a reading
         self._nodes: dict[str, _NodeSums] = {}
         self._events = 0
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), read through its typed Details."""
+        return findings_of(result, summary)
 
     def update(self, chunk: Chunk) -> None:
         for node, frame in chunk.system.items():
@@ -304,3 +322,19 @@ def _advice(d: CPUContentionDetails) -> str:
     lines.append("This time is not counted as data loading or slow steps (InputBound, StepOutlier judge the "
                  "steps' own time).")
     return " ".join(lines)
+
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    if not r.fired:
+        return []
+    d = CPUContentionDetails.from_json(r.details)
+    evidence = {key: {"runq_s": w.runq_s, "share": w.share, "steps": w.steps} for key, w in d.ranks.items()
+                if w.triggered}
+    for node in d.nodes_fired[:16]:
+        n = d.nodes[node]
+        evidence[node] = {"causes": n.causes, "load": n.load_mean, "cores": n.cores, "steal_pct": n.steal_pct,
+                          "others_cpu_pct": n.others_cpu_pct, "throttled_periods": n.throttled_periods,
+                          "throttled_s": n.throttled_s, "quota_cores": n.quota_cores,
+                          "processes": n.competitors[:3]}
+    return [finding(r, s, "cpu", d.title or "The training thread waits for a CPU",
+                    over_all_steps(d.time_at_stake_s, s), Where(d.nodes_fired, d.ranks_fired), evidence)]

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from stallwatch.analyze.rules import loaders as ld
-from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.stats import Distribution, ValueCounts
-from stallwatch.analyze.rules.steps import Appendable, new_events, unmeasured_waits
 from stallwatch.analyze.contention import own_waits, step_runq, wait_runq
+from stallwatch.analyze.finding import MEDIUM, Finding, Where, finding
+from stallwatch.analyze.framework_frame import new_events, unmeasured_waits
+from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
+from stallwatch.analyze.rules.kit import loaders as ld
+from stallwatch.analyze.rules.kit.appendable import Appendable
+from stallwatch.analyze.rules.kit.details import DetailsRecord
+from stallwatch.analyze.rules.kit.stats import Distribution, ValueCounts
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import DATA_WAIT, PROC, STEP, TRAIN, WORKERS_ALIVE
 
 PIN_MEMORY_ADVICE = ("Set pin_memory=True in the DataLoader: pinned host memory makes copies to the GPU faster and "
@@ -27,6 +32,74 @@ _SETTINGS = ("created_at", "batch_size", "num_workers", "pin_memory", "prefetch_
              # a Keras job's input (stallwatch.keras): PyDataset, generator, tf.data, arrays or a DataLoader
              "framework", "input", "loop", "worker_threads", "use_multiprocessing", "max_queue_size", "prefetch",
              "in_memory")
+
+
+@dataclass(frozen=True)
+class LoaderNode(DetailsRecord):
+    """One node, Details["nodes"][node]: its cores and ranks, the workers running in parallel (median) and as % of
+    its cores, the most alive at once, the worst rank's data wait (% of step time), where the worker count came
+    from, the num_workers to try, whether it fired and why ("below", "above", "slow_fetch", "not_a_bottleneck")."""
+
+    cores: int | None = None
+    ranks: int | None = None
+    dataloaders: float | None = None
+    percent: float | None = None
+    max_alive: float | None = None
+    wait_share: float | None = None
+    source: str | None = None
+    suggested_num_workers: int | None = None
+    triggered: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class LoaderSettings(DetailsRecord):
+    """One DataLoader as built: where, its data set, when (text), the mode of the steps that waited for it, and its
+    settings; `iterators`: how many times it was iterated."""
+
+    node: str | None = None
+    rank: int | None = None
+    dataset: str | None = None
+    created_at: str | None = None
+    mode: str | None = None
+    batch_size: int | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    iterators: int | None = None
+
+
+@dataclass(frozen=True)
+class WaitHistogram(DetailsRecord):
+    """The waits for a batch (s): how many, in which mode's steps, quartiles, p95, max and a histogram (`probs` over
+    `binedges`)."""
+
+    mode: str | None = None
+    count: int = 0
+    p25: float | None = None
+    p50: float | None = None
+    p95: float | None = None
+    max: float | None = None
+    probs: list[float] = field(default_factory=list)
+    binedges: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DataloaderDetails(DetailsRecord):
+    """Dataloader's Details: per node, the loaders listed (and how many), the histogram of waits, whether data
+    loading was a bottleneck at all, the settings seen (pin_memory and prefetching everywhere), and each node's
+    data wait (% of step time, worst rank)."""
+
+    rule = "Dataloader"
+    nodes: dict[str, LoaderNode] = field(default_factory=dict)
+    loaders: list[LoaderSettings] = field(default_factory=list)
+    loaders_total: int | None = None
+    dataloading_time: WaitHistogram = field(default_factory=WaitHistogram)
+    bottleneck: bool | None = None
+    pin_memory: bool | None = None
+    prefetch: bool | None = None
+    wait_share: dict[str, float | None] = field(default_factory=dict)
 
 
 class Dataloader(Rule):
@@ -93,6 +166,11 @@ class Dataloader(Rule):
         self._workers_done: dict[str, dict[str, Any] | None] = {}
         self._typical_done: dict[tuple[str, int], float | None] = {}
         self._unmeasured: set[tuple[str, int]] = set()  # ranks whose data wait is not recorded (Keras on TF)
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), read through its typed Details."""
+        return findings_of(result, summary)
 
     def update(self, chunk: Chunk) -> None:
         self._add(chunk)
@@ -577,3 +655,18 @@ def _main_loader(loaders: list[dict[str, Any]]) -> dict[str, Any]:
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """The nodes whose loaders hold training back, each with why; the nodes' entries as the evidence (as stored)."""
+    if not r.fired:
+        return []
+    d = DataloaderDetails.from_json(r.details)
+    fired = [n for n, e in d.nodes.items() if e.triggered]
+    stored = r.details["nodes"]  # this rule's own Details: the fired nodes' entries, every key, are the evidence
+    nodes = {n: stored[n] for n in fired}
+    why = {"below": "too few data-loader workers", "above": "too many data-loader workers",
+           "slow_fetch": "data-loader workers that cannot keep up"}
+    parts = [f"{why.get(str(d.nodes[n].reason), 'its data loading')} on node {n}" for n in fired]
+    return [finding(r, s, "loader", "The data loader holds training back: " + "; ".join(parts[:4]), None,
+                    Where(sorted(nodes)), {"nodes": nodes, "wait_share": r.details.get("wait_share")},
+                    severity=MEDIUM)]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
 import pyarrow as pa
 
+from stallwatch.analyze.framework_frame import mode_order, new_events, rank_key, text_codes
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
-from stallwatch.analyze.rules.steps import mode_order, new_events, rank_key, text_codes
+from stallwatch.analyze.rules.kit.details import DetailsRecord, json_key
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, EVAL, FORWARD, OPTIMIZER, STEP, UNTIMED
 
 GENERAL = (DATA_WAIT, OPTIMIZER, COLLECTIVE)
@@ -20,6 +22,90 @@ MAX_NAMES = 20  # event names listed per kind
 MAX_OPERATORS = 50  # operators listed per device
 DEVICES = {"cpu": "CPU", "cuda": "GPU"}
 _OP_KEY = ("node", "rank", "window", "operator", "device")
+
+
+@dataclass(frozen=True)
+class EventTotal(DetailsRecord):
+    """One event name of one kind, all ranks: how many and their time (µs)."""
+
+    count: int = 0
+    total_us: int = 0
+
+
+@dataclass(frozen=True)
+class ModeSteps(DetailsRecord):
+    """One mode's timed steps: how many and their time (µs); per part of the step its time (µs) and share (%)."""
+
+    steps: int = 0
+    step_us: int = 0
+    parts_us: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RankMetrics(DetailsRecord):
+    """One rank, Details["ranks"]["node/rank"]: its steps, time per phase (µs, % of its loop), stretches counted but
+    not timed (µs per phase), forward/backward shares (%), general events (µs) and every event kind (µs)."""
+
+    steps: int = 0
+    phase: dict[str, float] = field(default_factory=dict)
+    phase_us: dict[str, int] = field(default_factory=dict)
+    untimed_us: dict[str, int] = field(default_factory=dict)
+    forward_backward: dict[str, float] = field(default_factory=dict)
+    general_us: dict[str, int] = field(default_factory=dict)
+    events_us: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Operator(DetailsRecord):
+    """One operator over the detailed-profiling windows: calls, self and total time (µs), % of its device's self
+    time."""
+
+    operator: str = ""
+    calls: int = 0
+    self_us: float = 0.0
+    total_us: float = 0.0
+    percent: float = 0.0
+
+
+@dataclass(frozen=True)
+class OperatorTables(DetailsRecord):
+    """Details["operators"]: the most expensive CPU and GPU operators (MAX_OPERATORS each) and how many there were."""
+
+    cpu: list[Operator] = json_key("CPU", [])
+    gpu: list[Operator] = json_key("GPU", [])
+    cpu_count: int | None = json_key("CPU_count")
+    gpu_count: int | None = json_key("GPU_count")
+
+    def of(self, label: str) -> tuple[list[Operator], int | None]:
+        """("CPU" or "GPU") its operators and their count."""
+        return (self.cpu, self.cpu_count) if label == "CPU" else (self.gpu, self.gpu_count)
+
+    def __bool__(self) -> bool:
+        return bool(self.cpu or self.gpu or self.cpu_count or self.gpu_count)
+
+
+@dataclass(frozen=True)
+class OverallFrameworkMetricsDetails(DetailsRecord):
+    """OverallFrameworkMetrics' Details: the loop's time per phase (µs, % of it) and the stretches of sampled steps
+    counted but not timed (µs), forward/backward (µs, %), general events (µs, %), per mode its steps' parts, every
+    event by kind and name, per rank, and from detailed profiling the operator tables, their windows and the CPU/GPU
+    ratio (% of operator time)."""
+
+    rule = "OverallFrameworkMetrics"
+    phase: dict[str, float] = field(default_factory=dict)
+    phase_us: dict[str, int] = field(default_factory=dict)
+    untimed_us: dict[str, int] = field(default_factory=dict)
+    forward_backward: dict[str, float] = field(default_factory=dict)
+    forward_backward_us: dict[str, int] = field(default_factory=dict)
+    general: dict[str, float] = field(default_factory=dict)
+    general_us: dict[str, int] = field(default_factory=dict)
+    modes: dict[str, ModeSteps] = field(default_factory=dict)
+    events: dict[str, dict[str, EventTotal]] = field(default_factory=dict)
+    ranks: dict[str, RankMetrics] = field(default_factory=dict)
+    operator_windows: int = 0
+    operators: OperatorTables = field(default_factory=OperatorTables)
+    ratio: dict[str, float] = field(default_factory=dict)
 
 
 class OverallFrameworkMetrics(Rule):
@@ -136,9 +222,9 @@ class OverallFrameworkMetrics(Rule):
                 r["first"] = theirs["first"] if r["first"] is None else min(r["first"], theirs["first"])
                 r["last"] = theirs["last"] if r["last"] is None else max(r["last"], theirs["last"])
             r["steps"] += theirs["steps"]
-            for field in ("step_us", "kind_us", "untimed_us"):
-                for k, v in theirs[field].items():
-                    r[field][k] = r[field].get(k, 0) + v
+            for part in ("step_us", "kind_us", "untimed_us"):
+                for k, v in theirs[part].items():
+                    r[part][k] = r[part].get(k, 0) + v
             for mode, (n, us) in theirs["timed"].items():
                 mine = r["timed"].setdefault(mode, [0, 0])
                 mine[0] += n

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.steps import new_events
+from stallwatch.analyze.framework_frame import new_events
 from stallwatch.analyze.stack_phase import COLLECTIVE, UNKNOWN, Phase, frame_text, phase_of
 from stallwatch.records import STEP, UNTIMED
 from stallwatch.store.stacks import StackDump
@@ -141,6 +141,11 @@ class Hang(Rule):
                       "so that a hung job fails instead of holding its machines, and stop it with "
                       "`--rule-action Hang=stop_training`.")
     defaults = {"factor": 10, "floor_s": 40}
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: Any) -> list[Any]:
+        """Each stopped rank (or stalls that resumed) as a finding, with its phase and the rank behind."""
+        return findings_of(result, summary)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -361,7 +366,7 @@ def _title(ranks: dict[str, RankProgress], stopped: list[str], behind: list[str]
 def findings_of(result: RuleResult, summary: Any) -> list[Any]:
     """The rule's own translation into findings (analyze.findings): one per run that hung or stood still, with
     the stopped ranks, the culprit, each stopped rank's phase and where its stacks are."""
-    from stallwatch.analyze.findings import HIGH, LISTED_WINDOWS, MEDIUM, Where, finding
+    from stallwatch.analyze.finding import HIGH, LISTED_WINDOWS, MEDIUM, Where, finding
 
     if not result.fired:
         return []

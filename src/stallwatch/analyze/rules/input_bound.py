@@ -6,31 +6,46 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from stallwatch.analyze import contention
-from stallwatch.analyze.rules import loaders as ld
+from stallwatch.analyze.finding import LISTED_STEPS, LISTED_WINDOWS, Finding, Where, finding, over_all_steps
+from stallwatch.analyze.framework_frame import new_events, rank_key, unmeasured_waits
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
 from stallwatch.analyze.rules.dataloader import _SpanMedian
-from stallwatch.analyze.rules.gpu import check_counts
-from stallwatch.analyze.rules.steps import Appendable, new_events, rank_key, track_spans, unmeasured_waits
+from stallwatch.analyze.rules.input_facts import MAX_NAMED, US, RankFacts, rank_facts
+from stallwatch.analyze.rules.kit import loaders as ld
+from stallwatch.analyze.rules.kit.appendable import Appendable
+from stallwatch.analyze.rules.kit.checks import check_counts
+from stallwatch.analyze.rules.kit.details import DetailsRecord
+from stallwatch.analyze.rules.step_spans import track_spans
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import CPU, CPU_UTIL, DATA_WAIT, EVAL, PROC, STEP, TRAIN, WORKERS_BUSY, WORKERS_CPU_UTIL
 
 DATALOADER = "dataloader"
-US = 1_000_000
-STALL_FACTOR = 10.0  # a wait this many times the rank's median wait is a stall, if it also costs
-# at least this share of a typical step: a scheduler's hiccup of a millisecond is not a slow read (with 5 %, a loaded
-# 2-core machine named 7 such "stalls" beside 12 planted reads of 0.3 s)
-STALL_STEP_SHARE = 0.5
-STALL_SHARE = 0.5  # stalls are the cause when they hold at least half of the waiting
-MAX_NAMED = 20  # stall steps named per rank
 MAX_LOADERS = 5  # loaders listed per rank and mode
 
 
 _CPU = ((CPU, CPU_UTIL), (PROC, WORKERS_BUSY), (PROC, WORKERS_CPU_UTIL))  # the node's CPU the causes read
+
+
+@dataclass(frozen=True)
+class InputBoundDetails(DetailsRecord):
+    """InputBound's Details: per rank and phase ("node/rank/PHASE") its waits and their cause (kept as stored), the
+    threshold (% of step time), the time at stake (s), the nodes and ranks that fired, the stall steps named, and
+    the finding's title."""
+
+    rule = "InputBound"
+    ranks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    threshold: float | None = None
+    time_at_stake_s: float | None = None
+    nodes: list[str] = field(default_factory=list)
+    ranks_fired: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    title: str | None = None
 
 
 class _Rank:
@@ -68,68 +83,6 @@ class _Rank:
             ok = (first < len(number)) & (number[np.minimum(first, len(number) - 1)] == ws)
             np.add.at(wait, first[ok], wd[ok])
         return number, start, dur, np.minimum(wait, dur), runq, in_wait
-
-
-MIN_SHORT_RUN_STEPS = 20  # after patience: fewer steps than a window are judged as one window from this many
-
-
-@dataclass(frozen=True)
-class RankFacts:
-    """What a rank's entry is computed from: the same numbers whether its steps were held in memory (`rank_facts`)
-    or its node was read again (`input_stream`)."""
-
-    n: int
-    wait_us: int  # waits summed (each step's capped at the step)
-    step_us: int
-    body: int  # steps before the windows (patience)
-    worst: dict[str, Any] | None  # the window with the largest waiting share
-    above: int  # windows above the threshold (0 for a run too short to judge)
-    stalls: dict[str, Any] | None  # median_wait_ms, stalls, stall_wait_s; None when it never waited
-    named: list[int]  # the longest stalls' step numbers (when they are the cause)
-    stalled: bool  # stalls hold at least STALL_SHARE of the waiting
-
-
-def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
-               patience: int, threshold: float, runq: np.ndarray | None = None,
-               in_wait: np.ndarray | None = None) -> RankFacts:
-    """A rank's facts from its steps in step order (`_Rank.steps()`); with `runq` (each step's run-queue delay),
-    judged on the steps' own time (analyze/contention.py): waiting for a CPU is not waiting for data."""
-    n = len(number)
-    floor = wait
-    if runq is not None and runq.any():
-        dur, wait, floor = contention.own_waits(dur, wait, runq, in_wait)
-    body = slice(min(patience, n), n)
-    w, d = wait[body], dur[body]
-    above = 0
-    worst = None
-    if len(d) >= 1:
-        k = min(window, len(d))
-        cw, cd = np.r_[0, np.cumsum(w)], np.r_[0, np.cumsum(d)]
-        wsum, dsum = cw[k:] - cw[:-k], cd[k:] - cd[:-k]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            share = np.where(dsum > 0, 100.0 * wsum / np.maximum(dsum, 1), 0.0)
-        # A run shorter than a window is one window (a 96-step job waiting 99 % of its time is
-        # input-bound), once it has enough steps to say so.
-        judged = len(d) >= window or len(d) >= MIN_SHORT_RUN_STEPS
-        above = int(np.count_nonzero(share > threshold)) if judged else 0
-        i = int(np.argmax(share))
-        a, b = body.start + i, body.start + i + k - 1
-        worst = {"share": float(share[i]), "first_step": int(number[a]), "last_step": int(number[b]),
-                 "start_us": int(start[a]), "end_us": int(start[b] + dur[b]), "steps": k}
-    stalls, named, stalled = None, [], False
-    waiting = wait[wait > 0]
-    if waiting.size:
-        # a few long stalls (the first steps, where workers start, are start-up, not stalls)
-        median = float(np.median(waiting))
-        is_stall = (floor > STALL_FACTOR * median) & (floor > STALL_STEP_SHARE * np.median(dur))
-        is_stall[:body.start if body.start < n else 0] = False
-        stall_wait = float(floor[is_stall].sum())
-        stalls = {"median_wait_ms": median / 1000.0, "stalls": int(is_stall.sum()), "stall_wait_s": stall_wait / US}
-        if is_stall.any() and stall_wait >= STALL_SHARE * float(wait.sum()):
-            order = np.argsort(-floor[is_stall], kind="stable")[:MAX_NAMED]
-            named, stalled = sorted(int(x) for x in number[is_stall][order]), True
-    return RankFacts(n=n, wait_us=int(wait.sum()), step_us=int(dur.sum()), body=body.start, worst=worst,
-                     above=above, stalls=stalls, named=named, stalled=stalled)
 
 
 class InputBound(Rule):
@@ -175,6 +128,11 @@ class InputBound(Rule):
         self._streamed: dict[tuple[str, int, str], Any] = {}  # input_stream.StreamedRank, by rank and phase
         self._spans: dict[str, dict[str, dict[int, list[int]]]] = {}  # node -> phase -> span -> [first, last start]
         self._rates: dict[str, list[int]] = {}  # node -> [events, first start, last start]
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), read through its typed Details."""
+        return findings_of(result, summary)
 
     def update(self, chunk: Chunk) -> None:
         self._replay = chunk.replay or self._replay
@@ -617,3 +575,19 @@ def _pct(part: float, whole: float) -> float:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """The ranks that waited for data, their waits over all steps the time at stake."""
+    if not r.fired:
+        return []
+    d = InputBoundDetails.from_json(r.details)
+    fired = [e for e in d.ranks.values() if isinstance(e, dict) and e.get("triggered")]
+    windows = [(int(e["worst_window"]["start_us"]), int(e["worst_window"]["end_us"])) for e in fired
+               if isinstance(e.get("worst_window"), dict)]
+    evidence = {f"{e['node']}/{e['rank']}": {"wait_share": e.get("wait_share"), "wait_s": e.get("wait_s"),
+                                             "cause": e.get("cause"), "num_workers": e.get("num_workers")}
+                for e in fired[:16]}
+    return [finding(r, s, "data", d.title or "Training waits for data", over_all_steps(d.time_at_stake_s, s),
+                    Where(d.nodes, d.ranks_fired, d.steps[:LISTED_STEPS], sorted(windows)[:LISTED_WINDOWS]),
+                    evidence)]

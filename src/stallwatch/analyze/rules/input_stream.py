@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.rules.base import Replay
-from stallwatch.analyze.rules.input_bound import (
+from stallwatch.analyze.rules.input_facts import (
     MAX_NAMED,
     MIN_SHORT_RUN_STEPS,
     STALL_FACTOR,
@@ -26,7 +27,6 @@ from stallwatch.analyze.rules.input_bound import (
     RankFacts,
 )
 from stallwatch.analyze.rules.step_stream import _Buckets, _plan, _read, bucket_of
-from stallwatch.analyze.rules.steps import FrameworkColumns
 from stallwatch.records import DATA_WAIT, STEP
 
 

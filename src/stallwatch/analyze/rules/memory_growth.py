@@ -15,9 +15,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from stallwatch.analyze.finding import HIGH, LISTED_STEPS, MEDIUM, Finding, Where, finding
+from stallwatch.analyze.framework_frame import new_events, rank_key
 from stallwatch.analyze.memory import CUDA_ALLOC, LABELS, RSS, memory_columns, theil_sen
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
-from stallwatch.analyze.rules.steps import new_events, rank_key
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import GLOBAL, MEMORY_LIMIT, OOM, STEP, TRAIN
 
 KB_PER_MB = 1024.0
@@ -210,6 +212,12 @@ class MemoryGrowth(Rule):
                       "hooks registered every step, a growing history in a logger.")
     defaults: ClassVar[dict[str, Any]] = {"min_rate_mb": 10.0, "min_growth_mb": 20.0, "persist": 0.5, "patience": 50, "window": 20,
                 "min_windows": 6}
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """A leak: high when it reaches its limit before the run has run as long again (the run's work so far is then
+        at stake), else medium; where the capture saw it allocated, the line is in the title and the evidence."""
+        return findings_of(result, summary)
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -538,3 +546,28 @@ def _advice(d: MemoryGrowthDetails) -> str:
         lines.append("Run live (`stallwatch run`) to have the lines that allocate it captured (tracemalloc).")
     lines.append(MemoryGrowth.recommendation)
     return " ".join(lines)
+
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    d = MemoryGrowthDetails.from_json(r.details)
+    top = d.top
+    if not r.fired or top is None:
+        return []
+    evidence: dict[str, Any] = {}
+    for key in d.fired[:16]:
+        g = d.series[key]
+        evidence[key] = {"rate_mb_per_1000_steps": g.rate_mb_per_1000, "since_step": g.since_step,
+                         "start_mb": g.start_mb, "last_mb": g.last_mb, "limit_mb": g.limit_mb,
+                         "limit": g.limit_source, "steps_to_limit": g.steps_to_limit,
+                         "time_to_limit_s": g.time_to_limit_s}
+    capture = d.capture_of(top.node, top.rank)
+    if capture is not None:
+        evidence["sites"] = [{"where": x.where, "grown_mb": round(x.size_kb / 1024, 3), "traceback": x.traceback}
+                             for x in capture.sites[:5]]
+        if capture.cuda_snapshot:
+            evidence["cuda_snapshot"] = capture.cuda_snapshot
+    fired = [d.series[k] for k in d.fired]
+    steps = sorted({g.since_step for g in fired})[:LISTED_STEPS]
+    return [finding(r, s, "memory", d.title or "Memory grows with steps", d.time_at_stake_s,
+                    Where(d.nodes, d.ranks_fired, steps), evidence,
+                    severity=HIGH if top.within_horizon or d.death is not None else MEDIUM)]

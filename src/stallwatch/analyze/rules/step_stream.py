@@ -14,9 +14,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from stallwatch.analyze.rules import steps
+from stallwatch.analyze.framework_frame import FrameworkColumns, new_events
 from stallwatch.analyze.rules.base import Replay
-from stallwatch.analyze.rules.stats import (
+from stallwatch.analyze.rules.kit.appendable import Appendable
+from stallwatch.analyze.rules.kit.stats import (
     ValueCounts,
     count_into,
     histogram_counts,
@@ -24,16 +25,14 @@ from stallwatch.analyze.rules.stats import (
     lerp,
     linear_ranks,
 )
-from stallwatch.analyze.rules.steps import (
+from stallwatch.analyze.rules.step_series import (
+    _DENSE_SPAN,
     _RECORDED,
     HISTOGRAM_BINS,
-    Appendable,
-    FrameworkColumns,
     SeriesFacts,
     _Series,
     _sum_squares,
     listed,
-    new_events,
 )
 from stallwatch.records import STEP
 
@@ -283,7 +282,7 @@ def node_facts(node: str, streamed: dict[tuple[str, int, str], StreamedSeries], 
                     return None
                 if key not in blocks:
                     first = t.s.first_number if t.s.first_number is not None else 0
-                    blocks[key] = _Windowed(first + steps._DENSE_SPAN)
+                    blocks[key] = _Windowed(first + _DENSE_SPAN)
                 return _Within(blocks[key], lo, hi)
 
             for cols in pieces:

@@ -5,21 +5,63 @@ over the other ranks; a rank whose excess stays above the threshold over a windo
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 
+from stallwatch.analyze.finding import LISTED_WINDOWS, Finding, Where, finding, over_all_steps
+from stallwatch.analyze.framework_frame import new_events
+from stallwatch.analyze.rules import straggler_excess
 from stallwatch.analyze.rules.base import Chunk, Replay, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import check_counts, check_non_negative
-from stallwatch.analyze.rules.stats import column_medians
-from stallwatch.analyze.rules.steps import Appendable, FrameworkColumns, new_events
+from stallwatch.analyze.rules.kit.appendable import Appendable
+from stallwatch.analyze.rules.kit.checks import check_counts, check_non_negative
+from stallwatch.analyze.rules.kit.details import DetailsRecord
+from stallwatch.analyze.rules.kit.stats import column_medians
+from stallwatch.analyze.rules.straggler_excess import _excess, _stake, _Summary
+from stallwatch.analyze.rules.straggler_replay import _Replayed
+from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
 
 US = 1_000_000
 MIN_SHARED_STEPS = 10  # steps seen on at least two ranks before anything is judged
 COVERED = 0.5  # collectives recorded in at least this share of a rank's steps: their time is the wait
+
+
+@dataclass(frozen=True)
+class StragglerEntry(DetailsRecord):
+    """A rank that fell behind: its mean excess over the others per step (s) and share of its step time (%), over
+    how many steps, and since which step (number, µs since the epoch)."""
+
+    node: str = ""
+    rank: int | None = None
+    excess_s_per_step: float | None = None
+    share: float | None = None
+    steps: int = 0
+    since_step: int | None = None
+    since_us: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}/{self.rank}"
+
+
+@dataclass(frozen=True)
+class StragglerDetails(DetailsRecord):
+    """Straggler's Details: the stragglers, per rank its comparison with the others (kept as stored), the nodes
+    that hold stragglers, the time at stake (s), the steps shared by ranks, the median step (s) and the finding's
+    title."""
+
+    rule = "Straggler"
+    stragglers: list[StragglerEntry] = field(default_factory=list)
+    ranks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    straggling_nodes: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    ranks_fired: list[str] = field(default_factory=list)
+    time_at_stake_s: float | None = None
+    shared_steps: int = 0
+    median_step_s: float | None = None
+    title: str | None = None
 
 
 class _Rank:
@@ -73,29 +115,13 @@ class _Rank:
         """Spans of step numbers reach out to these events (a few spans per chunk)."""
         if self.spans is None or not len(steps):
             return
-        span, where = np.unique(steps // SPAN, return_inverse=True)
+        span, where = np.unique(steps // straggler_excess.SPAN, return_inverse=True)
         lo, hi = np.full(len(span), np.iinfo(np.int64).max), np.full(len(span), np.iinfo(np.int64).min)
         np.minimum.at(lo, where, starts)
         np.maximum.at(hi, where, starts)
         for k, a, b in zip(span.tolist(), lo.tolist(), hi.tolist()):
             known = self.spans.setdefault(k, [a, b])
             known[0], known[1] = min(known[0], a), max(known[1], b)
-
-
-@dataclass(frozen=True)
-class _Summary:
-    """What is kept of a finished rank when the run will be read again: its step numbers as runs, whether its
-    collectives and backward passes cover most of its steps (`_basis`), and per span of SPAN consecutive step
-    numbers the first and last start of its events of those numbers (rows of span, first µs, last µs): where the
-    replay finds them (≈ 24 bytes per SPAN steps, whatever the events' order or a numbering that restarts)."""
-
-    runs: np.ndarray
-    coll: bool
-    bwd: bool
-    spans: np.ndarray
-
-
-SPAN = 1024  # step numbers per span of a rank's `_Summary`
 KEEP_BYTES = 128 << 20  # kept steps of finished ranks (≈ 8 bytes a rank-step) beyond which they are let go
 NODE_BYTES = 64 << 20  # … and the columns of the node being read (≈ 25 bytes a rank-step) beyond which likewise
 
@@ -276,6 +302,11 @@ class Straggler(Rule):
         self._replay: Replay | None = None
         self._kept, self._replaying = 0, False
         self._events = 0
+
+    @classmethod
+    def findings(cls, result: RuleResult, summary: JobSummary) -> list[Finding]:
+        """This rule's result as findings (analyze/finding.py), read through its typed Details."""
+        return findings_of(result, summary)
 
     def update(self, chunk: Chunk) -> None:
         self._replay = chunk.replay
@@ -509,229 +540,6 @@ class _Grid:
             yield a, median, _excess(matrix)
 
 
-REPLAY_CELLS = 1 << 23  # ranks × step numbers read again at once (16 bytes a cell: the block's two matrices)
-NODE_CELLS = 1 << 17  # one node's ranks × step numbers in a piece (≈ 250 bytes a cell while its rows are read)
-
-
-class _Replayed:
-    """`_Grid` for ranks kept as `_Summary`s: the shared step numbers come from their runs, and `blocks()` reads
-    the run again (`Chunk.replay`) a block of step numbers at a time: for each node, the time its ranks' events of
-    those numbers span, so the result holds a block of ranks × numbers instead of every rank-step of the run,
-    however far apart in time the ranks reach a number. `starts` is complete once a `blocks()` pass has ended.
-    The same columns as `_Grid`'s, so the same result."""
-
-    def __init__(self, ranks: list[tuple[tuple[str, int], _Summary]], basis: str, replay: Replay,
-                 of: _Replayed | None = None) -> None:
-        """`of`: a grid of more ranks whose columns (and, for many ranks, medians) these ranks are compared with."""
-        self.index = {key: i for i, (key, _) in enumerate(ranks)}
-        self.ranks, self.replay, self.of = len(ranks), replay, of
-        if of is None:
-            self.numbers = _shared([s.runs for _, s in ranks])
-            self.starts = np.full(len(self.numbers), np.iinfo(np.int64).max, np.int64)
-            # with many ranks, each column's median time outside waits (what excess is measured from)
-            self.centers = np.full(len(self.numbers), np.nan) if len(ranks) > LEAVE_ONE_OUT_UP_TO else None
-        else:
-            self.numbers, self.starts, self.centers = of.numbers, of.starts, of.centers
-        self.wait = {"collectives": COLLECTIVE, "backward": BACKWARD}.get(basis)
-        by_node: dict[str, list[tuple[int, int]]] = {}
-        for (node, rank), i in self.index.items():
-            by_node.setdefault(node, []).append((rank, i))
-        self._ranks = {node: tuple(np.array(column, np.int64) for column in zip(*sorted(pairs)))
-                       for node, pairs in by_node.items()}  # per node: its ranks (sorted) and their rows
-        nodes = sorted({node for (node, _), _ in ranks})
-        code = {node: k for k, node in enumerate(nodes)}
-        rows = [np.c_[np.full(len(s.spans), code[node]), s.spans] for (node, _), s in ranks if len(s.spans)]
-        self._nodes, self._spans = nodes, (np.concatenate(rows) if rows else np.zeros((0, 4), np.int64))
-
-    def plan(self) -> list[tuple[int, int, list[tuple[str, int, int]]]]:
-        """What a pass reads, in order: (first number, end number, [(node, start µs, end µs)]) per block of
-        spans that hold shared numbers, at most REPLAY_CELLS ranks × numbers each, NODE_CELLS of one node's."""
-        if not len(self.numbers):
-            return []
-        first = self.of or self  # a pass over a few ranks reads as the first did: its pieces as big
-        most = max((len(numbers) for numbers, _ in first._ranks.values()), default=1)  # ranks of a node
-        per = max(1, min(REPLAY_CELLS // max(first.ranks, 1), NODE_CELLS // most) // SPAN)  # spans per block
-        wanted = np.unique(self.numbers // SPAN)
-        rows = self._spans[np.isin(self._spans[:, 1], wanted)]
-        block = rows[:, 1] // per
-        order = np.lexsort((rows[:, 0], block))
-        rows, block = rows[order], block[order]
-        key = np.r_[True, (block[1:] != block[:-1]) | (rows[1:, 0] != rows[:-1, 0])]
-        at = np.flatnonzero(key)
-        lo, hi = np.minimum.reduceat(rows[:, 2], at), np.maximum.reduceat(rows[:, 3], at)
-        out: list[tuple[int, int, list[tuple[str, int, int]]]] = []
-        for k, b in enumerate(block[at].tolist()):
-            if not out or out[-1][0] != b * per * SPAN:
-                out.append((b * per * SPAN, (b + 1) * per * SPAN, []))
-            out[-1][2].append((self._nodes[int(rows[at[k], 0])], int(lo[k]), int(hi[k]) + 1))
-        return out
-
-    def rank_rows(self, cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
-        """The grid's row of each of `rows`' (node, rank), -1 for a rank it does not compare."""
-        out = np.full(len(rows), -1, np.int64)
-        node, rank = cols.node[rows], cols.rank[rows]
-        # a replayed piece is one node's: one code, no grouping (finding the codes cost as much as the rest)
-        codes = range(len(cols.nodes)) if len(cols.nodes) == 1 else np.unique(node).tolist()
-        for code in codes:
-            mine = slice(None) if len(cols.nodes) == 1 else node == code
-            ranks = self._ranks.get(cols.nodes[code])
-            if ranks is None:
-                continue
-            numbers, where = ranks
-            theirs = rank[mine]
-            if 0 <= numbers[0] and numbers[-1] < 1 << 16:  # ranks numbered as usual: a table lookup
-                table = np.full(int(numbers[-1]) + 2, -1, np.int64)  # the last entry: any rank past the table
-                table[numbers] = where
-                out[mine] = table[np.clip(theirs, -1, len(table) - 1)]  # -1 (also the last entry): not compared
-            else:
-                pos = np.minimum(np.searchsorted(numbers, theirs), len(numbers) - 1)
-                out[mine] = np.where(numbers[pos] == theirs, where[pos], -1)
-        return out
-
-    def excess(self, matrix: np.ndarray, a: int) -> np.ndarray:
-        """`_excess` of columns [a, a + width): from the medians of all ranks kept by the first pass when there are
-        many (so a pass over a few ranks measures them as the first did), else from the others' median."""
-        if self.centers is None:
-            return _excess(matrix)
-        b = a + matrix.shape[1]
-        if self.of is None:
-            self.centers[a:b] = column_medians(matrix)
-        return matrix - self.centers[a:b]
-
-    def stake(self, fired: list[tuple[tuple[str, int], _Summary]], basis: str, width: int) -> float:
-        """The time at stake of the straggling ranks `fired` (µs): their largest positive excess, summed over the
-        columns. With many ranks, a pass over the straggling ranks' nodes only, measured from the kept medians."""
-        keys = {key for key, _ in fired}
-        grid = self if self.centers is None else _Replayed(fired, basis, self.replay, of=self)
-        rows = np.array([key in keys for key in grid.index])  # index keys are in row order
-        return sum((_stake(excess, rows) for _, _, excess in grid.blocks(width)), 0.0)
-
-    def blocks(self, width: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(first column, median step, excess) per block of at most `width` columns, in order."""
-        plan = self.plan()
-        kinds = (STEP,) if self.wait is None else (STEP, self.wait)
-        chunks = self.replay([piece for _, _, pieces in plan for piece in pieces], kinds=kinds,
-                             fields=("kind", "mode", "step", "end_us"))
-        columns = _Columns(self, width)
-        for lo, hi, pieces in plan:
-            a, b = (int(x) for x in np.searchsorted(self.numbers, [lo, hi]))
-            yield from columns.emit(a)
-            columns.open(a, b)
-            for _ in pieces:
-                columns.take(new_events(next(chunks)), lo, hi)
-            yield from columns.emit(b)
-        yield from columns.emit(len(self.numbers))
-
-
-def _by_key_then_start(key: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """`np.lexsort((start, key))`: one stable sort of a single int64 made of both where they fit in one (the
-    replay's pieces: a block's cells and a few hours of µs), ≈ 8× faster than two sorts."""
-    if not len(key):
-        return np.empty(0, np.intp)
-    k, t = key - key.min(), start - start.min()
-    shift = int(t.max()).bit_length()
-    if int(k.max()).bit_length() + shift > 62:
-        return np.lexsort((start, key))
-    return np.argsort(k << shift | t, kind="stable")
-
-
-def _shared(runs: list[np.ndarray]) -> np.ndarray:
-    """The step numbers in at least two ranks' runs, sorted."""
-    rows = [r for r in runs if len(r)]
-    if not rows:
-        return np.empty(0, np.int64)
-    both = np.concatenate(rows)
-    edges, where = np.unique(np.r_[both[:, 0], both[:, 0] + both[:, 1]], return_inverse=True)
-    change = np.zeros(len(edges), np.int64)
-    np.add.at(change, where, np.r_[np.ones(len(both), np.int64), -np.ones(len(both), np.int64)])
-    count = np.cumsum(change)[:-1]  # ranks holding each number of [edges[i], edges[i + 1])
-    pick = np.flatnonzero(count >= 2)
-    lengths = edges[pick + 1] - edges[pick]
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(edges[pick], lengths) + np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
-
-
-class _Columns:
-    """One replay pass turned into the columns of `_Grid.blocks`: a block of step numbers is filled piece by piece
-    (a piece holds all of one node's events of those numbers: each rank's step of each number is settled from it,
-    its first row's duration less the waits of that number), into two ranks × numbers matrices of the block (16
-    bytes a cell, what bounds `REPLAY_CELLS`); once the block's pieces are in, its columns are handed out."""
-
-    def __init__(self, grid: _Replayed, width: int) -> None:
-        self.grid, self.width = grid, width
-        self.emitted = 0  # columns [0, emitted) handed out
-        self.base = 0  # the block's first column
-        self.outside = self.steps = np.full((grid.ranks, 0), np.nan)  # the block's: time outside waits, step, µs
-
-    def open(self, a: int, b: int) -> None:
-        """The block of columns [a, b), empty (columns before `a` handed out first)."""
-        self.base = a
-        self.outside = np.full((self.grid.ranks, b - a), np.nan)
-        self.steps = np.full((self.grid.ranks, b - a), np.nan)
-
-    def take(self, cols: FrameworkColumns | None, lo: int, hi: int) -> None:
-        """A piece's TRAIN steps and waits of step numbers [lo, hi), of the grid's ranks and columns, settled."""
-        if cols is None:
-            return
-        g = self.grid
-        block = g.numbers[self.base:self.base + self.outside.shape[1]]  # the block's numbers: those in [lo, hi)
-        if not len(block):
-            return
-        rows = np.flatnonzero(cols.mode_is([TRAIN]) & (cols.step >= lo) & (cols.step < hi))
-        step = cols.step[rows]
-        rank = g.rank_rows(cols, rows)
-        if int(block[-1]) - int(block[0]) == len(block) - 1:  # consecutive numbers (the usual case): an offset
-            column = step - block[0]
-            keep = (rank >= 0) & (column >= 0) & (column < len(block))
-        else:
-            column = np.searchsorted(block, step)  # within the block: a search that stays in cache
-            keep = (rank >= 0) & (block[np.minimum(column, len(block) - 1)] == step)
-        column += self.base
-        if not keep.all():
-            rows, rank, column = rows[keep], rank[keep], column[keep]
-        start = cols.start[rows]
-        duration = np.maximum(cols.end[rows] - start, 0)
-        kind = cols.kind_is(STEP)[rows]
-        if not kind.any():
-            return
-        key = rank[kind] * len(g.numbers) + column[kind]
-        start, dur = start[kind], duration[kind]
-        order = _by_key_then_start(key, start)
-        first = order[np.r_[True, np.diff(key[order]) != 0]]  # each rank's first step of each number
-        mine, fs, fd = key[first], start[first], dur[first]  # sorted by rank, then column
-        wait = np.zeros(len(mine), np.int64)
-        if g.wait is not None:
-            kind = cols.kind_is(g.wait)[rows]
-            keys = rank[kind] * len(g.numbers) + column[kind]
-            pos = np.minimum(np.searchsorted(mine, keys), len(mine) - 1)
-            hit = mine[pos] == keys
-            if hit.any():  # µs sums far below 2**53: exact in the float64 weights
-                wait += np.bincount(pos[hit], weights=duration[kind][hit], minlength=len(mine)).astype(np.int64)
-        fr, fc = np.divmod(mine, len(g.numbers))
-        np.minimum.at(g.starts, fc, fs)
-        self.outside[fr, fc - self.base] = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
-        self.steps[fr, fc - self.base] = fd
-
-    def emit(self, upto: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Hand out columns [emitted, upto), `width` at a time: the block's, or none (NaN) before it."""
-        g = self.grid
-        while self.emitted < upto:
-            a = self.emitted
-            inside = self.base <= a < self.base + self.outside.shape[1]
-            b = min(upto, a + self.width, self.base + self.outside.shape[1] if inside else
-                    (self.base if a < self.base else upto))
-            if inside:
-                matrix, steps = self.outside[:, a - self.base:b - self.base], self.steps[:, a - self.base:b - self.base]
-            else:
-                matrix = steps = np.full((g.ranks, b - a), np.nan)
-            self.emitted = b
-            with warnings.catch_warnings():  # a pass over a few ranks has columns where none of them has a value
-                warnings.simplefilter("ignore", RuntimeWarning)
-                median = column_medians(steps)
-                excess = g.excess(matrix, a)
-            yield a, median, excess
-
-
 class _Scan:
     """Per rank, over windows of `window` consecutive shared numbers fed a block at a time: the sum and count of
     its excess, the windows above the thresholds, the first one and the worst one (first of equals). Excess and
@@ -783,26 +591,6 @@ class _Scan:
         self._tail = (v[:, v.shape[1] - keep:], h[:, h.shape[1] - keep:], m[len(m) - keep:])
 
 
-def _stake(excess: np.ndarray, fired: np.ndarray) -> float:
-    """The sum over a block's columns of the largest positive excess among the `fired` rows (µs)."""
-    chosen = np.where(fired[:, None], np.maximum(excess, 0), np.nan)
-    with np.errstate(all="ignore"):  # steps where no straggler has a value: NaN, left out of the sum
-        per_step = np.nanmax(chosen, axis=0, initial=-np.inf, where=~np.isnan(chosen))
-    return float(np.sum(per_step[np.isfinite(per_step)]))
-
-
-LEAVE_ONE_OUT_UP_TO = 16  # ranks: each is compared with the median of the *others* (with two ranks, the other one)
-
-
-def _excess(matrix: np.ndarray) -> np.ndarray:
-    """Each rank's time outside waits minus that of the others at the same step: the median of the other ranks
-    for small jobs (with two ranks the median of both would halve the difference), of all ranks for large ones."""
-    with np.errstate(all="ignore"):
-        if len(matrix) > LEAVE_ONE_OUT_UP_TO:
-            return matrix - column_medians(matrix)
-        return np.stack([matrix[i] - column_medians(np.delete(matrix, i, axis=0)) for i in range(len(matrix))])
-
-
 def _basis(covered: list[tuple[bool, bool]]) -> str:
     """What every rank's waiting is taken to be, from whether each rank's (collectives, backward) cover most of
     its steps: its collectives where every rank's do (explicit calls), else its backward pass where every rank
@@ -841,3 +629,16 @@ def _straggling_nodes(ranks: list[tuple[str, int]], fired: np.ndarray) -> list[s
     if len(nodes) < 2:
         return []
     return [n for n in nodes if all(fired[i] for i, (m, _) in enumerate(ranks) if m == n)]
+
+
+def findings_of(r: RuleResult, s: JobSummary) -> list[Finding]:
+    """The stragglers, from when each fell behind to the loop's end; the stored entries as the evidence."""
+    d = StragglerDetails.from_json(r.details)
+    stored = [x for x in r.details.get("stragglers") or [] if isinstance(x, dict)]  # this rule's own Details
+    if not r.fired or not d.stragglers:
+        return []
+    nodes = d.straggling_nodes or sorted({x.node for x in d.stragglers})
+    since = [(x.since_us, int(s.loop.last_us)) for x in d.stragglers if x.since_us is not None and s.loop is not None]
+    return [finding(r, s, "ranks", d.title or "A rank holds the others back", over_all_steps(d.time_at_stake_s, s),
+                    Where(nodes, [x.key for x in d.stragglers], [], since[:LISTED_WINDOWS]),
+                    {"stragglers": stored[:16], "median_step_s": d.median_step_s})]

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, NodeFrame, Rule, RuleResult
-from stallwatch.analyze.rules.gpu import rounded
-from stallwatch.analyze.rules.stats import Distribution
+from stallwatch.analyze.rules.kit.checks import rounded
+from stallwatch.analyze.rules.kit.details import DetailsRecord, json_key
+from stallwatch.analyze.rules.kit.stats import Distribution
 from stallwatch.records import (
     COLUMN_SEP,
     CPU,
@@ -53,6 +54,46 @@ _CPU, _MEM, _GPU, _GPU_MEM, _IO, _NET = "CPU", "CPU memory", "GPU", "GPU memory"
 METRICS = (_CPU, _MEM, _GPU, _GPU_MEM, _IO, _NET)
 _SINGLE = {_CPU: (CPU, CPU_UTIL), _MEM: (MEMORY, MEM_UTIL), _IO: (CPU, CPU_IOWAIT)}
 _RATES = {(NET, NET_RX_BPS), (NET, NET_TX_BPS), (DISK, DISK_READ_BPS), (DISK, DISK_WRITE_BPS)}
+
+
+@dataclass(frozen=True)
+class UsageStats(DetailsRecord):
+    """A metric over the run on one node (or device): max, p99, p95, p50, min, in the metric's unit (% for
+    utilization, bytes/s for throughput)."""
+
+    max: float | None = None
+    p99: float | None = None
+    p95: float | None = None
+    p50: float | None = None
+    min: float | None = None
+
+    def as_stats(self) -> dict[str, float]:
+        """The statistics present, by name (what a chart of devices draws)."""
+        return {k: v for k, v in (("max", self.max), ("p99", self.p99), ("p95", self.p95), ("p50", self.p50),
+                                  ("min", self.min)) if v is not None}
+
+    def __bool__(self) -> bool:
+        return bool(self.as_stats())
+
+
+@dataclass(frozen=True)
+class OverallSystemUsageDetails(DetailsRecord):
+    """OverallSystemUsage's Details (SageMaker's keys): per metric group ("CPU", "CPU memory", "GPU", "GPU memory",
+    "I/O", "Network") and node its statistics; per node, device and metric (`devices`) likewise."""
+
+    rule = "OverallSystemUsage"
+    cpu: dict[str, UsageStats] = json_key("CPU", {})
+    cpu_memory: dict[str, UsageStats] = json_key("CPU memory", {})
+    gpu: dict[str, UsageStats] = json_key("GPU", {})
+    gpu_memory: dict[str, UsageStats] = json_key("GPU memory", {})
+    io: dict[str, UsageStats] = json_key("I/O", {})
+    network: dict[str, UsageStats] = json_key("Network", {})
+    devices: dict[str, dict[str, dict[str, UsageStats]]] = field(default_factory=dict)
+
+    def metric(self, group: str) -> dict[str, UsageStats]:
+        """A metric group by its stored name ("CPU", "GPU memory", …), per node."""
+        name = next((f for f, k in self.json_keys().items() if k == group), None)
+        return getattr(self, name) if name is not None else {}
 
 
 @dataclass

@@ -16,7 +16,7 @@ import numpy as np
 
 from stallwatch.analyze.frames import NodeFrame
 from stallwatch.analyze.node_series import LIVE_SERIES, METRICS, named_columns, tidy_frame
-from stallwatch.analyze.rules.live import LiveFeed
+from stallwatch.analyze.judge.live import LiveFeed
 from stallwatch.analyze.step_window import EVENT_KINDS, step_breakdown
 from stallwatch.log import logger
 from stallwatch.records import STEP

@@ -67,7 +67,7 @@ class FindingsJob:
             _live_results(a)
             if "rule_results" not in a.__dict__:
                 try:
-                    from stallwatch.analyze.rules.feed import count_slices
+                    from stallwatch.analyze.judge.feed import count_slices
 
                     ev.total = count_slices(a.run)
                 except Exception:

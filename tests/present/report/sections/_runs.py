@@ -14,9 +14,9 @@ import pyarrow as pa
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.base import NodeFrame
-from stallwatch.analyze.rules.feed import read_run
+from stallwatch.analyze.judge.feed import read_run
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.records import FrameworkEvent, MetricKey
 from stallwatch.store import layout
 from stallwatch.store.framework_writer import FrameworkWriter

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.analyze.rules.feed import read_run
-from stallwatch.analyze.rules.gpu import LowGPUUtilization
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.feed import read_run
+from stallwatch.analyze.rules.low_gpu_utilization import LowGPUUtilization
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.present.report.model import WARN, Chart, NotApplicable, Verdict
 from stallwatch.present.report.sections import gpu_utilization
 

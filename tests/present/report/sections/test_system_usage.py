@@ -9,6 +9,7 @@ import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.system_usage import OverallSystemUsageDetails
 from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Chart, NotApplicable, Table, Verdict
 from stallwatch.present.report.sections import system_usage
 from stallwatch.present.report.sections.system_usage import node_verdict
@@ -81,12 +82,13 @@ def test_without_the_rules_result_it_says_why(tmp_path: Path):
 ])
 def test_node_verdict(cpu, gpu, level, words):
     details = {k: {"n1": v} for k, v in (("CPU", cpu), ("GPU", gpu)) if v is not None}
-    v = node_verdict("n1", details)
+    v = node_verdict("n1", OverallSystemUsageDetails.from_json(details))
     assert v is not None and v.level == level and words in v.text, v
 
 
 def test_one_saturated_core_tempers_underutilized():
     devices = {"n1": {"cpu0": {"cpu_util": _stats(20)}, "cpu1": {"cpu_util": _stats(97)}}}
-    v = node_verdict("n1", {"CPU": {"n1": _stats(55)}, "devices": devices})
+    v = node_verdict("n1", OverallSystemUsageDetails.from_json({"CPU": {"n1": _stats(55)}, "devices": devices}))
     assert v is not None and v.level == WARN and "However, core cpu1 was saturated (95th percentile 97 %)" in v.text
-    assert node_verdict("n1", {"devices": devices}) is None  # no totals, no verdict
+    no_totals = OverallSystemUsageDetails.from_json({"devices": devices})
+    assert node_verdict("n1", no_totals) is None  # no totals, no verdict

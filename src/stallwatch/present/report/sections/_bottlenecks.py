@@ -11,6 +11,7 @@ from bokeh.layouts import row
 
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.bottleneck import BottleneckDetails, BottleneckNode, BottleneckRange
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import (
@@ -47,11 +48,11 @@ def build(analysis: RunAnalysis, kind: Kind) -> list[Section]:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    p, d = view.parameters, view.details
-    b = d.get("bottlenecks") or {}
-    nodes: dict[str, dict[str, Any]] = d.get("nodes") or {}
-    count, share = int(b.get("count") or 0), float(b.get("percent") or 0.0)
-    above = {n: float(e.get("percent") or 0.0) for n, e in nodes.items() if e.get("above_threshold")}
+    p, d = view.parameters, BottleneckDetails.from_json(view.details)
+    b = d.bottlenecks
+    nodes = d.nodes
+    count, share = b.count, float(b.percent)
+    above = {n: float(e.percent or 0.0) for n, e in nodes.items() if e.above_threshold}
     if len(nodes) > 1:
         where = (f"On {_listed(above)} the share was above the threshold of {p.get('threshold')} %; on the other "
                  "nodes below it." if above else f"On every node the share was below the threshold of "
@@ -70,15 +71,15 @@ def build(analysis: RunAnalysis, kind: Kind) -> list[Section]:
         sec.blocks.append(Paragraph(skipped_nodes(view)))
     if len(nodes) > 1:
         sec.blocks.append(_nodes_table(nodes, kind))
-    low = int(d.get("low_gpu_utilization") or 0)
+    low = d.low_gpu_utilization
     if low:
         sec.blocks += _low_gpu(view.datapoints, low, count, kind, p.get("gpu_threshold"))
-    ranges = b.get("ranges") or []
+    ranges = b.ranges
     if ranges:
-        sec.blocks.append(_periods_table(analysis, ranges, int(b.get("ranges_total") or len(ranges)), kind))
-        context = framework_during(d, int(b.get("ranges_total") or len(ranges)))
+        sec.blocks.append(_periods_table(analysis, ranges, b.ranges_total or len(ranges), kind))
+        context = framework_during(d, b.ranges_total or len(ranges))
         if context is not None:
-            sec.blocks += _context_blocks(context, kind, int(b.get("ranges_total") or len(ranges)))
+            sec.blocks += _context_blocks(context, kind, b.ranges_total or len(ranges))
     if above:  # the rule's recommendation names the nodes, their shares and what to do
         fired = ""
     else:  # fired while the share so far was high (early in the run), below the threshold over the whole run
@@ -95,9 +96,9 @@ def _listed(shares: dict[str, float]) -> str:
     return ", ".join(f"node {n} ({num(v, 1)} % of the time)" for n, v in shares.items())
 
 
-def _nodes_table(nodes: dict[str, dict[str, Any]], kind: Kind) -> Table:
-    rows = [[node, e.get("datapoints"), e.get("low_gpu_utilization"), e.get("bottlenecks"), e.get("percent"),
-             "yes" if e.get("above_threshold") else "no", e.get("ranges")] for node, e in nodes.items()]
+def _nodes_table(nodes: dict[str, BottleneckNode], kind: Kind) -> Table:
+    rows = [[node, e.datapoints, e.low_gpu_utilization, e.bottlenecks, e.percent, "yes" if e.above_threshold else "no",
+             e.ranges] for node, e in nodes.items()]
     return Table(["Node", "Snapshots", "Low GPU", f"{kind.what} bottlenecks", "% of snapshots", "Above threshold",
                   "Periods"], rows, caption=f"{kind.what} bottlenecks per node")
 
@@ -116,12 +117,12 @@ def _low_gpu(datapoints: int, low: int, count: int, kind: Kind, gpu_threshold: A
                                    caption="Snapshots analyzed, by GPU usage and bottleneck")]
 
 
-def _periods_table(analysis: RunAnalysis, ranges: list[dict[str, Any]], total: int, kind: Kind) -> Table:
-    longest = sorted(ranges, key=lambda r: (-int(r["snapshots"]), r["start_us"]))[:PERIODS_LISTED]
+def _periods_table(analysis: RunAnalysis, ranges: list[BottleneckRange], total: int, kind: Kind) -> Table:
+    longest = sorted(ranges, key=lambda r: (-r.snapshots, r.start_us))[:PERIODS_LISTED]
     rows = []
     for r in longest:
-        end = r["end_us"] + int(1000 * analysis.sample_interval_ms.get(r["node"], 0.0))  # the last snapshot's period
-        rows.append([r["node"], when(r["start_us"]), when(end), r["snapshots"], duration((end - r["start_us"]) / 1e6)])
+        end = r.end_us + int(1000 * analysis.sample_interval_ms.get(r.node, 0.0))  # the last snapshot's period
+        rows.append([r.node, when(r.start_us), when(end), r.snapshots, duration((end - r.start_us) / 1e6)])
     among = f" (among the first {len(ranges)} of {total} periods)" if total > len(ranges) else ""
     return Table(["Node", "From", "To", "Snapshots", "Duration"], rows,
                  caption=f"The longest {kind.what} bottleneck periods{among}")
@@ -141,20 +142,20 @@ class LoopContext:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-def framework_during(details: dict[str, Any], periods: int) -> LoopContext | None:
+def framework_during(details: BottleneckDetails, periods: int) -> LoopContext | None:
     """The rule's framework context (every bottleneck period of every node, matched with the events as they
     arrived), summed over nodes; None when no event fell in a period."""
-    per_node: dict[str, dict[str, Any]] = details.get("framework_context") or {}
+    per_node = details.framework_context
     out = LoopContext(0.0, periods)
     parts = {label: 0.0 for label in PARTS.values()}
     phases: dict[str, float] = {}
     in_steps = 0.0
     for c in per_node.values():
-        out.rank_seconds += float(c.get("bottleneck_s") or 0.0) * int(c.get("ranks") or 0)
-        kinds = c.get("kinds_s") or {}
+        out.rank_seconds += float(c.bottleneck_s) * c.ranks
+        kinds = c.kinds_s
         for k, label in PARTS.items():
             parts[label] += float(kinds.get(k) or 0.0)
-        for mode, seconds in (c.get("phases_s") or {}).items():
+        for mode, seconds in c.phases_s.items():
             phases[mode] = phases.get(mode, 0.0) + float(seconds)
         in_steps += float(kinds.get(STEP) or 0.0)
     if in_steps == 0 and not any(parts.values()):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.kit.details import Coverage
 from stallwatch.present.report.model import GOOD, WARN, NotApplicable, Verdict
 
 US = 1_000_000
@@ -27,7 +27,7 @@ def rule_view(analysis: RunAnalysis, name: str, what: str) -> tuple[RuleResult |
     if view.status == "not_applicable":
         return view, NotApplicable(not_applicable_reason(view, what, analysis.summary.ended_before_first_step))
     patience = view.parameters.get("patience")
-    if view.datapoints == 0 and patience is not None and not view.details.get("nothing_to_compare"):
+    if view.datapoints == 0 and patience is not None and not Coverage.from_json(view.details).nothing_to_compare:
         return view, NotApplicable(f"The run is too short for {what}: the {name} rule skips the first {patience} "
                                    "snapshots of each node (initialization), and no node had enough snapshots after "
                                    "them, so nothing was analyzed.")
@@ -37,8 +37,8 @@ def rule_view(analysis: RunAnalysis, name: str, what: str) -> tuple[RuleResult |
 def not_applicable_reason(view: RuleResult, what: str, failed: str | None = None) -> str:
     """A rule's "not applicable" as a plain sentence: no GPU, no framework data (and how to get it, unless the
     job ended before its first step: `failed` says how), or the rule's own message."""
-    skipped = view.details.get("not_applicable")
-    if isinstance(skipped, dict) and skipped:
+    skipped = Coverage.from_json(view.details).not_applicable
+    if skipped:
         nodes = ("node " if len(skipped) == 1 else "nodes ") + ", ".join(sorted(skipped))
         return f"No GPU on this run ({nodes} recorded no GPU data): {what} does not apply."
     message = view.message.rstrip(".")
@@ -55,16 +55,10 @@ def _cap(text: str) -> str:
 
 def skipped_nodes(view: RuleResult) -> str:
     """The nodes a GPU rule skipped for lack of GPU data, as a sentence ("" when none)."""
-    skipped = view.details.get("not_applicable")
-    if not isinstance(skipped, dict) or not skipped:
+    skipped = Coverage.from_json(view.details).not_applicable
+    if not skipped:
         return ""
     return f"Nodes without GPU data, left out here: {', '.join(sorted(skipped))}."
-
-
-def node_details(view: RuleResult) -> dict[str, dict[str, Any]]:
-    """Details keyed by node (GPU rules), without the run-wide keys."""
-    return {k: v for k, v in view.details.items()
-            if isinstance(v, dict) and k not in ("not_applicable", "flagged_windows")}
 
 
 def rule_verdict(view: RuleResult, fired: str, fine: str, *, fires: bool | None = None) -> Verdict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.max_initialization_time import MaxInitializationTimeDetails
 from stallwatch.present.report.model import INFO, WARN, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections._loop import HOW_TO_RECORD, duration, num, percent, rule_view, when
 
@@ -13,9 +14,9 @@ RULE = "MaxInitializationTime"
 
 def build(analysis: RunAnalysis) -> list[Section]:
     view, _ = rule_view(analysis, RULE, "the initialization analysis")
-    details = view.details if view is not None else {}
-    init_s, loop_s = details.get("initialization_s"), details.get("training_loop_s")
-    job_s = _job_seconds(details)
+    details = MaxInitializationTimeDetails.from_json(view.details if view is not None else {})
+    init_s, loop_s = details.initialization_s, details.training_loop_s
+    job_s = details.job_s
     loop = Section("training-loop", "Analyzing the training loop", level=2)
     if init_s is None or loop_s is None:
         loop.blocks.append(Paragraph(_no_steps(view, analysis.summary.ended_before_first_step)))
@@ -35,11 +36,6 @@ def build(analysis: RunAnalysis) -> list[Section]:
             loop.blocks.append(_init_verdict(view, init_s))
     sections.append(loop)
     return sections
-
-
-def _job_seconds(details: dict) -> float:
-    start, end = details.get("job_start"), details.get("job_end")
-    return (end - start) / 1e6 if start is not None and end is not None and end > start else 0.0
 
 
 def _no_steps(view: RuleResult | None, failed: str | None = None) -> str:
@@ -67,11 +63,11 @@ def _initialization(view: RuleResult, init_s: float, loop_s: float, job_s: float
         f"until the first step is available and fires when that takes more than `threshold` minutes (here "
         f"{threshold} minutes). Initialization takes long when a whole data set is downloaded or preprocessed "
         "before training starts, or when the job waits for its peers or for a busy machine."))
-    nodes = view.details.get("nodes") or {}
+    nodes = MaxInitializationTimeDetails.from_json(view.details).nodes
     if nodes:
         sec.blocks.append(Table(
             ["Node", "Node started", "First step", "Initialization [s]"],
-            [[node, when(e.get("start_us")), when(e.get("first_step")), e.get("initialization_s")]
+            [[node, when(e.start_us), when(e.first_step), e.initialization_s]
              for node, e in nodes.items()],
             caption="When each node started and when its first step began"))
     sec.blocks.append(_init_verdict(view, init_s))

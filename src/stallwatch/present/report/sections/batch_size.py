@@ -3,16 +3,15 @@ the windows it evaluated showed all three low (a batch too small for the instanc
 
 from __future__ import annotations
 
-from typing import Any
-
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.batch_size import BatchNode, BatchSizeDetails
+from stallwatch.analyze.rules.kit.details import BoxStats
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import node_details, rule_verdict, rule_view, skipped_nodes, when
+from stallwatch.present.report.sections._loop import rule_verdict, rule_view, skipped_nodes, when
 
 RULE = "BatchSize"
 TITLE = "Batch size"
-_NOT_SERIES = ("windows", "violations", "last_timestamp")
 
 
 def build(analysis: RunAnalysis) -> list[Section]:
@@ -35,16 +34,16 @@ def build(analysis: RunAnalysis) -> list[Section]:
         "snapshots."))
     if skipped_nodes(view):
         sec.blocks.append(Paragraph(skipped_nodes(view)))
-    for node, entry in node_details(view).items():
-        series = [(key, stats) for key, stats in entry.items() if key not in _NOT_SERIES and isinstance(stats, dict)
-                  and stats]
+    details = BatchSizeDetails.from_json(view.details)
+    for node, entry in details.nodes.items():
+        series = [(key, stats) for key, stats in entry.series.items() if stats.as_box()]
         if not series:
             continue
-        sec.blocks.append(Chart(charts.box_plot(f"Node {node}", [(_label(k), s) for k, s in series]),
+        sec.blocks.append(Chart(charts.box_plot(f"Node {node}", [(_label(k), s.as_box()) for k, s in series]),
                                 caption=f"Total CPU, GPU utilization and GPU memory utilization on node {node} "
                                         "(whiskers at most 1.5 IQR beyond the box, without outliers)"))
         sec.blocks.append(_table(node, entry, series))
-    last = view.details.get("last_timestamp")
+    last = details.last_timestamp
     sec.blocks.append(rule_verdict(
         view, f"Your training job is underutilizing the instance: CPU, GPU and GPU memory usage were all low in "
         f"{view.violations} windows, the last ending at {when(last)}.",
@@ -58,8 +57,8 @@ def _label(key: str) -> str:
     return f"{key[:-len('_memory')]} memory" if key.endswith("_memory") else key
 
 
-def _table(node: str, entry: dict[str, Any], series: list[tuple[str, dict[str, float]]]) -> Table:
-    rows = [[_label(k), s.get("p95"), s.get("p75"), s.get("p50"), s.get("p25"), s.get("upper"), s.get("lower")]
+def _table(node: str, entry: BatchNode, series: list[tuple[str, BoxStats]]) -> Table:
+    rows = [[_label(k), s.p95, s.p75, s.p50, s.p25, s.upper, s.lower]
             for k, s in series]
     return Table(["Series", "p95 %", "p75 %", "p50 %", "p25 %", "Upper whisker %", "Lower whisker %"], rows,
-                 caption=f"Node {node}: {entry.get('violations', 0)} of {entry.get('windows', 0)} windows flagged")
+                 caption=f"Node {node}: {entry.violations} of {entry.windows} windows flagged")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.dataloader import DataloaderDetails, LoaderNode, LoaderSettings, WaitHistogram
+from stallwatch.analyze.rules.input_bound import InputBoundDetails
 from stallwatch.present.report.model import INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import num, plural, rule_verdict, rule_view
@@ -21,7 +23,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    d = view.details
+    d = DataloaderDetails.from_json(view.details)
     p = view.parameters
     sec.blocks.append(Paragraph(
         "The number of data-loader workers can greatly affect the overall performance of your training job. The "
@@ -34,26 +36,26 @@ def build(analysis: RunAnalysis) -> list[Section]:
         "compete for the CPU with the training processes, and in between the workers are enough but each batch is "
         f"too slow to produce. The rule analyzed {view.datapoints} samples of the worker count and fired on "
         f"{plural(view.triggered, 'node')}."))
-    nodes: dict[str, dict[str, Any]] = d.get("nodes") or {}
+    nodes = d.nodes
     if nodes:
         sec.blocks.append(_nodes_table(nodes))
-    loaders = d.get("loaders") or []
+    loaders = d.loaders
     if loaders:
-        sec.blocks.append(_loaders_table(loaders, int(d.get("loaders_total") or len(loaders))))
-    timing = d.get("dataloading_time") or {}
-    if timing.get("probs"):
+        sec.blocks.append(_loaders_table(loaders, d.loaders_total or len(loaders)))
+    timing = d.dataloading_time
+    if timing.probs:
         sec.blocks += _timing(timing)
     # fired: the rule's recommendation names the nodes, the worker counts to try, pinned memory and prefetching
-    sec.blocks.append(rule_verdict(view, "", view.recommendation if d.get("bottleneck") is False else
+    sec.blocks.append(rule_verdict(view, "", view.recommendation if d.bottleneck is False else
                                    "The number of data-loader workers fits the CPU cores of every node."))
     advice = _advice(analysis, nodes, d)
-    if advice and not view.triggered and d.get("bottleneck") is not False:
+    if advice and not view.triggered and d.bottleneck is not False:
         sec.blocks.append(Verdict(advice, INFO))
     starved = analysis.rule("InputBound")
     if not view.triggered and starved is not None and starved.status == "ok" and starved.triggered > 0:
         # a typical step waited little, but windows of steps waited more: the section must not read as the opposite
         # of the finding at the top of the report
-        title = starved.details.get("title") or "The loop waits for data"
+        title = InputBoundDetails.from_json(starved.details).title or "The loop waits for data"
         sec.blocks.append(Verdict(f"Yet the InputBound rule found: {title}. {_cap(starved.recommendation)}", WARN))
     return [sec]
 
@@ -62,53 +64,51 @@ def _cap(text: str | None) -> str:
     return (text[:1].upper() + text[1:]) if text else ""
 
 
-def _nodes_table(nodes: dict[str, dict[str, Any]]) -> Table:
+def _nodes_table(nodes: dict[str, LoaderNode]) -> Table:
     rows = []
     for node, e in nodes.items():
         verdict = {"below": "too few workers", "above": "too many workers", "slow_fetch": "workers cannot keep up",
-                   "not_a_bottleneck": "not a bottleneck"}.get(e.get("reason") or "", "fine")
-        if e.get("percent") is None and e.get("reason") not in ("slow_fetch", "not_a_bottleneck"):
-            verdict = e.get("reason") or "unknown"
-        rows.append([node, e.get("cores"), e.get("ranks"), e.get("dataloaders"), e.get("percent"), e.get("max_alive"),
-                     e.get("wait_share"), e.get("source"), e.get("suggested_num_workers"), verdict])
+                   "not_a_bottleneck": "not a bottleneck"}.get(e.reason or "", "fine")
+        if e.percent is None and e.reason not in ("slow_fetch", "not_a_bottleneck"):
+            verdict = e.reason or "unknown"
+        rows.append([node, e.cores, e.ranks, e.dataloaders, e.percent, e.max_alive, e.wait_share, e.source,
+                     e.suggested_num_workers, verdict])
     return Table(["Node", "CPU cores", "Ranks", "Workers in parallel (median)", "% of cores", "Most workers alive",
                   "Data wait (% of step time, worst rank)", "Counted from", "Suggested num_workers per rank",
                   "Verdict"], rows,
                  caption="Data-loader workers and CPU cores per node")
 
 
-def _advice(analysis: RunAnalysis, nodes: dict[str, dict[str, Any]], d: dict[str, Any]) -> str:
+def _advice(analysis: RunAnalysis, nodes: dict[str, LoaderNode], d: DataloaderDetails) -> str:
     """The seeds' sentences on pinned memory (for GPU nodes) and prefetching, where they apply."""
     parts = []
     gpu_nodes = [n for n in nodes if analysis.node_record(n).has_gpus]
-    if gpu_nodes and d.get("pin_memory") is False:
+    if gpu_nodes and d.pin_memory is False:
         parts.append("Pinned memory makes copies to the GPUs faster and lets them overlap with compute; your "
                      "training job did not use it everywhere. With a PyTorch DataLoader, set pin_memory=True.")
-    if d.get("prefetch") is False:
+    if d.prefetch is False:
         parts.append("Your training job did not prefetch data (every loader ran with num_workers=0, loading each "
                      "batch in the training process when it was needed). Prefetching prepares batches ahead of "
                      "time: use worker processes (num_workers > 0, prefetch_factor >= 2).")
     return " ".join(parts)
 
 
-def _loaders_table(loaders: list[dict[str, Any]], total: int) -> Table:
-    rows = [[e.get("node"), e.get("rank"), e.get("dataset"), e.get("created_at"), e.get("mode"), e.get("batch_size"),
-             e.get("num_workers"), e.get("pin_memory"), e.get("prefetch_factor"), e.get("persistent_workers"),
-             e.get("iterators")]
-            for e in loaders]
+def _loaders_table(loaders: list[LoaderSettings], total: int) -> Table:
+    rows = [[e.node, e.rank, e.dataset, e.created_at, e.mode, e.batch_size, e.num_workers, e.pin_memory,
+             e.prefetch_factor, e.persistent_workers, e.iterators] for e in loaders]
     more = f" (the first {len(loaders)} of {total})" if total > len(loaders) else ""
     return Table(["Node", "Rank", "Dataset", "Built at", "Loop", "Batch size", "num_workers", "pin_memory",
                   "prefetch_factor", "persistent_workers", "Iterators"], rows,
                  caption=f"The data loaders and their settings{more} (Loop: the mode of the steps that waited for it)")
 
 
-def _timing(t: dict[str, Any]) -> list[Any]:
-    which = "training steps" if t.get("mode") == "TRAIN" else "steps"
-    text = (f"The following histogram shows how long the training loop waited for each batch ({t.get('count')} "
-            f"waits during {which}). The median wait was {num(t.get('p50'), 4)} s, the 95th percentile "
-            f"{num(t.get('p95'), 4)} s, the 25th percentile {num(t.get('p25'), 4)} s and the longest "
-            f"{num(t.get('max'), 4)} s.")
-    chart = charts.histogram("Waiting for data", "Wait for a batch in s", [("Waits for a batch", t["probs"],
-                                                                          t["binedges"])],
+def _timing(t: WaitHistogram) -> list[Any]:
+    which = "training steps" if t.mode == "TRAIN" else "steps"
+    text = (f"The following histogram shows how long the training loop waited for each batch ({t.count} "
+            f"waits during {which}). The median wait was {num(t.p50, 4)} s, the 95th percentile "
+            f"{num(t.p95, 4)} s, the 25th percentile {num(t.p25, 4)} s and the longest "
+            f"{num(t.max, 4)} s.")
+    chart = charts.histogram("Waiting for data", "Wait for a batch in s", [("Waits for a batch", t.probs,
+                                                                          t.binedges)],
                              y_label="Share of waits")
     return [Paragraph(text), Chart(chart, caption="Time the training loop waited for each batch")]

@@ -13,8 +13,8 @@ from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.collectives import DDP_EVENT
 from stallwatch.analyze.rules.communication import CALLS, MEASURED, SAMPLED, SYNC_EVENT, CommunicationDetails
-from stallwatch.analyze.rules.framework_metrics import OTHER
-from stallwatch.analyze.rules.steps import mode_order
+from stallwatch.analyze.framework_frame import mode_order
+from stallwatch.analyze.rules.framework_metrics import OTHER, Operator, OverallFrameworkMetricsDetails
 from stallwatch.present.report.breakdowns import pie
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
@@ -47,15 +47,15 @@ def build(analysis: RunAnalysis) -> list[Section]:
     failed = analysis.summary.ended_before_first_step
     if failed and (result is None or not result.applies):
         main = Section(SECTION_ID, TITLE, [NotApplicable(f"No framework metrics in this run: {failed}.")])
-        return [main, *operator_sections(analysis, {})]
+        return [main, *operator_sections(analysis, OverallFrameworkMetricsDetails())]
     if result is None or not result.applies:
         why = (result.message if result is not None else "") or "the rule's result is missing"
         main = Section(SECTION_ID, TITLE, [NotApplicable(
             f"No framework metrics in this run ({why}). They come from inside the training process: run the "
             "PyTorch job under `stallwatch run -- python train.py`, and its steps, phases and data loading are "
             "recorded with no code change.")])
-        return [main, *operator_sections(analysis, {})]
-    details: Mapping[str, Any] = result.details
+        return [main, *operator_sections(analysis, OverallFrameworkMetricsDetails())]
+    details = OverallFrameworkMetricsDetails.from_json(result.details)
     blocks: list[Block] = []
     blocks += _phases(details, gpu=analysis.has_gpus)
     blocks += _step_parts(details, gpu=analysis.has_gpus)
@@ -71,8 +71,8 @@ def _seconds(values: Mapping[str, Any], labels: Mapping[str, str] | None = None)
     return {labels.get(k, k): float(v) / 1e6 for k, v in values.items()}
 
 
-def _phases(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
-    phase, fb = details.get("phase") or {}, details.get("forward_backward") or {}
+def _phases(details: OverallFrameworkMetricsDetails, *, gpu: bool = False) -> list[Block]:
+    phase, fb = details.phase, details.forward_backward
     out: list[Block] = []
     charts = []
     text = PHASE_TEXT
@@ -80,7 +80,7 @@ def _phases(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
         text += f" All of it was in {next(iter(phase))} steps."
     elif phase:
         between = {"others": catalogue.label("others")}
-        charts.append(pie(_seconds(details.get("phase_us") or {}, between), unit="seconds",
+        charts.append(pie(_seconds(details.phase_us, between), unit="seconds",
                           title="The training loop's time: steps and between them"))
     if phase:
         others = float(phase.get("others", 0.0))
@@ -102,23 +102,23 @@ def _phases(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
     return out
 
 
-def _step_parts(details: Mapping[str, Any], *, gpu: bool = False) -> list[Block]:
+def _step_parts(details: OverallFrameworkMetricsDetails, *, gpu: bool = False) -> list[Block]:
     """Per mode, where its timed steps' time went: each part a share of that mode's step time (a pie per mode; a
     sentence where there is one part only)."""
     labels = {**PART_LABELS, OTHER: GPU_OTHER} if gpu else PART_LABELS
     out: list[Block] = []
     charts = []
-    for mode, m in (details.get("modes") or {}).items():
-        parts = m.get("parts") or {}
+    for mode, m in details.modes.items():
+        parts = m.parts
         if not parts:
             continue
-        of = f"the {m.get('steps', 0):,} timed {mode} steps' {float(m.get('step_us', 0)) / 1e6:,.1f} s"
+        of = f"the {m.steps:,} timed {mode} steps' {float(m.step_us) / 1e6:,.1f} s"
         if len(parts) == 1:
             out.append(Paragraph(f"All of {of} was {labels.get(next(iter(parts)), next(iter(parts)))}."))
             continue
         listed = ", ".join(f"{labels.get(k, k)} {_pct(v)}" for k, v in parts.items())
         out.append(Paragraph(f"Of {of}: {listed}."))
-        charts.append(pie(_seconds(m.get("parts_us") or {}, labels), unit="seconds", title=f"{mode} steps' time"))
+        charts.append(pie(_seconds(m.parts_us, labels), unit="seconds", title=f"{mode} steps' time"))
     if charts:
         out.append(Chart(row(*charts), "Where each mode's steps spent their time (shares of that mode's step time)"))
     return out
@@ -128,24 +128,24 @@ def _pct(value: float) -> str:
     return "< 1 %" if value < 0.5 else f"{value:.0f} %"
 
 
-def _general(details: Mapping[str, Any]) -> list[Block]:
+def _general(details: OverallFrameworkMetricsDetails) -> list[Block]:
     out: list[Block] = []
     # No pie of these three against each other: their shares of one another read as shares of the loop ("87 %
     # waiting for data" beside a data wait of 10.7 % of step time). Their share of each mode's steps is above.
-    collectives = {name: v for name, v in ((details.get("events") or {}).get(COLLECTIVE) or {}).items()
+    collectives = {name: v for name, v in (details.events.get(COLLECTIVE) or {}).items()
                    if name not in (DDP_EVENT, SYNC_EVENT)}  # DDP's own all-reduce: said per step below
     if collectives:
-        total = sum(v["total_us"] for v in collectives.values()) / 1e6
+        total = sum(v.total_us for v in collectives.values()) / 1e6
         out.append(Paragraph(f"Collective operations called through torch.distributed (all-reduce, broadcast, "
                              f"barriers …) took {total:,.1f} s in all ranks together, over "
-                             f"{sum(v['count'] for v in collectives.values()):,} calls."))
-    elif (details.get("events") or {}).get(COLLECTIVE):
+                             f"{sum(v.count for v in collectives.values()):,} calls."))
+    elif details.events.get(COLLECTIVE):
         pass  # only DDP's gradient all-reduce: said per step below
     else:
         out.append(Paragraph("No collective operations were recorded: a single-process job has none; a distributed "
                              "job's collectives are recorded when they run through torch.distributed."))
-    events = details.get("events") or {}
-    rows = [[catalogue.label(kind), name, v["count"], v["total_us"] / 1e6, v["total_us"] / 1e3 / max(v["count"], 1)]
+    events = details.events
+    rows = [[catalogue.label(kind), name, v.count, v.total_us / 1e6, v.total_us / 1e3 / max(v.count, 1)]
             for kind, names in events.items() for name, v in names.items()]
     rows.sort(key=lambda r: -r[3])
     if rows:
@@ -154,18 +154,16 @@ def _general(details: Mapping[str, Any]) -> list[Block]:
     return out
 
 
-def _ranks(details: Mapping[str, Any]) -> list[Block]:
-    ranks = details.get("ranks") or {}
+def _ranks(details: OverallFrameworkMetricsDetails) -> list[Block]:
+    ranks = details.ranks
     if len(ranks) < 2:
         return []
-    phases = sorted({p for r in ranks.values() for p in (r.get("phase") or {})},
-                    key=lambda p: (p == "others", mode_order(p), p))
+    phases = sorted({p for r in ranks.values() for p in r.phase}, key=lambda p: (p == "others", mode_order(p), p))
     rows = []
     for key, r in ranks.items():
-        fb = r.get("forward_backward") or {}
-        rows.append([key, r.get("steps", 0), *((r.get("phase") or {}).get(p, 0.0) for p in phases),
-                     fb.get("forward", 0.0), fb.get("backward", 0.0),
-                     (r.get("general_us") or {}).get(DATA_WAIT, 0) / 1e6])
+        fb = r.forward_backward
+        rows.append([key, r.steps, *(r.phase.get(p, 0.0) for p in phases), fb.get(FORWARD, 0.0), fb.get(BACKWARD, 0.0),
+                     r.general_us.get(DATA_WAIT, 0) / 1e6])
     return [Table(["rank", "steps", *(f"{p} %" for p in phases), "training forward %", "training backward %",
                    "waiting for data (s)"],
                   rows, "Per rank")]
@@ -216,8 +214,8 @@ def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
                   "Gradient all-reduce per step (DDP)")]
 
 
-def _ratio(details: Mapping[str, Any]) -> list[Block]:
-    ratio = details.get("ratio") or {}
+def _ratio(details: OverallFrameworkMetricsDetails) -> list[Block]:
+    ratio = details.ratio
     if not ratio:
         return []
     key, perc = next(iter(ratio.items()))
@@ -231,16 +229,16 @@ def _ratio(details: Mapping[str, Any]) -> list[Block]:
                   "The ratio between the time spent on CPU/GPU operators")]
 
 
-def operator_sections(analysis: RunAnalysis, details: Mapping[str, Any]) -> list[Section]:
+def operator_sections(analysis: RunAnalysis, details: OverallFrameworkMetricsDetails) -> list[Section]:
     """"CPU operators" and "GPU operators": each a table and a pie, or a plain statement why there is none."""
-    tables = details.get("operators") or {}
+    tables = details.operators
     out = []
     for label, where in (("CPU", "the CPUs"), ("GPU", "the GPUs")):
         sid, title = f"{label.lower()}-operators", f"{label} operators"
-        ops = tables.get(label) or []
+        ops, count = tables.of(label)
         if ops:
-            out.append(Section(sid, title, _operators(label, where, ops, int(tables.get(f"{label}_count") or len(ops)),
-                                                      int(details.get("operator_windows") or 0)), level=3))
+            out.append(Section(sid, title, _operators(label, where, ops, count or len(ops), details.operator_windows),
+                               level=3))
         else:
             out.append(Section(sid, title, [NotApplicable(_no_operators(analysis, label, bool(tables)))], level=3))
     return out
@@ -257,29 +255,29 @@ def _no_operators(analysis: RunAnalysis, label: str, any_operators: bool) -> str
     return f"No detailed-profiling window was recorded in this run, so there are no operator tables. {HOW_TO_PROFILE}"
 
 
-def _operators(label: str, where: str, ops: list[Mapping[str, Any]], count: int, windows: int) -> list[Block]:
+def _operators(label: str, where: str, ops: list[Operator], count: int, windows: int) -> list[Block]:
     top = ops[0]
     blocks: list[Block] = [Paragraph(
         f"The following table shows a list of operators that ran on {where}, by self time (the time in the operator "
-        f"itself, without the operators it called). The most expensive operator on {where} was \"{top['operator']}\" "
-        f"with {float(top['percent']):.0f} %.")]
-    if float(top["percent"]) > 50:
-        blocks.append(Verdict(f"One operator, \"{top['operator']}\", took most of the {label} operators' time: it is "
+        f"itself, without the operators it called). The most expensive operator on {where} was \"{top.operator}\" "
+        f"with {float(top.percent):.0f} %.")]
+    if float(top.percent) > 50:
+        blocks.append(Verdict(f"One operator, \"{top.operator}\", took most of the {label} operators' time: it is "
                               "where the model itself can be made faster.", INFO))
-    values = {str(o["operator"]): float(o["self_us"]) / 1e3 for o in ops}
+    values = {str(o.operator): float(o.self_us) / 1e3 for o in ops}
     blocks.append(Chart(pie(values, unit="ms", top=PIE_TOP, rest=_unlisted_ms(ops), others="other operators",
                             title=f"{label} operators by self time"), f"{label} operators by self time"))
-    rows = [[o["operator"], o["calls"], o["self_us"] / 1e3, o["total_us"] / 1e3, o["percent"]] for o in ops]
+    rows = [[o.operator, o.calls, o.self_us / 1e3, o.total_us / 1e3, o.percent] for o in ops]
     shown = f"The {len(ops)} most expensive of {count:,}" if count > len(ops) else f"All {count:,}"
     blocks.append(Table(["operator", "calls", "self time (ms)", "total time (ms)", f"% of {label} self time"], rows,
                         f"{shown} {label} operators, over {windows} detailed-profiling window(s)"))
     return blocks
 
 
-def _unlisted_ms(ops: list[Mapping[str, Any]]) -> float:
+def _unlisted_ms(ops: list[Operator]) -> float:
     """Self time (ms) of the operators the rule did not list, from the listed ones' shares of the device's."""
-    listed_ms = sum(float(o["self_us"]) for o in ops) / 1e3
-    listed_pct = sum(float(o["percent"]) for o in ops)
+    listed_ms = sum(float(o.self_us) for o in ops) / 1e3
+    listed_pct = sum(float(o.percent) for o in ops)
     if not 0 < listed_pct < 99.999:
         return 0.0
     return listed_ms * 100.0 / listed_pct - listed_ms

@@ -3,20 +3,11 @@ window-to-window rises and the verdict on a growing footprint."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.gpu_memory_increase import GpuMemory, GPUMemoryIncreaseDetails
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import (
-    node_details,
-    num,
-    plural,
-    rule_verdict,
-    rule_view,
-    skipped_nodes,
-    when,
-)
+from stallwatch.present.report.sections._loop import num, plural, rule_verdict, rule_view, skipped_nodes, when
 
 RULE = "GPUMemoryIncrease"
 TITLE = "GPU memory"
@@ -42,16 +33,16 @@ def build(analysis: RunAnalysis) -> list[Section]:
         f"{plural(view.triggered, 'window')}."))
     if skipped_nodes(view):
         sec.blocks.append(Paragraph(skipped_nodes(view)))
-    for node, gpus in node_details(view).items():
-        gpus = {g: e for g, e in gpus.items() if isinstance(e, dict)}
+    details = GPUMemoryIncreaseDetails.from_json(view.details)
+    for node, gpus in details.nodes.items():
         sec.blocks.append(_table(node, gpus))
-        boxes = [(g, e) for g, e in gpus.items() if e.get("p50") is not None]
+        boxes = [(g, box) for g, e in gpus.items() if (box := e.box()) is not None]
         if boxes:
             sec.blocks.append(Chart(charts.box_plot(f"GPU memory on node {node}", boxes,
                                                     y_label="Memory utilization in %"),
                                     caption=f"Memory utilization per GPU on node {node} (whiskers at most 1.5 IQR "
                                             "beyond the box, without outliers)"))
-    last = view.details.get("last_timestamp")
+    last = details.last_timestamp
     sec.blocks.append(rule_verdict(
         view, f"The GPU memory footprint grew: {plural(view.violations, 'rise')} of more than {num(inc)} points, the "
         f"last at {when(last)}.",
@@ -59,17 +50,17 @@ def build(analysis: RunAnalysis) -> list[Section]:
     return [sec]
 
 
-def _table(node: str, gpus: dict[str, dict[str, Any]]) -> Table:
-    rows = [[g, e.get("gpu_max"), e.get("p95"), e.get("p50"), e.get("p05"), e.get("increase"), e.get("violations"),
-             when(e.get("last_timestamp")) if e.get("last_timestamp") is not None else "", _note(e)]
+def _table(node: str, gpus: dict[str, GpuMemory]) -> Table:
+    rows = [[g, e.gpu_max, e.p95, e.p50, e.p05, e.increase, e.violations,
+             when(e.last_timestamp) if e.last_timestamp is not None else "", _note(e)]
             for g, e in gpus.items()]
     return Table(["GPU", "Max %", "p95 %", "p50 %", "p5 %", "Largest rise [points]", "Rises", "Last rise", "Note"],
                  rows, caption=f"GPU memory utilization on node {node}")
 
 
-def _note(e: dict[str, Any]) -> str:
+def _note(e: GpuMemory) -> str:
     """The seeds' remarks on one GPU: close to full, little used, or fluctuating."""
-    top, p95, p5 = e.get("gpu_max"), e.get("p95"), e.get("p05")
+    top, p95, p5 = e.gpu_max, e.p95, e.p05
     if top is not None and top >= NEAR_FULL:
         return f"close to full (peak {num(top, 0)} %): a larger GPU or a smaller footprint leaves room to grow"
     if p95 is not None and p5 is not None and p95 - p5 > 50:

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.load_balancing import BalanceNode, LoadBalancingDetails
 from stallwatch.present.report.model import INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
-from stallwatch.present.report.sections._loop import node_details, num, rule_verdict, rule_view, skipped_nodes
+from stallwatch.present.report.sections._loop import num, rule_verdict, rule_view, skipped_nodes
 
 RULE = "LoadBalancing"
 TITLE = "Workload balancing"
@@ -33,7 +34,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
         f"{view.datapoints} snapshots and found {view.violations} imbalanced pairs of GPUs."))
     if skipped_nodes(view):
         sec.blocks.append(Paragraph(skipped_nodes(view)))
-    nodes = node_details(view)
+    nodes = LoadBalancingDetails.from_json(view.details).nodes
     single = [n for n, d in nodes.items() if _gpus(d) < 2]
     for node, d in nodes.items():
         sec.blocks += _node(node, d, threshold)
@@ -48,10 +49,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
     return [sec]
 
 
-def _node(node: str, d: dict[str, Any], threshold: Any) -> list[Any]:
-    workloads: dict[str, list[int]] = d.get("workloads") or {}
-    edges = d.get("binedges") or []
-    means = d.get("mean_utilization") or {}
+def _node(node: str, d: BalanceNode, threshold: Any) -> list[Any]:
+    workloads, edges, means = d.workloads, d.binedges, d.mean_utilization
     blocks: list[Any] = []
     series = []
     for gpu, counts in workloads.items():
@@ -65,17 +64,13 @@ def _node(node: str, d: dict[str, Any], threshold: Any) -> list[Any]:
                                     "hide it)"))
     gpus = list(workloads)
     if len(gpus) >= 2:
-        distances = d.get("distances") or {}
         rows = []
         for a in gpus:
-            cells = []
-            for b in gpus:
-                dist = distances.get(a, {}).get(b, distances.get(b, {}).get(a))
-                cells.append(0.0 if a == b else dist)
+            cells = [0.0 if a == b else d.distance(a, b) for b in gpus]
             rows.append([a, means.get(a), *cells])
         blocks.append(Table(["GPU", "Mean utilization %", *gpus], rows,
                             caption=f"Distances between the GPUs' workloads on node {node}"))
-    imbalanced = d.get("imbalanced") or []
+    imbalanced = d.imbalanced
     if imbalanced:
         pairs = "; ".join(f"{a} and {b}: {num(dist)} (mean utilization {num(means.get(a), 0)} % vs "
                           f"{num(means.get(b), 0)} %)" for a, b, dist in imbalanced)
@@ -84,8 +79,7 @@ def _node(node: str, d: dict[str, Any], threshold: Any) -> list[Any]:
     return blocks
 
 
-def _gpus(detail: dict[str, Any]) -> int:
+def _gpus(detail: BalanceNode) -> int:
     """The node's GPUs: counted by the rule (during its start-up skip too), else those with a histogram."""
-    count = detail.get("gpus")
-    return count if isinstance(count, int) and not isinstance(count, bool) else len(detail.get("workloads") or {})
+    return detail.gpus if detail.gpus is not None else len(detail.workloads)
 

@@ -5,6 +5,7 @@ when it happened and what the others did meanwhile."""
 from __future__ import annotations
 
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.straggler import StragglerDetails
 from stallwatch.present import charts
 from stallwatch.present.report.model import Block, Chart, NotApplicable, Paragraph, Section
 
@@ -22,8 +23,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
         return [Section(SECTION_ID, TITLE, [NotApplicable("No training steps were recorded, so there is no rank × "
                                                           "step view.")])]
     straggler = analysis.rule("Straggler")
-    slow = [f"{s.get('node')}/{s.get('rank')}" for s in (straggler.details.get("stragglers") or [])
-            if isinstance(s, dict)] if straggler is not None and straggler.fired else []
+    slow = [s.key for s in StragglerDetails.from_json(straggler.details).stragglers] \
+        if straggler is not None and straggler.fired else []
     blocks: list[Block] = [Paragraph(INTRO)]
     if m.ranks_total > len(m.ranks):
         blocks.append(Paragraph(f"The first {len(m.ranks)} of {m.ranks_total} ranks are drawn."))

@@ -10,6 +10,7 @@ from bokeh.layouts import row
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
+from stallwatch.analyze.rules.step_outlier import StepOutlierDetails, StepSeries
 from stallwatch.analyze.steps import NodeSteps
 from stallwatch.present.report.model import GOOD, INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
@@ -33,12 +34,13 @@ def build(analysis: RunAnalysis) -> list[Section]:
         sec.blocks.append(missing)
         return [sec]
     assert view is not None
-    series: dict[str, dict[str, Any]] = view.details.get("step_details") or {}
+    details = StepOutlierDetails.from_json(view.details)
+    series = details.series
     sec.blocks.append(Paragraph(_intro(view)))
     sec.blocks.append(_stats_table(series))
-    with_steps = sorted({str(e.get("node")) for e in series.values()})
+    with_steps = sorted({e.node for e in series.values()})
     drawn = analysis.drawn_nodes(with_steps)
-    histograms = analysis.step_histograms({str(e.get("phase")) for e in series.values()}, nodes=drawn)
+    histograms = analysis.step_histograms({e.phase for e in series.values()}, nodes=drawn)
     if histograms:
         sec.blocks.append(Paragraph(
             "The following histograms show the step durations measured on each node, one series per rank and "
@@ -47,8 +49,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
             "series." + _drawn_note(len(drawn), len(with_steps))))
     for hist in histograms:
         sec.blocks.append(Chart(_histogram(hist, series), caption=f"Step durations on node {hist.node}"))
-    if any(e.get("number_of_outliers") for e in series.values()):
-        sec.blocks += _outlier_context(view, series)
+    if any(e.number_of_outliers for e in series.values()):
+        sec.blocks += _outlier_context(view, details)
     sec.blocks.append(_verdict(view, series))
     return [sec]
 
@@ -79,63 +81,59 @@ def ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def _stats_table(series: dict[str, dict[str, Any]]) -> Table:
+def _stats_table(series: dict[str, StepSeries]) -> Table:
     rows = []
     for e in series.values():
-        s = e.get("step_stats") or {}
-        rows.append([e.get("node"), e.get("rank"), e.get("phase"), e.get("steps"),
-                     *(ms(s.get(k)) for k in ("mean", "max", "p99", "p95", "p50", "min")), ms(e.get("stddev")),
-                     ms(e.get("outlier_threshold")), e.get("number_of_outliers"),
-                     "yes" if e.get("triggered") else "no"])
+        s = e.step_stats
+        rows.append([e.node, e.rank, e.phase, e.steps, *(ms(v) for v in (s.mean, s.max, s.p99, s.p95, s.p50, s.min)),
+                     ms(e.stddev), ms(e.outlier_threshold), e.number_of_outliers, "yes" if e.triggered else "no"])
     return Table(["Node", "Rank", "Phase", "Steps", "Mean [ms]", "Max [ms]", "p99 [ms]", "p95 [ms]", "p50 [ms]",
                   "Min [ms]", "Std dev [ms]", "Outlier above [ms]", "Outliers", "Fired"], rows,
                  caption="Step durations per node, rank and phase")
 
 
-def _histogram(hist: NodeSteps, series: dict[str, dict[str, Any]]) -> Any:
+def _histogram(hist: NodeSteps, series: dict[str, StepSeries]) -> Any:
     bars = [(f"rank {r} {m}", share, hist.edges) for (r, m), share in hist.shares.items()]
-    markers = [(_label(e), e.get("outliers") or [], [f"step {n}" for n in e.get("step_numbers") or []])
-               for e in series.values() if e.get("node") == hist.node and e.get("outliers")]
+    markers = [(_label(e), e.outliers, [f"step {n}" for n in e.step_numbers])
+               for e in series.values() if e.node == hist.node and e.outliers]
     return charts.histogram(f"Step durations on node {hist.node}", "Step duration in s (log scale)", bars,
                             y_label="Share of the series' steps", markers=markers, marker_label="outlier",
                             log_x=True)
 
 
-def _label(e: dict[str, Any]) -> str:
-    return f"rank {e.get('rank')} {e.get('phase')}"
+def _label(e: StepSeries) -> str:
+    return f"rank {e.rank} {e.phase}"
 
 
-def _outlier_context(view: RuleResult, series: dict[str, dict[str, Any]]) -> list[Any]:
+def _outlier_context(view: RuleResult, details: StepOutlierDetails) -> list[Any]:
+    series = details.series
     blocks: list[Any] = [Paragraph(
         "To get a better understanding of what may have caused the outliers, the steps' own framework events "
         "show where their time went: the table compares the mean time per step in each phase of the outlier steps "
         "with the normal steps of the same rank and phase. Time outside the recorded phases is the training "
         "loop's own code between them (logging, metrics, host-side work, synchronization).")]
     rows = []
-    with_outliers = sorted((e for e in series.values() if e.get("number_of_outliers")),
-                           key=lambda e: -int(e.get("number_of_outliers") or 0))
+    with_outliers = sorted((e for e in series.values() if e.number_of_outliers), key=lambda e: -e.number_of_outliers)
     for e in with_outliers[:SERIES_COMPARED]:
-        fc = e.get("framework_context") or {}
-        slow, normal = fc.get("outlier_steps") or {}, fc.get("normal_steps") or {}
+        slow, normal = e.framework_context.outlier_steps, e.framework_context.normal_steps
         for kind, label in KIND_LABELS.items():
             if kind in slow or kind in normal:
                 a, b = slow.get(kind, 0.0), normal.get(kind, 0.0)
-                rows.append([e.get("node"), e.get("rank"), e.get("phase"), label, ms(a), ms(b), ms(a - b)])
+                rows.append([e.node, e.rank, e.phase, label, ms(a), ms(b), ms(a - b)])
     if rows:
         among = (f" (the {SERIES_COMPARED} ranks and phases with the most outliers, of {len(with_outliers)})"
                  if len(with_outliers) > SERIES_COMPARED else "")
         blocks.append(Table(["Node", "Rank", "Phase", "Where the time went", "Outlier steps [ms]",
                              "Normal steps [ms]", "Difference [ms]"], rows,
                             caption=f"Mean time per step in each phase{among}"))
-    slowest = sorted(((d, e, n, t) for e in series.values()
-                      for d, n, t in zip(e.get("outliers") or [], e.get("step_numbers") or [],
-                                         e.get("outlier_start_us") or [])), key=lambda x: -x[0])[:SLOWEST_LISTED]
+    slowest = sorted(((d, e, n, t) for e in series.values() for d, n, t in e.listed()),
+                     key=lambda x: -x[0])[:SLOWEST_LISTED]
     if slowest:
         blocks.append(Table(["Node", "Rank", "Phase", "Step", "Duration [ms]", "Started"],
-                            [[e.get("node"), e.get("rank"), e.get("phase"), n, ms(d), when(t)]
+                            [[e.node, e.rank, e.phase, n, ms(d), when(t)]
                              for d, e, n, t in slowest],
                             caption=f"The {len(slowest)} slowest outlier steps"))
-    phase, parts = view.details.get("phase") or {}, view.details.get("forward_backward") or {}
+    phase, parts = details.phase, details.forward_backward
     if view.triggered and (phase or parts):
         top = max(parts.items(), key=lambda kv: kv[1]) if parts else None
         text = "Over the outlier steps of the series that fired"
@@ -155,16 +153,15 @@ def _outlier_context(view: RuleResult, series: dict[str, dict[str, Any]]) -> lis
     return blocks
 
 
-def _verdict(view: RuleResult, series: dict[str, dict[str, Any]]) -> Verdict:
+def _verdict(view: RuleResult, series: dict[str, StepSeries]) -> Verdict:
     n = view.parameters.get("n_outliers")
     if view.triggered:
         return Verdict(view.recommendation, WARN)
-    outliers = sum(int(e.get("number_of_outliers") or 0) for e in series.values())
+    outliers = sum(e.number_of_outliers for e in series.values())
     if outliers:
         return Verdict(f"{outliers} outlier steps in all, but no rank and phase had more than {n}: occasional slow "
                        "steps (such as the first ones) are expected.", INFO)
-    means = [(e.get("step_stats") or {}).get("mean") for e in series.values()]
-    means = [m for m in means if m is not None]
+    means = [e.step_stats.mean for e in series.values() if e.step_stats.mean is not None]
     low, high = (duration(min(means)), duration(max(means))) if means else ("", "")
     typical = "" if not means else f" (mean step {low})" if low == high else f" (mean step {low} to {high})"
     return Verdict(f"No outlier steps: step durations were stable{typical}.", GOOD)

@@ -8,6 +8,7 @@ from typing import Any
 
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.rules.system_usage import OverallSystemUsageDetails, UsageStats
 from stallwatch.present.report.breakdowns import device_bars
 from stallwatch.present.report.model import (
     GOOD,
@@ -57,21 +58,21 @@ def build(analysis: RunAnalysis) -> list[Section]:
     if result is None or not result.applies:
         why = (result.message if result is not None else "") or "the rule's result is missing"
         return [Section(SECTION_ID, TITLE, [NotApplicable(f"No system usage statistics: {why}.")])]
-    details: Mapping[str, Any] = result.details
-    nodes = sorted({n for m in METRICS for n in (details.get(m) or {})} | set(details.get("devices") or {}))
+    details = OverallSystemUsageDetails.from_json(result.details)
+    nodes = sorted({n for m in METRICS for n in details.metric(m)} | set(details.devices))
     blocks: list[Block] = [v for node in nodes if (v := node_verdict(node, details)) is not None]
     blocks.append(Paragraph(INTRO))
     rows = []
     for node in nodes:
         for metric in METRICS:
-            stats = (details.get(metric) or {}).get(node)
+            stats = details.metric(metric).get(node)
             if stats:
                 scale = MB if metric == "Network" else 1.0
-                rows.append([node, metric, UNITS[metric], *(_num(stats.get(k), scale) for k in STATS)])
+                rows.append([node, metric, UNITS[metric], *(_num(v, scale) for v in _values(stats))])
     blocks.append(Table(["node", "metric", "unit", *STATS], rows))
-    devices = details.get("devices") or {}
+    devices = details.devices
     # each value in the unit that reads (1.2 kB/s, 35 MB/s), not all in MB/s (0.0012 MB/s)
-    rates = [[node, RATES[metric], *(format_value(stats.get(k), "B/s") for k in STATS)]
+    rates = [[node, RATES[metric], *(format_value(v, "B/s") for v in _values(stats))]
              for node in nodes for dev in (devices.get(node) or {}).values()
              for metric, stats in dev.items() if metric in RATES]
     if rates:
@@ -83,47 +84,54 @@ def build(analysis: RunAnalysis) -> list[Section]:
     return [Section(SECTION_ID, TITLE, blocks)]
 
 
+def _values(stats: UsageStats) -> tuple[float | None, ...]:
+    """The statistics in STATS' order."""
+    return stats.max, stats.p99, stats.p95, stats.p50, stats.min
+
+
 def _num(value: Any, scale: float = 1.0) -> float | None:
     return None if value is None else float(value) / scale
 
 
-def node_verdict(node: str, details: Mapping[str, Any]) -> Verdict | None:
+def node_verdict(node: str, details: OverallSystemUsageDetails) -> Verdict | None:
     """The seeds' per-node verdict, from the 95th and 50th percentiles of total CPU and (mean) GPU utilization;
     a CPU-only node is judged on its CPUs alone."""
-    cpu = (details.get("CPU") or {}).get(node)
-    gpu = (details.get("GPU") or {}).get(node)
+    cpu = details.cpu.get(node)
+    gpu = details.gpu.get(node)
     if gpu:
-        g95, g50 = gpu["p95"], gpu["p50"]
-        if cpu and g95 < BUSY and cpu["p95"] < BUSY:
+        g95, g50 = gpu.p95, gpu.p50
+        if g95 is None or g50 is None:
+            return None
+        if cpu and cpu.p95 is not None and g95 < BUSY and cpu.p95 < BUSY:
             return Verdict(f"The 95th percentile of the total GPU utilization on node {node} is only {g95:.0f} % and "
-                           f"that of the total CPU utilization only {cpu['p95']:.0f} %: node {node} is underutilized. "
+                           f"that of the total CPU utilization only {cpu.p95:.0f} %: node {node} is underutilized. "
                            "You may want to consider switching to a smaller instance type or increasing the batch "
                            f"size.{_one_busy_core(node, details)}", WARN)
-        if cpu and g95 < BUSY and cpu["p95"] > BUSY:
+        if cpu and cpu.p95 is not None and g95 < BUSY and cpu.p95 > BUSY:
             return Verdict(f"The 95th percentile of the total GPU utilization on node {node} is only {g95:.0f} %, "
-                           f"while that of the total CPU utilization is {cpu['p95']:.0f} %: the GPUs on node {node} "
+                           f"while that of the total CPU utilization is {cpu.p95:.0f} %: the GPUs on node {node} "
                            "are underutilized, likely because of CPU bottlenecks (see the CPU bottlenecks and data "
                            "loading analyses).", ISSUE)
         if g50 > BUSY:
             return Verdict(f"The median total GPU utilization on node {node} is {g50:.0f} %: the GPUs on node {node} "
                            "are well utilized.", GOOD)
-        cpu_text = f", the median total CPU utilization {cpu['p50']:.0f} %" if cpu else ""
+        cpu_text = f", the median total CPU utilization {cpu.p50:.0f} %" if cpu and cpu.p50 is not None else ""
         return Verdict(f"The median total GPU utilization on node {node} is {g50:.0f} %{cpu_text}.", INFO)
-    if cpu:
-        if cpu["p95"] > BUSY:
-            return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is {cpu['p95']:.0f} %: "
+    if cpu and cpu.p95 is not None:
+        if cpu.p95 > BUSY:
+            return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is {cpu.p95:.0f} %: "
                            f"the CPUs on node {node} are well utilized.", GOOD)
-        return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is only {cpu['p95']:.0f} %: "
+        return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is only {cpu.p95:.0f} %: "
                        f"node {node} is underutilized; a smaller instance would do.{_one_busy_core(node, details)}",
                        WARN)
     return None
 
 
-def _one_busy_core(node: str, details: Mapping[str, Any]) -> str:
+def _one_busy_core(node: str, details: OverallSystemUsageDetails) -> str:
     """When the total is low but one core is saturated, the job is limited by one process (often the main one
     preparing batches): a smaller instance would not help, more data-loader workers might."""
-    cores = [(d, m[CPU_UTIL]["p95"]) for d, m in ((details.get("devices") or {}).get(node) or {}).items()
-             if d.startswith("cpu") and d[3:].isdigit() and CPU_UTIL in m]
+    cores = [(d, m[CPU_UTIL].p95) for d, m in (details.devices.get(node) or {}).items()
+             if d.startswith("cpu") and d[3:].isdigit() and CPU_UTIL in m and m[CPU_UTIL].p95 is not None]
     if len(cores) < 2:
         return ""
     device, p95 = max(cores, key=lambda c: c[1])
@@ -134,21 +142,21 @@ def _one_busy_core(node: str, details: Mapping[str, Any]) -> str:
             "choosing a smaller instance.")
 
 
-def _device_chart(node: str, devices: Mapping[str, Mapping[str, Any]]) -> Chart | None:
+def _device_chart(node: str, devices: Mapping[str, Mapping[str, UsageStats]]) -> Chart | None:
     """Per core and per GPU (utilization, then memory): the median as a bar, p95 and max as markers."""
     names, stats = [], []
     for device, metrics in devices.items():
         if CPU_UTIL in metrics and device.startswith("cpu"):
             names.append(device)
-            stats.append(metrics[CPU_UTIL])
+            stats.append(metrics[CPU_UTIL].as_stats())
     for device, metrics in devices.items():
         if GPU_UTIL in metrics:
             names.append(device)
-            stats.append(metrics[GPU_UTIL])
+            stats.append(metrics[GPU_UTIL].as_stats())
     for device, metrics in devices.items():
         if GPU_MEM_UTIL in metrics:
             names.append(f"{device} mem")
-            stats.append(metrics[GPU_MEM_UTIL])
+            stats.append(metrics[GPU_MEM_UTIL].as_stats())
     if not names:
         return None
     return Chart(device_bars(names, stats, title=f"Utilization per core and GPU on node {node}"),

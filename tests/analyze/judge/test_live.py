@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import sys
 
-from stallwatch.analyze.rules.feed import read_run
-from stallwatch.analyze.rules.live import LiveEvaluation, LiveFeed
+from stallwatch.analyze.judge.feed import read_run
+from stallwatch.analyze.judge.live import LiveEvaluation, LiveFeed
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.records import FrameworkEvent
 from stallwatch.store.framework_writer import FrameworkWriter
 from stallwatch.store.location import RunLocation

@@ -13,15 +13,15 @@ import pytest
 
 from stallwatch.analyze.rules import step_stream
 from stallwatch.analyze.rules.base import Chunk
-from stallwatch.analyze.rules.by_node import evaluate_by_node, node_task
-from stallwatch.analyze.rules.feed import iter_run, plan
+from stallwatch.analyze.judge.by_node import evaluate_by_node, node_task
+from stallwatch.analyze.judge.feed import iter_run, plan
 from stallwatch.analyze.rules.input_bound import InputBound
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.records import STEP
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import T0, FwGen, node_info, run_info, split_by_time
 from tests.analyze.rules._gen import START_US, make_node
-from tests.analyze.rules.test_by_node import MS, PicklingEngine, S, _text
+from tests.analyze.judge.test_by_node import MS, PicklingEngine, S, _text
 from tests.analyze.rules.test_node_state import NODES, _node_chunks
 from tests.present.generated_run import write_run
 

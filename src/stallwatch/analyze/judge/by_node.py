@@ -10,8 +10,8 @@ from functools import partial
 from itertools import groupby
 from typing import Any, Callable, Iterable, Iterator
 
-from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
-from stallwatch.analyze.rules.feed import (
+from stallwatch.analyze.framework_frame import framework_columns
+from stallwatch.analyze.judge.feed import (
     RunReplay,
     ahead_of,
     empty_chunk,
@@ -22,8 +22,8 @@ from stallwatch.analyze.rules.feed import (
     slice_length,
     worker_run,
 )
-from stallwatch.analyze.rules.runner import evaluate, failed_result, feed, make_rules, results_of
-from stallwatch.analyze.rules.steps import framework_columns
+from stallwatch.analyze.judge.runner import evaluate, failed_result, feed, make_rules, results_of
+from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
 
 NodeWork = tuple[str, list[tuple[int, int]]]  # a node and its time slices, in order
 

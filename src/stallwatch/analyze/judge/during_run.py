@@ -51,8 +51,8 @@ class LiveRules:
             self._thread.join(FINISH_TIMEOUT_S)
         results = self._results
         if results is None:  # no live evaluation (disabled, or it failed): one batch evaluation
-            from stallwatch.analyze.rules.feed import iter_run
-            from stallwatch.analyze.rules.runner import evaluate
+            from stallwatch.analyze.judge.feed import iter_run
+            from stallwatch.analyze.judge.runner import evaluate
             from stallwatch.store.reader import open_run
 
             run = open_run(uri)
@@ -65,7 +65,7 @@ class LiveRules:
 
     def _follow(self) -> None:
         try:
-            from stallwatch.analyze.rules.live import follow
+            from stallwatch.analyze.judge.live import follow
             from stallwatch.store.reader import RunNotFoundError, open_run
 
             run = None
@@ -122,7 +122,7 @@ class LiveRules:
             return {}
 
     def _act(self, run: Any, results: list[RuleResult], live: bool = False) -> None:
-        from stallwatch.analyze.rules.actions import RuleActions
+        from stallwatch.analyze.judge.actions import RuleActions
 
         try:
             if self.actions is None:
@@ -154,7 +154,7 @@ class LiveRules:
 
     def _escalate(self, run: Any, results: list[RuleResult]) -> None:
         """A firing rule asks for a short detailed capture of what follows (within its budget)."""
-        from stallwatch.analyze.rules.escalation import Escalation
+        from stallwatch.analyze.judge.escalation import Escalation
 
         try:
             if self.escalation is None:
@@ -165,7 +165,7 @@ class LiveRules:
 
 
 def _write(run: Any, results: list[RuleResult]) -> None:
-    from stallwatch.analyze.rules.runner import write_results
+    from stallwatch.analyze.judge.runner import write_results
 
     try:
         write_results(run.location, results)

@@ -9,7 +9,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from stallwatch.analyze.rules.actions import RuleActions
+from stallwatch.analyze.judge.actions import RuleActions
 from stallwatch.analyze.rules.base import RuleResult
 from stallwatch.config import ProfilerConfig
 from stallwatch.store.location import RunLocation

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from stallwatch.analyze.rules.bottleneck import CPUBottleneck, IOBottleneck
-from stallwatch.analyze.rules.by_node import evaluate_by_node
-from stallwatch.analyze.rules.feed import iter_run
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.by_node import evaluate_by_node
+from stallwatch.analyze.judge.feed import iter_run
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.records import TRAIN
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import FwGen
 from tests.analyze.rules._gen import INTERVAL_US, START_US, make_node, plant_cpu_bottleneck, plant_io_bottleneck
-from tests.analyze.rules.test_by_node import PicklingEngine
+from tests.analyze.judge.test_by_node import PicklingEngine
 from tests.present.generated_run import write_run
 
 S, MS = 1_000_000, 1_000

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from stallwatch.analyze.rules import step_stream
-from stallwatch.analyze.rules.by_node import evaluate_by_node
-from stallwatch.analyze.rules.feed import iter_run
-from stallwatch.analyze.rules.runner import evaluate
-from stallwatch.analyze.rules.steps import StepOutlier
+from stallwatch.analyze.judge.by_node import evaluate_by_node
+from stallwatch.analyze.judge.feed import iter_run
+from stallwatch.analyze.judge.runner import evaluate
+from stallwatch.analyze.rules.step_outlier import StepOutlier
 from stallwatch.records import STEP
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import FwGen, spy_replays
 from tests.analyze.rules._gen import START_US, make_node
-from tests.analyze.rules.test_by_node import MS, SLICE_US, PicklingEngine, S, _text
+from tests.analyze.judge.test_by_node import MS, SLICE_US, PicklingEngine, S, _text
 from tests.present.generated_run import write_run
 
 

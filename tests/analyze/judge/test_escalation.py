@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
-from stallwatch.analyze.rules.escalation import Escalation
+from stallwatch.analyze.judge.escalation import Escalation
 from stallwatch.config import ProfilerConfig
 from stallwatch.records import STEP, TRAIN
 from stallwatch.store import run_files

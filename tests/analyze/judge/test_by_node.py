@@ -13,12 +13,12 @@ import pytest
 from stallwatch.analyze.engine import LocalEngine
 from stallwatch.analyze.rules import step_stream, straggler
 from stallwatch.analyze.rules.base import Rule
-from stallwatch.analyze.rules.by_node import evaluate_by_node, evaluate_run
-from stallwatch.analyze.rules.feed import iter_run
+from stallwatch.analyze.judge.by_node import evaluate_by_node, evaluate_run
+from stallwatch.analyze.judge.feed import iter_run
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import evaluate
-from stallwatch.analyze.rules.steps import StepOutlier
+from stallwatch.analyze.judge.runner import evaluate
+from stallwatch.analyze.rules.step_outlier import StepOutlier
 from stallwatch.analyze.rules.straggler import Straggler
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import FwGen
@@ -154,7 +154,7 @@ def test_rules_that_do_not_merge_are_fed_in_the_caller(run_dir):
 
 
 def test_a_rule_that_fails_on_a_worker_reports_its_error_and_the_others_their_results(run_dir, monkeypatch):
-    from stallwatch.analyze.rules.steps import MaxInitializationTime
+    from stallwatch.analyze.rules.max_initialization_time import MaxInitializationTime
     from stallwatch.analyze.rules.system_usage import OverallSystemUsage
 
     def broken(self: Any, chunk: Any) -> None:

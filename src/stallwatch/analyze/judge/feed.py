@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.analyze.frames import NodeFrame, node_frame
+from stallwatch.analyze.framework_frame import FrameworkColumns, attach_columns, framework_columns
 from stallwatch.analyze.rules.base import Chunk, Rule
-from stallwatch.analyze.rules.steps import FrameworkColumns, attach_columns, framework_columns
 from stallwatch.records import TIMESTAMP, framework_schema
 from stallwatch.store.stacks import dumps_of
 
@@ -80,7 +80,7 @@ def iter_run(run: Any, rules: Iterable[type[Rule] | Rule] | None = None, *, slic
     rules, so memory holds a few slices of one node besides the rules' state, however long the run and however
     many its nodes. Each node's last slice says so (`Chunk.done`), so rules may reduce that node's per-step state to
     its results; they close their windows at the final chunk, and give the same results as from `read_run`'s
-    single chunk (tests/analyze/rules/test_read_path.py, test_node_state.py).
+    single chunk (tests/analyze/judge/test_read_path.py, test_node_state.py).
 
     With `read_ahead` > 0 the next slices are read on a background thread while the caller works on the
     current one (Parquet decoding releases the GIL: reading and evaluating share the cores). With a Dask

@@ -20,7 +20,7 @@ from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import FwGen
 from tests.analyze.rules._gen import START_US, make_node
-from tests.analyze.rules.test_by_node import MS, S, _both
+from tests.analyze.judge.test_by_node import MS, S, _both
 from tests.present.generated_run import write_run
 
 LOOP = START_US + 60 * S

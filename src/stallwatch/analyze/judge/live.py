@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stallwatch.analyze.judge.feed import node_frame
 from stallwatch.analyze.rules.base import Chunk, Rule, RuleResult
-from stallwatch.analyze.rules.feed import node_frame
 from stallwatch.records import framework_schema
 from stallwatch.store.stacks import dumps_of
 
@@ -113,7 +113,7 @@ class LiveEvaluation:
         self._failed: dict[str, RuleResult] = {}
 
     def evaluate(self, chunk: Chunk) -> list[RuleResult]:
-        from stallwatch.analyze.rules.runner import failed_result
+        from stallwatch.analyze.judge.runner import failed_result
 
         results = []
         for rule in self.rules:

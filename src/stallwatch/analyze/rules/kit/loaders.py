@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from stallwatch.analyze.rules.steps import FrameworkColumns
+from stallwatch.analyze.framework_frame import FrameworkColumns
 
 UNKNOWN = -1  # a wait whose loader is not recorded (an older run, a Keras input)
 # A batch that arrives faster than this from the main process is not worth a worker: handing it over from a worker

@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 
-from stallwatch.analyze.rules.by_node import evaluate_by_node
-from stallwatch.analyze.rules.feed import iter_run
-from stallwatch.analyze.rules.gpu import BatchSize, GPUMemoryIncrease, LoadBalancing, LowGPUUtilization
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.by_node import evaluate_by_node
+from stallwatch.analyze.judge.feed import iter_run
+from stallwatch.analyze.rules.batch_size import BatchSize
+from stallwatch.analyze.rules.gpu_memory_increase import GPUMemoryIncrease
+from stallwatch.analyze.rules.load_balancing import LoadBalancing
+from stallwatch.analyze.rules.low_gpu_utilization import LowGPUUtilization
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._gen import (
     START_US,
@@ -23,7 +26,7 @@ from tests.analyze.rules._gen import (
     plant_memory_step,
     plant_small_batch,
 )
-from tests.analyze.rules.test_by_node import PicklingEngine, _text
+from tests.analyze.judge.test_by_node import PicklingEngine, _text
 from tests.present.generated_run import write_run
 
 S = 1_000_000

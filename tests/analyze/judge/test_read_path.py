@@ -9,15 +9,15 @@ import numpy as np
 import pyarrow as pa
 
 from stallwatch.analyze.rules import Chunk, Rule
-from stallwatch.analyze.rules.feed import node_frame, read_run, rule_metrics
+from stallwatch.analyze.judge.feed import node_frame, read_run, rule_metrics
 from stallwatch.analyze.rules.registry import builtin_rules
-from stallwatch.analyze.rules.runner import evaluate
-from stallwatch.analyze.rules.steps import FrameworkColumns, framework_columns
+from stallwatch.analyze.judge.runner import evaluate
+from stallwatch.analyze.framework_frame import framework_columns, FrameworkColumns
 from stallwatch.records import CPU_UTIL, GPU_UTIL, TIMESTAMP, WORKERS_ALIVE, framework_schema
 from stallwatch.store.reader import open_run
 
 from ...run_builder import make_run
-from ._fw_gen import FwGen, whole, write_events
+from ..rules._fw_gen import FwGen, whole, write_events
 
 
 def _events(seed: int = 0) -> pa.Table:
@@ -105,7 +105,7 @@ def test_a_chunk_stays_a_plain_dataclass():
 def test_batch_reads_the_run_slice_by_slice_with_the_same_results(tmp_path):
     """Pattern: two nodes, 120 s of snapshots, steps on two ranks per node with slow steps planted; read in
     7-second slices (events straddling a slice edge, files spanning several slices) vs as one chunk."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
 
     from ...run_builder import T0
 
@@ -130,7 +130,7 @@ def test_batch_reads_the_run_slice_by_slice_with_the_same_results(tmp_path):
 
 
 def test_a_run_without_data_reads_as_one_empty_final_chunk(tmp_path):
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.store import layout
     from stallwatch.store.location import RunLocation
 
@@ -143,7 +143,7 @@ def test_a_batch_read_of_a_running_run_sees_parts_compacted_under_it(tmp_path):
     """Pattern: a running node has written 40 snapshots as parts; the batch read lists them, reads its first
     slice, then the sampler compacts every part into a segment (and deletes the parts): the read lists again
     and every snapshot stored when it began is still evaluated, once."""
-    from stallwatch.analyze.rules.feed import iter_run
+    from stallwatch.analyze.judge.feed import iter_run
     from stallwatch.store import layout
     from stallwatch.store.location import RunLocation
 
@@ -168,7 +168,7 @@ def test_a_batch_read_of_a_running_run_sees_parts_compacted_under_it(tmp_path):
 def test_slices_shorten_as_the_run_holds_more_per_hour():
     """About SLICE_BYTES of one node's stored data a slice, in whole minutes from 1 min to 1 h: a slice's memory
     does not grow with the number of nodes."""
-    from stallwatch.analyze.rules.feed import MIN_SLICE_US, SLICE_BYTES, SLICE_US, slice_length
+    from stallwatch.analyze.judge.feed import MIN_SLICE_US, SLICE_BYTES, SLICE_US, slice_length
 
     class Stored:
         def __init__(self, per_hour: float, nodes: int = 1) -> None:

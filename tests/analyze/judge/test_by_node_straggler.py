@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from stallwatch.analyze.rules import straggler
-from stallwatch.analyze.rules.by_node import evaluate_by_node
-from stallwatch.analyze.rules.feed import iter_run
-from stallwatch.analyze.rules.runner import evaluate
+from stallwatch.analyze.judge.by_node import evaluate_by_node
+from stallwatch.analyze.judge.feed import iter_run
+from stallwatch.analyze.judge.runner import evaluate
 from stallwatch.analyze.rules.straggler import Straggler
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._fw_gen import FwGen
 from tests.analyze.rules._gen import START_US, make_node
-from tests.analyze.rules.test_by_node import PicklingEngine, _text
+from tests.analyze.judge.test_by_node import PicklingEngine, _text
 from tests.present.generated_run import write_run
 
 S, MS = 1_000_000, 1_000

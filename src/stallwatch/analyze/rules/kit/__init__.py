@@ -1,0 +1,1 @@
+"""What the rules share: parameter checks, windows of snapshots, growing columns, statistics, data loaders."""
