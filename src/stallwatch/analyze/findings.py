@@ -25,6 +25,7 @@ from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetricsDetails, RankMetrics
 from stallwatch.analyze.rules.kit.details import Coverage, GenericDetails
+from stallwatch.analyze.rules.memory_growth import MemoryGrowthDetails
 from stallwatch.analyze.rules.registry import all_rules
 from stallwatch.analyze.rules.system_usage import OverallSystemUsageDetails
 from stallwatch.analyze.summary import JobFate, JobSummary
@@ -150,10 +151,15 @@ def not_judged(results: list[RuleResult]) -> list[str]:
 def _memory_death(results: list[RuleResult]) -> tuple[str, str] | None:
     """How the job died of memory (MemoryGrowth's `death`: what killed it, how memory grew), if it did."""
     r = next((r for r in results if r.name == "MemoryGrowth" and r.status == "ok"), None)
-    death = r.details.get("death") if r is not None and isinstance(r.details, dict) else None
-    if not isinstance(death, dict) or not isinstance(death.get("head"), str):
+    if r is None:
         return None
-    return death["head"], death["growth"] if isinstance(death.get("growth"), str) else ""
+    try:
+        death = MemoryGrowthDetails.from_json(r.details).death
+    except (KeyError, TypeError, ValueError):  # details of another shape (an old or foreign file)
+        return None
+    if death is None or not isinstance(death.head, str):
+        return None
+    return death.head, death.growth if isinstance(death.growth, str) else ""
 
 
 def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudged: list[str] | None = None,

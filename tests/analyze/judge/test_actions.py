@@ -91,12 +91,16 @@ def test_stop_training_is_written_into_the_live_config_once(tmp_path):
 def test_a_live_hangs_actions_wait_for_the_stacks_it_asked_for(tmp_path):
     """Hang's actions (which may end the job) run once the stopped ranks' stacks are in the run, not before; at
     the end of the run, or once the stacks are in, at once."""
+    from stallwatch.analyze.rules.hang import HangDetails
+
     out = tmp_path / "out.txt"
     config = ProfilerConfig(rule_actions=(f"Hang=command:echo $STALLWATCH_RULE >> {out}",))
 
     def hang(wanted: list[str]) -> RuleResult:
-        return RuleResult("Hang", 2, 2, 2, {"factor": 10, "floor_s": 40}, "d", "A rank stopped.",
-                          {"stacks_wanted": wanted})
+        details = HangDetails(factor=10, floor_s=40, now_us=None, ranks={}, stopped=list(wanted), behind=[],
+                              behind_reason="", waiting_in="", stalls=[], stalls_total=0, stacks_wanted=wanted,
+                              time_at_stake_s=0.0, title=None)
+        return RuleResult("Hang", 2, 2, 2, {"factor": 10, "floor_s": 40}, "d", "A rank stopped.", details.to_json())
 
     actions = RuleActions(config, _run_dir(tmp_path, config))
     actions.live = True

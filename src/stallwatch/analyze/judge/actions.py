@@ -55,8 +55,15 @@ class RuleActions:
     def _awaits_stacks(self, result: Any) -> bool:
         """A live Hang whose stopped ranks' stacks are not in the run yet: its actions (which may end the job) wait
         for them, up to STACKS_GRACE_S after it first fired."""
-        wanted = result.details.get("stacks_wanted") if isinstance(result.details, dict) else None
-        if result.name not in ENDS_HUNG_JOB or not self.live or not wanted:
+        if result.name not in ENDS_HUNG_JOB or not self.live:
+            return False
+        from stallwatch.analyze.rules.hang import HangDetails
+
+        try:
+            wanted = HangDetails.from_json(result.details).stacks_wanted
+        except (KeyError, TypeError, ValueError):
+            return False
+        if not wanted:
             return False
         first = self._waiting.setdefault(result.name, time.monotonic())
         return time.monotonic() - first < STACKS_GRACE_S
