@@ -152,7 +152,10 @@ def _tree(root: Path) -> dict[str, tuple[int, int, str]]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path, run_stallwatch):
+def test_a_requeued_node_runs_its_job_as_a_new_attempt_and_keeps_the_first(tmp_path, run_stallwatch):
+    """A second `stallwatch run --node a` into a run whose node `a` has ended (a Slurm requeue, a restarted pod)
+    runs its job as attempt 2 of `a`: every file of attempt 1 stays as it was, the node record keeps attempt 1.
+    Before, it exited 2 without starting the job."""
     run = tmp_path / "run"
     first = run_stallwatch("run", "--report", "off",
                            "--interval", "100ms", "--out", str(run), "--node", "a", "--", "sleep", "0.5",
@@ -162,12 +165,41 @@ def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path,
     assert any(k.startswith("system/a/") for k in before) and "nodes/a.json" in before and "run.json" in before
     marker = tmp_path / "ran"
     second = run_stallwatch("run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
-                            "touch", str(marker), timeout=60)
-    assert second.returncode == 2
-    assert "already has a node named 'a'" in second.stderr and "--node" in second.stderr
-    assert not marker.exists()  # the command did not run
-    assert _tree(run) == before  # not a byte, not a timestamp changed
-    assert read_json(run / "nodes" / "a.json")["exit_code"] == 0
+                            "sh", "-c", f"touch {marker}; exit 3", timeout=60)
+    assert second.returncode == 3, second.stderr
+    assert marker.exists()  # the command ran
+    assert "resumed as attempt 2 (attempt 1 ended with exit code 0)" in second.stderr, second.stderr
+    after = _tree(run)
+    data = [k for k in before if k.startswith(("system/", "framework/"))]
+    assert data and {k: after.get(k) for k in data} == {k: before[k] for k in data}  # attempt 1's data as it was
+    assert any(k.startswith("system/a/") and k not in before for k in after)  # attempt 2's data beside it
+    node = read_json(run / "nodes" / "a.json")
+    assert node["attempt"] == 2 and node["exit_code"] == 3, node
+    (one,) = node["attempts"]
+    assert one["attempt"] == 1 and one["exit_code"] == 0 and one["end_us"] < node["attempt_start_us"], one
+    assert node["start_us"] == one["start_us"]  # the node's span covers both attempts
+    assert sorted(p.name for p in (run / "nodes").glob("*.json")) == ["a.json"]
+
+
+def test_a_node_whose_attempt_still_runs_is_not_joined_but_the_job_runs(tmp_path, run_stallwatch):
+    """The same --node while its first attempt still runs on this machine: two samplers would mix one node's
+    data, so the second job runs under a name no other machine takes, said in one line."""
+    run = tmp_path / "run"
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a",
+                    "--", "sleep", "30")
+    try:
+        wait_until(lambda: (read_json(run / "nodes" / "a.json") or {}).get("sampler_pid"), 30, what="node a")
+        marker = tmp_path / "ran"
+        second = run_stallwatch("run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a",
+                                "--", "touch", str(marker), timeout=60)
+    finally:
+        bg.kill_all()
+    assert second.returncode == 0, second.stderr
+    assert marker.exists()
+    assert "may still be running (its sampler (pid" in second.stderr, second.stderr
+    names = sorted(p.name for p in (run / "nodes").glob("*.json"))
+    other = [n for n in names if n != "a.json"]
+    assert len(names) == 2 and "a.json" in names and other[0].startswith("a-"), names
 
 
 def test_two_machines_with_one_default_name_both_run(tmp_path):
@@ -281,12 +313,14 @@ def test_the_job_is_told_where_its_run_is(tmp_path):
     assert p.stdout.decode().split() == [str(run), "n7", "run"]
 
 
-def test_unsupported_location_still_runs_the_command(tmp_path):
+def test_an_unsupported_location_is_refused_before_the_job_starts(tmp_path):
+    """`--out gs://…` names a store stallwatch cannot write: refused with the fix, before anything starts (it
+    used to run the job unprofiled; docs/reliability.md, `--out s3://`)."""
     p = stallwatch(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", "gs://bucket/run", "--",
                    *job(tmp_path, "", exit_code=6))
-    assert p.returncode == 6
-    assert p.stdout == PAYLOAD
-    assert "unsupported run location" in p.stderr
+    assert p.returncode == 2
+    assert p.stdout == b""
+    assert "invalid out='gs://bucket/run'" in p.stderr and "s3://bucket/prefix/run" in p.stderr
 
 
 def test_a_job_stopped_and_continued_by_someone_else_keeps_the_launcher_running(tmp_path):

@@ -150,7 +150,7 @@ def test_rules_are_evaluated_while_an_s3_run_goes_on(s3_server: S3Server, s3_env
     assert record["Status"] == "ok" and record["Datapoints"] >= 30  # the final evaluation: the whole 12 s
 
 
-def test_two_nodes_make_one_run_on_s3_and_a_taken_name_is_refused(run_stallwatch, s3_env, bucket, tmp_path):
+def test_two_nodes_make_one_run_on_s3_and_a_requeued_node_is_its_next_attempt(run_stallwatch, s3_env, bucket, tmp_path):
     uri = f"s3://{bucket}/runs/r2"
     for node in ("algo-1", "algo-2"):
         proc = run_stallwatch("run", "--interval", "200ms", "--flush-interval", "1", "--node", node, "--out", uri,
@@ -170,10 +170,11 @@ def test_two_nodes_make_one_run_on_s3_and_a_taken_name_is_refused(run_stallwatch
     marker = tmp_path / "job-ran"
     proc = run_stallwatch("run", "--node", "algo-1", "--out", uri, "--", sys.executable, "-c",
                           f"open({str(marker)!r}, 'w').close()", env=s3_env, timeout=SUBPROCESS_TIMEOUT_S)
-    assert proc.returncode == 2
-    assert "already has a node named 'algo-1'" in proc.stderr
-    assert not marker.exists(), "the job ran although its node name was refused"
-    assert RunLocation(uri).read("nodes/algo-1.json") == before
+    assert proc.returncode == 0, proc.stderr  # a requeue: it exited 2 without running its job
+    assert marker.exists(), "the requeued job did not run"
+    assert "resumed as attempt 2" in proc.stderr, proc.stderr
+    record = json.loads(RunLocation(uri).read("nodes/algo-1.json"))
+    assert record["attempt"] == 2 and record["attempts"][0]["end_us"] == json.loads(before)["end_us"], record
     assert stallwatch.open_run(uri).nodes == ["algo-1", "algo-2"]
 
 

@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from stallwatch.collect.acks import ACK_EVERY_LINES, ACK_INTERVAL_S, StreamMarks, stream_of
 from stallwatch.collect.events import decode_batch, decode_line
@@ -116,13 +116,15 @@ class EventServer:
                 self._line(fd, conn, line, out)
         return out
 
-    def replay(self, data: bytes) -> list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]]:
+    def replay(self, data: bytes | Iterable[bytes]) -> list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]]:
         """Lines a sender staged at its exit (`events.stage_unacked`: a hello, then the lines it sent but was
-        not told were journaled), read as one more connection: the same checks, and the lines this sampler
-        (or the journal it replayed) already has are skipped."""
+        not told were journaled and those it never sent), read as one more connection: the same checks, and
+        the lines this sampler (or the journal it replayed) already has are skipped. `data`: the bytes, or
+        their lines (a file read line by line)."""
         conn = _Connection(sock=None, gone=True)
         out: list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]] = []
-        for line in data.split(b"\n"):
+        for line in data.split(b"\n") if isinstance(data, bytes) else data:
+            line = line.rstrip(b"\n")
             if len(line) > MAX_LINE_BYTES:
                 warn_once("events-long-line", "dropping a framework-event connection that sent an overlong line")
                 break

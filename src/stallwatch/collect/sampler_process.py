@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from stallwatch.collect.schedule import Periodic, TickSchedule
 from stallwatch.log import configure_cli_logging, logger, warn_once
@@ -351,7 +351,6 @@ class _EventSide:
         """At the end: the lines each job process sent but was not told were journaled, staged by it at its exit
         (`events.stage_unacked`); those this sampler lacks are taken (it was killed before reading them, and
         this is its successor), the rest skipped as duplicates."""
-        from stallwatch.collect.acks import MAX_UNACKED_BYTES
         from stallwatch.collect.artifacts import open_staged
         from stallwatch.collect.events import UNACKED_PREFIX
 
@@ -367,8 +366,7 @@ class _EventSide:
             path = os.path.join(folder, name)
             try:
                 with open_staged(path) as fh:
-                    data = fh.read(MAX_UNACKED_BYTES + (1 << 20))
-                recovered += self._take(self._server.replay(data))
+                    recovered += self._take(self._server.replay(_lines(fh, MAX_STAGED_BYTES)))
                 os.unlink(path)
             except (OSError, ValueError) as exc:
                 warn_once("events-staged-lines", "cannot read the framework events a job process left (%s)", exc)
@@ -467,6 +465,24 @@ class _EventSide:
                 self._sink, self._start.node, rank, flush_interval_us=int(self._start.flush_interval_s * 1e6),
                 max_bytes=self._start.max_storage_bytes, budget=self._budget)
         return w
+
+
+# What a job process can stage at its exit: its unacknowledged window (8 MB) and its queue (100,000 events).
+MAX_STAGED_BYTES = 256 << 20
+
+
+def _lines(fh: Any, max_bytes: int) -> Iterator[bytes]:
+    """A staged file's lines, read one at a time (a line past the server's limit is cut there, and refused by
+    it), up to `max_bytes` in all: bounded memory whatever the file holds."""
+    from stallwatch.collect.event_server import MAX_LINE_BYTES
+
+    left = max_bytes
+    while left > 0:
+        line = fh.readline(min(left, MAX_LINE_BYTES + 1))
+        if not line:
+            return
+        left -= len(line)
+        yield line
 
 
 def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:
