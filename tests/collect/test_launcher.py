@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from stallwatch import records as r
@@ -361,3 +363,37 @@ def test_signals_ignored_by_the_caller_stay_ignored_for_the_job(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_job_and_the_jobs_children_with_it(tmp_path):
+    """`timeout -s KILL stallwatch run -- JOB`: the job and its children die with the launcher, as the job alone
+    would without stallwatch; the sampler (its own session, which sees the launcher's lifeline close without
+    the job's end) kills the job's process group and records the end. Before, they ran on, orphaned."""
+    run = tmp_path / "run"
+    pids = tmp_path / "pids"
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
+                    "--", "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait")
+    try:
+        wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30, what="the job and its child")
+        wait_until(lambda: list((run / "system" / "n").glob("*")), 30, what="the sampler's first data")
+        time.sleep(0.5)  # the job's pid, sent when it started, is taken within a sampling interval
+        job_pid, child_pid = (int(p) for p in pids.read_text().split())
+        bg.proc.kill()
+        bg.proc.wait(10)
+
+        def gone(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+        wait_until(lambda: gone(job_pid) and gone(child_pid), 30, what="the job and its child to die")
+        record = wait_until(lambda: (r := read_json(run / "nodes" / "n.json")) and r.get("status") == "finished" and r,
+                            30, what="the node's end")
+    finally:
+        bg.kill_all()
+        for pid in (locals().get("job_pid"), locals().get("child_pid")):
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    assert record["exit_signal"] == "SIGKILL" and record["exit_code"] == 137, record
+    assert "ended without a word" in bg.stderr, bg.stderr

@@ -52,8 +52,13 @@ def finish(result: Any, config: ProfilerConfig, live: Any, *, report: str, as_js
 
 def _finish_rules(live: Any, uri: str) -> list | None:
     """The rules' last evaluation after the job; None when they could not be evaluated (said in one line)."""
+    from stallwatch.analyze.rules.during_run import RulesNotFinished
+
     try:
         return live.finish(uri)
+    except RulesNotFinished as exc:
+        print(f"stallwatch: {exc}", file=sys.stderr)
+        return None
     except Exception as exc:
         print(f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})", file=sys.stderr)
         return None

@@ -194,6 +194,11 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                       type(exc).__name__, exc)
         ticks.done()
 
+    if control.eof and "exit_code" not in node_record and isinstance(node_record.get("job_pid"), int):
+        # The launcher went without a word (SIGKILL, a crash): its job would run on orphaned, unprofiled, holding
+        # its allocation. It dies with its launcher, as it would have without stallwatch.
+        if end_orphaned_job(node_record["job_pid"]):
+            node_record.update(exit_code=128 + signal.SIGKILL, exit_signal="SIGKILL", end_us=now_us())
     # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
     if ticks.last_tick is None or ticks.since_last() >= interval_s / 2:
         try:
@@ -483,6 +488,24 @@ def _lines(fh: Any, max_bytes: int) -> Iterator[bytes]:
             return
         left -= len(line)
         yield line
+
+
+def end_orphaned_job(pid: int) -> bool:
+    """SIGKILL to the job's process group (the launcher made the job its leader, so its data-loader workers and
+    other children are in it): what takes a launcher without a word is SIGKILL or a crash, and the job dies of
+    the same signal it would have died of under `timeout -s KILL` without stallwatch. True when it was there.
+    The job's own attributes are untouched (no parent-death signal set in it: a job may read or reset that)."""
+    try:
+        target = os.getpgid(pid)
+        if target == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:  # it left the group the launcher made for it: only the process itself
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    logger.warning("stallwatch run ended without a word (killed?); its job (pid %d) and the processes of its "
+                   "group are killed with it", pid)
+    return True
 
 
 def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:
