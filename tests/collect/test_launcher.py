@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -371,8 +373,10 @@ def test_a_launcher_killed_with_sigkill_takes_its_job_and_the_jobs_children_with
     the job's end) kills the job's process group and records the end. Before, they ran on, orphaned."""
     run = tmp_path / "run"
     pids = tmp_path / "pids"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
-                    "--", "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait")
+                    "--", "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait", env={"TMPDIR": str(tmp)})
     try:
         wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30, what="the job and its child")
         wait_until(lambda: list((run / "system" / "n").glob("*")), 30, what="the sampler's first data")
@@ -397,3 +401,38 @@ def test_a_launcher_killed_with_sigkill_takes_its_job_and_the_jobs_children_with
                     os.kill(pid, signal.SIGKILL)
     assert record["exit_signal"] == "SIGKILL" and record["exit_code"] == 137, record
     assert "ended without a word" in bg.stderr, bg.stderr
+    wait_until(lambda: not list(tmp.glob("stallwatch-*")), 30, what="the sampler to remove the private folder")
+
+
+def test_a_private_folder_left_by_a_killed_launcher_and_sampler_is_removed_by_the_next_command(tmp_path):
+    """Launcher and sampler both killed (SIGKILL): nothing is left to remove their private folder (event socket,
+    journal, staging). The next command on this machine that opens the run removes it, in one line saying what
+    it still held; a folder of another run, or of a launcher still running, stays."""
+    run = tmp_path / "run"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
+                    "--", "sleep", "300", env={"TMPDIR": str(tmp)})
+    other = tmp / "stallwatch-other"
+    other.mkdir()
+    (other / "owner.json").write_text(json.dumps({"run": str(tmp_path / "elsewhere"), "node": "n", "pid": 1 << 22,
+                                                  "host": socket.gethostname()}))
+    try:
+        wait_until(lambda: list((run / "system" / "n").glob("*")), 30, what="the sampler's first data")
+        (left,) = [p for p in tmp.glob("stallwatch-*") if p != other]
+        sampler = next(p for p in psutil.Process(bg.proc.pid).children() if "sampler_process" in " ".join(p.cmdline()))
+        job = next(p for p in psutil.Process(bg.proc.pid).children() if p.pid != sampler.pid)
+        (left / "staging" / "unacked-1-2.lines").write_bytes(b"x" * 1000)  # as a job process leaves them
+        sampler.send_signal(signal.SIGSTOP)  # it cannot see its launcher go, so it cannot clean up
+        bg.proc.kill()
+        bg.proc.wait(10)
+        sampler.kill()
+        job.kill()
+    finally:
+        bg.kill_all()
+    assert left.exists()
+    p = stallwatch(tmp_path, "info", str(run), env={"TMPDIR": str(tmp)})
+    assert p.returncode == 0, p.stderr
+    assert not left.exists() and other.exists()
+    (line,) = [x for x in p.stderr.splitlines() if "removed" in x]
+    assert str(left) in line and "node 'n'" in line and "killed" in line and "never stored" in line, line

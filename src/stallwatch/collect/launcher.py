@@ -15,6 +15,7 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from stallwatch.collect import leftovers
 from stallwatch.collect.events import ENV_ACKS, ENV_CONFIG, ENV_EVENTS, ENV_STAGING
 from stallwatch.collect.node_name import clean, default_node_name, fallback_names
 from stallwatch.collect.sampler_process import EXIT_KEPT_IN_SPOOL, StartMessage, default_spool
@@ -518,6 +520,10 @@ def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs, *,
                            "once it can be written", run_uri, exc.strerror or exc)
     staging = os.path.join(dirs.root, "staging")
     os.makedirs(staging, exist_ok=True)
+    leftovers.clean_leftovers(run_uri)  # what a killed launcher of this run left on this machine
+    owner_run = run_uri if "://" in run_uri else os.path.abspath(run_uri)
+    leftovers.Owner(owner_run, node, os.getpid(), socket.gethostname(),
+                    dirs.socket if dirs.socket not in (None, dirs.root) else None).write(dirs.root)
     start = StartMessage(run=run_uri, node=node, sample_interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,

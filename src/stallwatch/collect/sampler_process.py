@@ -194,11 +194,13 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                       type(exc).__name__, exc)
         ticks.done()
 
+    orphaned = False
     if control.eof and "exit_code" not in node_record and isinstance(node_record.get("job_pid"), int):
         # The launcher went without a word (SIGKILL, a crash): its job would run on orphaned, unprofiled, holding
         # its allocation. It dies with its launcher, as it would have without stallwatch.
         if end_orphaned_job(node_record["job_pid"]):
             node_record.update(exit_code=128 + signal.SIGKILL, exit_signal="SIGKILL", end_us=now_us())
+        orphaned = True  # nobody else removes the private folder now: this sampler does, once it is done
     # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
     if ticks.last_tick is None or ticks.since_last() >= interval_s / 2:
         try:
@@ -221,6 +223,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                        ticks_missed=ticks.missed, sampler_end_us=now_us(), **_own_cost())
     node_record.setdefault("end_us", now_us())
     _write_node(sink, start.node, node_record)
+    if orphaned:
+        _remove_private_folders(start)
     if location.remote:
         if sink.close(start.upload_timeout_s):
             if not start.spool_dir:
@@ -488,6 +492,16 @@ def _lines(fh: Any, max_bytes: int) -> Iterator[bytes]:
             return
         left -= len(line)
         yield line
+
+
+def _remove_private_folders(start: StartMessage) -> None:
+    """The launcher is gone: the node's private folders (event socket, journal, staging) go with this sampler,
+    everything in them stored by now."""
+    import shutil
+
+    for path in {os.path.dirname(p) for p in (start.staging_dir, start.events_address) if p}:
+        if os.path.basename(path).startswith("stallwatch-"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def end_orphaned_job(pid: int) -> bool:
