@@ -17,6 +17,10 @@ Method
   event thread's included) over the loop.
 * Variants, interleaved (the order alternates each round): the bare job; `stallwatch run --report off` (default
   configuration). Medians over the rounds; the run's step total is checked to be N (every step counted).
+* `--in-process`: what counting a paused step costs, resolved where the machine's noise hides it end to end: one
+  process, the real hooks of a session, blocks of 400 steps alternating between no hooks at all, the paused
+  counting of the code before (the optimizer's two global hooks) and the paused counting now (torch's own step
+  code), the main thread's CPU per step; every step is checked to be counted by both.
 """
 
 from __future__ import annotations
@@ -63,13 +67,76 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     return wall, cpu, proc
 
 
+def in_process(rounds: int) -> None:
+    import time
+
+    import torch
+
+    from stallwatch.config import ProfilerConfig
+    from stallwatch.torch.session import Session
+    from stallwatch.torch.steps import OPTIMIZER_SOURCE, now_us
+
+    torch.set_num_threads(1)
+    model, x = torch.nn.Linear(1, 1), torch.ones(1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    clock = time.thread_time_ns
+
+    def loop(n: int) -> float:
+        t = clock()
+        for _ in range(n):
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return (clock() - t) / n / 1000
+
+    session = Session(ProfilerConfig(), None, None)
+    session.install_hooks()
+    hooks, tracker = session.hooks, session.tracker
+    loop(300)  # the loop's steps are found and timed
+
+    def pause() -> None:  # as sampling pauses an optimizer-delimited loop
+        tracker.source, tracker.counted_optimizer = OPTIMIZER_SOURCE, id(opt)
+        tracker.paused_at, tracker.rearmed, tracker.resume_any = now_us(), False, False
+        hooks.disarm(keep_optimizer=True)
+
+    switch = hooks._count_in_step_code
+    res: dict[str, list[float]] = {"no hooks": [], "paused, two hooks (before)": [], "paused, step code (now)": []}
+    for _ in range(rounds):
+        hooks._leave_step_code()
+        hooks.disarm()
+        hooks._remove_optimizer_hooks()
+        res["no hooks"].append(loop(400))
+        hooks._register_optimizer_hooks()
+        hooks._count_in_step_code = lambda _opt: None  # the code before: the hooks stay and count
+        pause()
+        res["paused, two hooks (before)"].append(loop(400))
+        hooks._count_in_step_code = switch
+        pause()
+        res["paused, step code (now)"].append(loop(400))
+        hooks._leave_step_code()
+        if not hooks._optim_handles:
+            hooks._register_optimizer_hooks()
+    assert tracker._marks_paused.get("TRAIN") == rounds * 800, tracker._marks_paused  # every paused step counted
+    b = statistics.median(res["no hooks"])
+    rows = [[k, f"{statistics.median(v):.2f}", f"{statistics.median(v) - b:+.2f}",
+             f"{100 * (statistics.median(v) / b - 1):+.1f} %"] for k, v in res.items()]
+    print(f"\n{machine()}; in one process, {rounds} rounds of 3 × 400 steps; medians of the main thread's CPU\n")
+    print(table(["variant", "µs per step", "vs no hooks µs", "vs no hooks"], rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=80_000)
     ap.add_argument("--shape", choices=("tiny", "small"), default="tiny")
     ap.add_argument("--before", help="a copy of src/ from before a change: its stallwatch run as a third variant")
+    ap.add_argument("--in-process", action="store_true", help="the paused counting's cost, in one process")
     args = ap.parse_args()
+    if args.in_process:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+        in_process(args.rounds)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="sw-optsteps-"))
     job = tmp / "job.py"
     job.write_text(JOB)
