@@ -26,7 +26,6 @@ Method
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
