@@ -436,3 +436,20 @@ def test_a_private_folder_left_by_a_killed_launcher_and_sampler_is_removed_by_th
     assert not left.exists() and other.exists()
     (line,) = [x for x in p.stderr.splitlines() if "removed" in x]
     assert str(left) in line and "node 'n'" in line and "killed" in line and "never stored" in line, line
+
+
+def test_the_in_job_api_whose_sampler_pipe_closes_is_never_killed(tmp_path):
+    """With the in-job API the job process starts the sampler itself and is recorded as the job: a pipe it closes
+    (the profile object dropped without stopping it) is no launcher's death, so nothing is killed."""
+    script = tmp_path / "api_job.py"
+    script.write_text(
+        "import sys, time\n"
+        "import stallwatch.torch as swt\n"
+        f"prof = swt.profile(out={str(tmp_path / 'run')!r}, node='n')\n"
+        "prof.__enter__()\n"
+        "time.sleep(1.0)\n"
+        "prof._node.sampler.proc.stdin.close()  # as if the handle were dropped\n"
+        "time.sleep(2.0)\n"
+        "print('alive', flush=True)\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "alive" in p.stdout, (p.returncode, p.stderr)

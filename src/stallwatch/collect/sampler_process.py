@@ -99,6 +99,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     from stallwatch.store.system_writer import SystemWriter
 
     stop = {"now": False}
+    starter = os.getppid()  # the launcher (or the job process itself, with the in-job API)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
 
@@ -195,7 +196,10 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
         ticks.done()
 
     orphaned = False
-    if control.eof and "exit_code" not in node_record and isinstance(node_record.get("job_pid"), int):
+    # Only a job its launcher started (a sibling): never the process that started this sampler itself (the in-job
+    # API records its own process as the job, and a pipe closed by it is no launcher's death).
+    if control.eof and "exit_code" not in node_record and isinstance(node_record.get("job_pid"), int) \
+            and node_record["job_pid"] != starter:
         # The launcher went without a word (SIGKILL, a crash): its job would run on orphaned, unprofiled, holding
         # its allocation. It dies with its launcher, as it would have without stallwatch.
         if end_orphaned_job(node_record["job_pid"]):
