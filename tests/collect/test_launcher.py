@@ -183,6 +183,8 @@ def test_a_requeued_node_runs_its_job_as_a_new_attempt_and_keeps_the_first(tmp_p
     assert one["attempt"] == 1 and one["exit_code"] == 0 and one["end_us"] < node["attempt_start_us"], one
     assert node["start_us"] == one["start_us"]  # the node's span covers both attempts
     assert sorted(p.name for p in (run / "nodes").glob("*.json")) == ["a.json"]
+    info = run_stallwatch("info", str(run), timeout=60)
+    assert "finished (attempt 2)" in info.stdout, info.stdout
 
 
 def test_a_node_whose_attempt_still_runs_is_not_joined_but_the_job_runs(tmp_path, run_stallwatch):
