@@ -484,3 +484,14 @@ def test_an_out_uri_no_store_can_take_is_refused(out: str) -> None:
 @pytest.mark.parametrize("out", ["s3://bucket/runs/x", "runs/exp:1", "/tmp/a:b"])
 def test_an_out_path_or_bucket_is_taken(out: str) -> None:
     ProfilerConfig(out=out).validate()
+
+
+def test_a_huge_stop_training_reason_is_cut_once_with_a_note():
+    """A reason travels in one message to every job process and into the run's events: bounded at 4,000
+    characters, with its length said; cutting it again (a config replaced, re-read) changes nothing."""
+    config = ProfilerConfig(stop_training="r" * 600_000)
+    assert config.stop_training == "r" * 4000 + " … (cut to 4000 of its 600000 characters)"
+    again = ProfilerConfig.from_dict(json.loads(config.to_json()))
+    assert again.stop_training == config.stop_training
+    assert config.replace(node="n").stop_training == config.stop_training
+    assert ProfilerConfig(stop_training="short").stop_training == "short"

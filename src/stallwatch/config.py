@@ -164,6 +164,9 @@ def _parse_time_us(name: str, text: str) -> int:
     return int(round(when.timestamp() * 1e6))
 
 
+MAX_STOP_REASON_CHARS = 4000  # a stop_training reason past this is cut, with a note of its length
+
+
 @dataclass(frozen=True)
 class ProfilerConfig:
     """Everything a run can be told; immutable, validated on construction."""
@@ -207,6 +210,11 @@ class ProfilerConfig:
     dump_stacks: int = 0
 
     def __post_init__(self) -> None:
+        reason = self.stop_training
+        if isinstance(reason, str) and len(reason) > MAX_STOP_REASON_CHARS + 64:  # (room for the note: cut once)
+            # It travels to every job process in one message and into the run's events: bounded, said so.
+            object.__setattr__(self, "stop_training", f"{reason[:MAX_STOP_REASON_CHARS]} … (cut to "
+                               f"{MAX_STOP_REASON_CHARS} of its {len(reason)} characters)")
         self.validate()
 
     def validate(self) -> None:

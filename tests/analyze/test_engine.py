@@ -156,3 +156,78 @@ def test_the_rules_command_on_dask_writes_the_local_engines_files(run_dir, dask_
     written = sorted(p.name for p in (local / "rules").glob("*.json"))
     assert len(written) == len(builtin_rules())
     assert all((remote / "rules" / name).read_bytes() == (local / "rules" / name).read_bytes() for name in written)
+
+
+@pytest.fixture
+def lone_worker_cluster(tmp_path):
+    """A real scheduler and one worker, each its own process (no nanny to bring a killed worker back)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    info = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
+                                  "--no-dashboard", "--scheduler-file", str(info)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(info),
+                               "--no-nanny", "--nthreads", "1", "--no-dashboard"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        address = None
+        while time.monotonic() < deadline:
+            try:
+                address = json.loads(info.read_text())["address"]
+                from distributed import Client
+
+                with Client(address, timeout=5) as client:
+                    if client.scheduler_info().get("workers"):
+                        break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        yield address, scheduler, worker
+    finally:
+        for proc in (worker, scheduler):
+            proc.kill()
+            proc.wait(10)
+
+
+def _quiet_logging(monkeypatch):
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "handlers", [logging.NullHandler()])
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "propagate", logging.getLogger("stallwatch").propagate)
+    monkeypatch.setattr(logging.getLogger("stallwatch"), "level", logging.getLogger("stallwatch").level)
+
+
+def test_a_cluster_whose_only_worker_died_is_one_line_not_a_hang(run_dir, lone_worker_cluster, capsys, monkeypatch):
+    """The cluster's only worker is killed: `stallwatch rules --engine dask=ADDRESS` says so in one line once the
+    cluster has had no worker for a while (shortened here), exit 2. It hung with no output (killed at 606 s)."""
+    address, _, worker = lone_worker_cluster
+    monkeypatch.setattr(engine_mod, "NO_WORKER_S", 3.0)
+    _quiet_logging(monkeypatch)
+    worker.kill()
+    worker.wait(10)
+    assert main(["rules", str(run_dir), "--engine", f"dask={address}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"stallwatch rules: the Dask scheduler at {address} has had no worker for"), err
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_scheduler_that_dies_mid_evaluation_is_one_line_not_a_traceback(run_dir, lone_worker_cluster, capsys,
+                                                                          monkeypatch):
+    """The scheduler is killed while the command waits on its tasks: one line, exit 2 (it was a
+    FuturesCancelledError traceback)."""
+    import threading
+
+    address, scheduler, worker = lone_worker_cluster
+    monkeypatch.setattr(engine_mod, "LOST_SCHEDULER_S", 3.0)
+    _quiet_logging(monkeypatch)
+    worker.kill()  # the tasks wait, so the scheduler surely dies while the command is in them
+    worker.wait(10)
+    threading.Timer(3.0, scheduler.kill).start()
+    assert main(["rules", str(run_dir), "--engine", f"dask={address}"]) == 2
+    out = capsys.readouterr().err
+    assert out.strip().splitlines()[-1].startswith(f"stallwatch rules: lost the Dask scheduler at {address}"), out
+    assert "Traceback" not in out

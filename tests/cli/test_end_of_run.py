@@ -74,3 +74,45 @@ def test_the_json_summary_shares_the_analysis_too(tmp_path: Path, monkeypatch, c
     document = json.loads("\n".join(err[:-1]))
     assert document["schema"].startswith("stallwatch.summary") and "error" not in document
     assert err[-1] == f"stallwatch: report {run / 'report.html'}"
+
+
+def test_live_rules_on_a_store_that_overruns_the_upload_timeout_are_left_with_a_line(tmp_path: Path, monkeypatch,
+                                                                                     capsys):
+    """The live rules' last pass over a run on S3 still going when --upload-timeout has passed: LiveRules.finish
+    says so at the timeout (it waited 120 s), and the end of run reads nothing more from the store (the findings
+    would have evaluated every rule over it again), naming the commands that give them later."""
+    import threading
+    import time
+
+    from stallwatch.analyze.rules.during_run import LiveRules, RulesNotFinished
+
+    live = LiveRules(ProfilerConfig(out="s3://bucket/runs/r", upload_timeout_s=0.5, rules_interval_s=0))
+    live._thread = threading.Thread(target=time.sleep, args=(5,), daemon=True)  # a pass stuck on the store
+    live._thread.start()
+    try:
+        live.finish("s3://bucket/runs/r")
+        raise AssertionError("no RulesNotFinished")
+    except RulesNotFinished as exc:
+        assert "--upload-timeout 0.5 s" in str(exc) and "stallwatch rules s3://bucket/runs/r" in str(exc)
+    assert live._thread.is_alive()  # left at the user's timeout, not waited for to its end
+
+    (tmp_path / "job.py").write_text(JOB)
+    run = tmp_path / "run"
+    p = stallwatch(tmp_path, "run", "--report", "off", "--out", str(run), "--", sys.executable,
+                   str(tmp_path / "job.py"), timeout=120)
+    assert p.returncode == 0, p.stderr
+    node = json.loads(next((run / "nodes").glob("*.json")).read_text())
+    evaluated = []
+    monkeypatch.setattr(RunAnalysis, "evaluate_rules", lambda self, *a, **k: evaluated.append(a) or [])
+
+    class _Slow:
+        def finish(self, uri: str) -> list:
+            raise RulesNotFinished("the rules' last evaluation did not finish within --upload-timeout 5 s")
+
+    result = LaunchResult(run_uri=str(run), node=node["node"], exit_code=0, start_us=node["start_us"],
+                          end_us=node["end_us"])
+    end_of_run.finish(result, ProfilerConfig(), _Slow(), report=report_timing.WAIT, as_json=False)
+    err = capsys.readouterr().err
+    assert not evaluated and "What to fix first" not in err and not (run / "report.html").exists(), err
+    assert err.rstrip().splitlines()[-1].endswith(f"`stallwatch summary {run}` and `stallwatch report {run}` give "
+                                                  "the findings and the report"), err

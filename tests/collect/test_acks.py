@@ -328,3 +328,25 @@ def test_lines_staged_at_exit_give_the_next_sampler_only_what_it_lacks(address, 
         assert second.replay(b'[["step"]]\n' + staged.read_bytes()) == []
     finally:
         second.close()
+
+
+def test_with_no_sampler_left_at_exit_the_queue_and_its_losses_are_staged_for_the_run(address, monkeypatch,
+                                                                                      tmp_path):
+    """The sampler is gone for good (dead past its restarts): at exit the sender stages what it queued and a
+    `lost` line for what its full queue dropped, so the sampler that finishes the run stores the events and
+    counts the loss. Before, both were dropped at exit and counted only in the dying process."""
+    monkeypatch.setenv(events.ENV_ACKS, "1")
+    monkeypatch.setenv(events.ENV_STAGING, str(tmp_path))
+    sender = EventSender(address, max_queued=300)  # no server at the address: nothing is ever sent
+    _emit(sender, 0, 500)
+    sender.close(timeout_s=0.2)
+    assert sender.dropped == 200  # the queue's overflow only; the 300 queued were staged, not dropped
+    (staged,) = tmp_path.glob(events.UNACKED_PREFIX + "*.lines")
+    server = EventServer(address)
+    try:
+        replayed = server.replay(staged.open("rb"))  # read line by line, as the sampler reads it
+    finally:
+        server.close()
+    assert _steps(replayed) == list(range(300))
+    (loss,) = [e for _, e in replayed if isinstance(e, FrameworkEvent) and e.kind == LOSS]
+    assert json.loads(loss.args)["steps"] == 200, loss

@@ -299,3 +299,32 @@ def test_what_a_full_queue_dropped_reaches_the_sampler_as_a_loss(address):
     [loss] = [e for e in events if e.kind == LOSS]
     assert json.loads(loss.args) == {"events": 15, "steps": 15}
     assert (loss.start_us, loss.end_us) == (_event(10).start_us, _event(24).start_us)
+
+
+def test_a_message_larger_than_the_sockets_room_reaches_the_job_whole(address):
+    """A broadcast of 600 KB to a process whose socket takes less at once: the rest is sent as the process
+    reads, never cut (a partial send was ignored: the job got half a line, and never the message)."""
+    import json
+    import socket
+
+    server = EventServer(address)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(address)
+        s.sendall(b'{"hello": {"rank": 0, "local_rank": 0, "world_size": 1, "pid": 1}}\n')
+        _collect(server, 1, timeout_s=0.5)  # reads the hello
+        big = {"config": {"stop_training": "y" * 600_000}}
+        server.broadcast(big)
+        s.settimeout(0.1)
+        got = b""
+        deadline = time.monotonic() + 20
+        while got.count(b"\n") < 1 and time.monotonic() < deadline:
+            try:
+                got += s.recv(1 << 16)
+            except TimeoutError:
+                pass
+            server.push()  # the sampler's loop does this every round
+        assert json.loads(got.split(b"\n")[0]) == big and server.unsent_bytes() == 0
+    finally:
+        s.close()
+        server.close()

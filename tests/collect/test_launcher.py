@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from stallwatch import records as r
@@ -152,7 +156,10 @@ def _tree(root: Path) -> dict[str, tuple[int, int, str]]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path, run_stallwatch):
+def test_a_requeued_node_runs_its_job_as_a_new_attempt_and_keeps_the_first(tmp_path, run_stallwatch):
+    """A second `stallwatch run --node a` into a run whose node `a` has ended (a Slurm requeue, a restarted pod)
+    runs its job as attempt 2 of `a`: every file of attempt 1 stays as it was, the node record keeps attempt 1.
+    Before, it exited 2 without starting the job."""
     run = tmp_path / "run"
     first = run_stallwatch("run", "--report", "off",
                            "--interval", "100ms", "--out", str(run), "--node", "a", "--", "sleep", "0.5",
@@ -162,12 +169,43 @@ def test_same_node_into_an_existing_run_is_refused_and_nothing_changes(tmp_path,
     assert any(k.startswith("system/a/") for k in before) and "nodes/a.json" in before and "run.json" in before
     marker = tmp_path / "ran"
     second = run_stallwatch("run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a", "--",
-                            "touch", str(marker), timeout=60)
-    assert second.returncode == 2
-    assert "already has a node named 'a'" in second.stderr and "--node" in second.stderr
-    assert not marker.exists()  # the command did not run
-    assert _tree(run) == before  # not a byte, not a timestamp changed
-    assert read_json(run / "nodes" / "a.json")["exit_code"] == 0
+                            "sh", "-c", f"touch {marker}; exit 3", timeout=60)
+    assert second.returncode == 3, second.stderr
+    assert marker.exists()  # the command ran
+    assert "resumed as attempt 2 (attempt 1 ended with exit code 0)" in second.stderr, second.stderr
+    after = _tree(run)
+    data = [k for k in before if k.startswith(("system/", "framework/"))]
+    assert data and {k: after.get(k) for k in data} == {k: before[k] for k in data}  # attempt 1's data as it was
+    assert any(k.startswith("system/a/") and k not in before for k in after)  # attempt 2's data beside it
+    node = read_json(run / "nodes" / "a.json")
+    assert node["attempt"] == 2 and node["exit_code"] == 3, node
+    (one,) = node["attempts"]
+    assert one["attempt"] == 1 and one["exit_code"] == 0 and one["end_us"] < node["attempt_start_us"], one
+    assert node["start_us"] == one["start_us"]  # the node's span covers both attempts
+    assert sorted(p.name for p in (run / "nodes").glob("*.json")) == ["a.json"]
+    info = run_stallwatch("info", str(run), timeout=60)
+    assert "finished (attempt 2)" in info.stdout, info.stdout
+
+
+def test_a_node_whose_attempt_still_runs_is_not_joined_but_the_job_runs(tmp_path, run_stallwatch):
+    """The same --node while its first attempt still runs on this machine: two samplers would mix one node's
+    data, so the second job runs under a name no other machine takes, said in one line."""
+    run = tmp_path / "run"
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a",
+                    "--", "sleep", "30")
+    try:
+        wait_until(lambda: (read_json(run / "nodes" / "a.json") or {}).get("sampler_pid"), 30, what="node a")
+        marker = tmp_path / "ran"
+        second = run_stallwatch("run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "a",
+                                "--", "touch", str(marker), timeout=60)
+    finally:
+        bg.kill_all()
+    assert second.returncode == 0, second.stderr
+    assert marker.exists()
+    assert "may still be running (its sampler (pid" in second.stderr, second.stderr
+    names = sorted(p.name for p in (run / "nodes").glob("*.json"))
+    other = [n for n in names if n != "a.json"]
+    assert len(names) == 2 and "a.json" in names and other[0].startswith("a-"), names
 
 
 def test_two_machines_with_one_default_name_both_run(tmp_path):
@@ -329,3 +367,91 @@ def test_signals_ignored_by_the_caller_stay_ignored_for_the_job(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_job_and_the_jobs_children_with_it(tmp_path):
+    """`timeout -s KILL stallwatch run -- JOB`: the job and its children die with the launcher, as the job alone
+    would without stallwatch; the sampler (its own session, which sees the launcher's lifeline close without
+    the job's end) kills the job's process group and records the end. Before, they ran on, orphaned."""
+    run = tmp_path / "run"
+    pids = tmp_path / "pids"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
+                    "--", "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait", env={"TMPDIR": str(tmp)})
+    try:
+        wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30, what="the job and its child")
+        wait_until(lambda: list((run / "system" / "n").glob("*")), 30, what="the sampler's first data")
+        time.sleep(0.5)  # the job's pid, sent when it started, is taken within a sampling interval
+        job_pid, child_pid = (int(p) for p in pids.read_text().split())
+        bg.proc.kill()
+        bg.proc.wait(10)
+
+        def gone(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+        wait_until(lambda: gone(job_pid) and gone(child_pid), 30, what="the job and its child to die")
+        record = wait_until(lambda: (r := read_json(run / "nodes" / "n.json")) and r.get("status") == "finished" and r,
+                            30, what="the node's end")
+    finally:
+        bg.kill_all()
+        for pid in (locals().get("job_pid"), locals().get("child_pid")):
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+    assert record["exit_signal"] == "SIGKILL" and record["exit_code"] == 137, record
+    assert "ended without a word" in bg.stderr, bg.stderr
+    wait_until(lambda: not list(tmp.glob("stallwatch-*")), 30, what="the sampler to remove the private folder")
+
+
+def test_a_private_folder_left_by_a_killed_launcher_and_sampler_is_removed_by_the_next_command(tmp_path):
+    """Launcher and sampler both killed (SIGKILL): nothing is left to remove their private folder (event socket,
+    journal, staging). The next command on this machine that opens the run removes it, in one line saying what
+    it still held; a folder of another run, or of a launcher still running, stays."""
+    run = tmp_path / "run"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
+                    "--", "sleep", "300", env={"TMPDIR": str(tmp)})
+    other = tmp / "stallwatch-other"
+    other.mkdir()
+    (other / "owner.json").write_text(json.dumps({"run": str(tmp_path / "elsewhere"), "node": "n", "pid": 1 << 22,
+                                                  "host": socket.gethostname()}))
+    try:
+        wait_until(lambda: list((run / "system" / "n").glob("*")), 30, what="the sampler's first data")
+        (left,) = [p for p in tmp.glob("stallwatch-*") if p != other]
+        sampler = next(p for p in psutil.Process(bg.proc.pid).children() if "sampler_process" in " ".join(p.cmdline()))
+        job = next(p for p in psutil.Process(bg.proc.pid).children() if p.pid != sampler.pid)
+        (left / "staging" / "unacked-1-2.lines").write_bytes(b"x" * 1000)  # as a job process leaves them
+        sampler.send_signal(signal.SIGSTOP)  # it cannot see its launcher go, so it cannot clean up
+        bg.proc.kill()
+        bg.proc.wait(10)
+        sampler.kill()
+        job.kill()
+    finally:
+        bg.kill_all()
+    assert left.exists()
+    p = stallwatch(tmp_path, "info", str(run), env={"TMPDIR": str(tmp)})
+    assert p.returncode == 0, p.stderr
+    assert not left.exists() and other.exists()
+    (line,) = [x for x in p.stderr.splitlines() if "removed" in x]
+    assert str(left) in line and "node 'n'" in line and "killed" in line and "never stored" in line, line
+
+
+def test_the_in_job_api_whose_sampler_pipe_closes_is_never_killed(tmp_path):
+    """With the in-job API the job process starts the sampler itself and is recorded as the job: a pipe it closes
+    (the profile object dropped without stopping it) is no launcher's death, so nothing is killed."""
+    script = tmp_path / "api_job.py"
+    script.write_text(
+        "import sys, time\n"
+        "import stallwatch.torch as swt\n"
+        f"prof = swt.profile(out={str(tmp_path / 'run')!r}, node='n')\n"
+        "prof.__enter__()\n"
+        "time.sleep(1.0)\n"
+        "prof._node.sampler.proc.stdin.close()  # as if the handle were dropped\n"
+        "time.sleep(2.0)\n"
+        "print('alive', flush=True)\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "alive" in p.stdout, (p.returncode, p.stderr)

@@ -99,6 +99,62 @@ class BlackHole:
             c.close()
 
 
+class SlowProxy:
+    """A TCP proxy to `port` that holds each chunk a client sends for `delay_s` before passing it on: an S3
+    endpoint that answers every request, slowly (a loaded or far-away store)."""
+
+    def __init__(self, port: int, delay_s: float) -> None:
+        self.target, self.delay_s = port, delay_s
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            self._open += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, self.delay_s), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, 0.0), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> None:
+        import time
+
+        try:
+            while data := src.recv(1 << 16):
+                if delay_s:
+                    time.sleep(delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._sock.close()
+        for s in self._open:
+            s.close()
+
+
 def s3_environment(endpoint: str, cache_dir: Path) -> dict[str, str]:
     """What a subprocess (and the test process) needs to reach `endpoint`; the spool lives under cache_dir."""
     return {**DUMMY_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint, "XDG_CACHE_HOME": str(cache_dir)}

@@ -817,3 +817,37 @@ def test_a_run_pinned_for_one_node_lists_only_that_nodes_folders(tmp_path):
     assert one.system_wide("algo-1").equals(run.system_wide("algo-1"))
     for odd in ("..", "a/b", ""):
         assert not any(run.pinned(node=odd)._listing.values())
+
+
+def test_a_flipped_bit_in_a_framework_part_is_reported_skipped_and_counted_as_lost(tmp_path, caplog):
+    """An Arrow part (written every flush, before its segment) with one bit of a pid flipped: its checksum fails,
+    one warning names the file, the rank's other data reads, and the analysis's notes count the file as lost.
+    Before, the pid read as another one (14047 → 145119 in the sweep), without a word."""
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.records import FrameworkEvent
+    from stallwatch.store.framework_writer import FrameworkWriter
+
+    root = tmp_path / "run"
+    make_run(root, nodes=("algo-1",), seconds=5)
+    location = RunLocation(str(root))
+    for rank in (0, 1):
+        w = FrameworkWriter(location, "algo-1", rank, flush_interval_us=600 * S, max_bytes=1 << 30)
+        for i in range(100):
+            w.append(FrameworkEvent("step", "train_step", T0 + i * 10_000, T0 + i * 10_000 + 9_000, "TRAIN", i, 14047))
+        w.flush(T0 + S)  # a part, not yet compacted into its segment
+    (victim,) = (root / "framework" / "algo-1" / "1").glob("part-*.arrow")
+    data = bytearray(victim.read_bytes())
+    at = data.index((14047).to_bytes(4, "little"))
+    data[at + 2] ^= 0x01  # 14047 -> 79583: a value the plain Arrow reader returns without an error
+    victim.write_bytes(bytes(data))
+    import pyarrow as pa
+
+    assert pa.ipc.open_file(str(victim)).read_all()["pid"].to_pylist()[0] == 79583  # silently another pid
+    with caplog.at_level(logging.WARNING, logger="stallwatch"):
+        run = open_run(str(root))
+        events = run.framework()
+        notes = RunAnalysis(run).notes
+    (warning,) = [w for w in _warnings(caplog) if "unreadable" in w]
+    assert victim.name in warning and "checksum" in warning, warning
+    assert set(events["rank"].to_pylist()) == {0} and set(events["pid"].to_pylist()) == {14047}
+    assert any("1 damaged file of the run could not be read" in n and victim.name in n for n in notes), notes

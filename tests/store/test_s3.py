@@ -17,7 +17,7 @@ import stallwatch
 from stallwatch.store import layout
 from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import RunNotFoundError
-from tests.store.s3_server import BlackHole, S3Server, closed_port, s3_environment, spool_files
+from tests.store.s3_server import BlackHole, S3Server, SlowProxy, closed_port, s3_environment, spool_files
 
 SUBPROCESS_TIMEOUT_S = 120
 HANG_GUARD_S = 60.0
@@ -150,7 +150,7 @@ def test_rules_are_evaluated_while_an_s3_run_goes_on(s3_server: S3Server, s3_env
     assert record["Status"] == "ok" and record["Datapoints"] >= 30  # the final evaluation: the whole 12 s
 
 
-def test_two_nodes_make_one_run_on_s3_and_a_taken_name_is_refused(run_stallwatch, s3_env, bucket, tmp_path):
+def test_two_nodes_make_one_run_on_s3_and_a_requeued_node_is_its_next_attempt(run_stallwatch, s3_env, bucket, tmp_path):
     uri = f"s3://{bucket}/runs/r2"
     for node in ("algo-1", "algo-2"):
         proc = run_stallwatch("run", "--interval", "200ms", "--flush-interval", "1", "--node", node, "--out", uri,
@@ -170,10 +170,11 @@ def test_two_nodes_make_one_run_on_s3_and_a_taken_name_is_refused(run_stallwatch
     marker = tmp_path / "job-ran"
     proc = run_stallwatch("run", "--node", "algo-1", "--out", uri, "--", sys.executable, "-c",
                           f"open({str(marker)!r}, 'w').close()", env=s3_env, timeout=SUBPROCESS_TIMEOUT_S)
-    assert proc.returncode == 2
-    assert "already has a node named 'algo-1'" in proc.stderr
-    assert not marker.exists(), "the job ran although its node name was refused"
-    assert RunLocation(uri).read("nodes/algo-1.json") == before
+    assert proc.returncode == 0, proc.stderr  # a requeue: it exited 2 without running its job
+    assert marker.exists(), "the requeued job did not run"
+    assert "resumed as attempt 2" in proc.stderr, proc.stderr
+    record = json.loads(RunLocation(uri).read("nodes/algo-1.json"))
+    assert record["attempt"] == 2 and record["attempts"][0]["end_us"] == json.loads(before)["end_us"], record
     assert stallwatch.open_run(uri).nodes == ["algo-1", "algo-2"]
 
 
@@ -372,3 +373,26 @@ def test_straggler_reads_a_run_on_s3_again_with_the_result_of_memory(s3_env, buc
     (replayed,) = [r.to_json() for r in evaluate([straggler.Straggler], iter_run(run, [straggler.Straggler]))]
     assert {node for node, _, _ in pieces} == {"algo-1", "algo-2"} and len(pieces) == 10
     assert replayed["Details"]["ranks"] and json.dumps(replayed, sort_keys=True) == json.dumps(memory, sort_keys=True)
+
+
+def test_a_slow_endpoint_holds_run_after_the_job_only_as_long_as_the_upload_timeout_says(s3_server, bucket, tmp_path):
+    """Every request to the store held 1 s (a loaded endpoint), `--upload-timeout 5`: `stallwatch run` returns
+    within the timeouts it was given after the job, with its summary and rules (evaluated on the local copy the
+    upload left). Before, it waited up to 120 s for the live rules' last pass over the slow store (87 s here:
+    the job's allocation held for nothing)."""
+    proxy = SlowProxy(s3_server.port, delay_s=1.0)
+    env = {**os.environ, **s3_environment(proxy.endpoint, tmp_path / "cache")}
+    ended = tmp_path / "ended"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "stallwatch.cli", "run", "--report", "off", "--upload-timeout",
+                               "5", "--out", f"s3://{bucket}/runs/slow", "--", "sh", "-c",
+                               f"sleep 3; date +%s.%N > {ended}"], env=env, stderr=subprocess.PIPE, text=True,
+                              timeout=SUBPROCESS_TIMEOUT_S, cwd=tmp_path)
+        returned = time.time()
+    finally:
+        proxy.close()
+    assert proc.returncode == 0, proc.stderr
+    assert "OverallSystemUsage" in proc.stderr  # the rules' table: evaluated, not skipped
+    # Two waits bounded by --upload-timeout (the sampler's last upload, the rules' last pass) and the start of
+    # a Python process or two: far below the 120 s the rules' wait alone could take.
+    assert returned - float(ended.read_text()) < 60, proc.stderr

@@ -73,3 +73,28 @@ def test_a_window_already_past_is_said_so(tmp_path):
         job.kill_all()
     assert "already past" in job.stderr
     assert open_run(str(run)).profiles() == []
+
+
+def test_a_600_kb_stop_training_reason_stops_the_job_with_the_reason_cut_and_said(tmp_path):
+    """A stop_training reason of 600 KB written into config.json: the job stops at its next step, and the
+    reason it records is the first 4,000 characters with a note of the length. Before, the message was larger
+    than the socket's room, its partial send was ignored, and the job ran all its steps."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.replace("90 * 4", "400 * 4"))
+    run = tmp_path / "run"
+    job = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--flush-interval", "1", "--",
+                     sys.executable, str(script), str(tmp_path))
+    try:
+        wait_until(lambda: (tmp_path / "ready").exists(), 60, what="the job to reach step 10")
+        config = json.loads((run / "config.json").read_text())
+        config["stop_training"] = "slow " + "x" * 600_000
+        (run / "config.json").write_text(json.dumps(config))
+        wait_until(lambda: "stop_training" in job.stderr, 10, what="the change to be taken")
+        (tmp_path / "go").touch()
+        assert job.wait(120) == 0, job.stderr
+    finally:
+        job.kill_all()
+    (stop,) = open_run(str(run)).framework(kinds=["stop"]).to_pylist()
+    args = json.loads(stop["args"])
+    assert args["reason"].startswith("slow xxx") and args["reason"].endswith("(cut to 4000 of its 600005 characters)")
+    assert args["train_steps"] < 100, args  # stopped within a few steps of the change, not after all 400

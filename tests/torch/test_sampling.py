@@ -333,3 +333,39 @@ def test_steps_are_sampled_only_where_they_can_be_counted(hooks):
     tracker.listener = None
     tracker.several_loaders = True
     assert not sampling._allowed()
+
+
+ONE_OPTIMIZER = '''
+import json, sys, time
+import torch
+from torch.optim import optimizer as optim
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.ones(4)
+n, seen = 0, set()
+for i in range(int(sys.argv[2])):
+''' + textwrap.indent(STEP_BODY, " " * 4) + '''    n += 1
+    if i % 50 == 0:
+        code = optim.Optimizer._optimizer_step_code
+        seen.add((len(optim._global_optimizer_pre_hooks) + len(optim._global_optimizer_post_hooks),
+                  code.__module__.split(".")[0]))
+json.dump({"train": n, "eval": 0, "seen": sorted(seen)}, open(sys.argv[1], "w"))
+'''
+
+
+def test_between_stretches_an_optimizer_loop_runs_without_hooks_and_counts_in_torchs_step_code(tmp_path):
+    """Paused in a loop `optimizer.step()` delimits, the optimizer's two global hooks come off and the steps are
+    counted in torch's own per-step call (`Optimizer._optimizer_step_code`, a no-op torch calls in every step),
+    torch's one coming back with the hooks when timing resumes: every step counted, each number once. The two
+    hook calls a step were most of what such a loop of 30 µs steps paid between stretches."""
+    out, ran = _run(tmp_path, ONE_OPTIMIZER, "--sample-steps-above", "500", steps=8000)
+    seen = {tuple(s) for s in ran["seen"]}
+    assert (0, "stallwatch") in seen, seen  # paused: no hook, the count in the step code
+    assert (2, "torch") in seen, seen  # timed: torch's step code, the two hooks
+    events = open_run(str(out)).framework().to_pylist()
+    numbers = [e["step"] for e in events if e["kind"] == STEP]
+    for u in (e for e in events if e["kind"] == UNTIMED):
+        first = json.loads(u["args"])["first"]
+        numbers.extend(range(first, first + json.loads(u["args"])["steps"]))
+    assert sorted(numbers) == list(range(8000))

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stallwatch.analyze import captures as _captures
 from stallwatch.analyze import compare as _compare
 from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
@@ -321,8 +322,9 @@ class RunAnalysis:
         """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
         timed = {} if not self.untimed else _rollup_views.steps_per_mode(self.framework_rollup) \
             if self.overview_from_rollups else _steps.merge_step_summaries(self._node_step_totals)[0]
-        return self.losses.notes() + self.loop_shapes.notes() + _overhead.notes(self.hook_costs) + \
+        notes = self.losses.notes() + self.loop_shapes.notes() + _overhead.notes(self.hook_costs) + \
             _sampled.notes(self.untimed, timed)
+        return notes + _loss.damaged_notes(self.run.unreadable_files)  # after the reads above: what they met
 
     @cached_property
     def untimed(self) -> list[_sampled.Untimed]:
@@ -392,6 +394,14 @@ class RunAnalysis:
     def escalations(self) -> list[dict[str, Any]]:
         """The automatic captures firing rules asked for: rule, start_us/end_us, layers, evidence."""
         return run_files.read_escalations(self.run.location)
+
+    @cached_property
+    def captures(self) -> list[_captures.Capture]:
+        """The automatic captures with their fate: stored, lost (never written: the job ended first) or pending."""
+        if not self.escalations:
+            return []
+        return _captures.capture_fates(self.escalations, self.profiles(),
+                                       finished=run_finished(self.node_records.values()))
 
     @cached_property
     def phase_shares(self) -> dict[str, dict[str, float]]:

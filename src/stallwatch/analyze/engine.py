@@ -10,6 +10,7 @@ sends back only results; the caller gets them in order, with a bounded number in
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
@@ -20,6 +21,9 @@ R = TypeVar("R")
 LOCAL = "local"
 DASK = "dask"
 CONNECT_TIMEOUT_S = 10  # an unreachable scheduler is said after this long
+NO_WORKER_S = 30.0  # a cluster without a worker this long cannot finish the work: said, not waited on forever
+LOST_SCHEDULER_S = 10.0  # a scheduler the client has lost this long (it died, or the network did): said
+POLL_S = 1.0  # how often a task's wait looks at the cluster
 
 
 class EngineError(RuntimeError):
@@ -105,8 +109,6 @@ class DaskEngine:
         return max(1, len(self.client.scheduler_info().get("workers", {})))
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        from distributed import wait
-
         window = self._ahead * self.workers()
         pending: deque[Any] = deque()
         items = iter(items)
@@ -120,8 +122,7 @@ class DaskEngine:
                 if not pending:
                     return
                 future = pending.popleft()
-                wait([future])
-                result = future.result()
+                result = self._result(future)
                 self.stats.tasks += 1
                 self.stats.result_bytes += payload_bytes(result)
                 future.release()
@@ -129,6 +130,42 @@ class DaskEngine:
         finally:
             for future in pending:
                 future.cancel()
+
+    def _result(self, future: Any) -> Any:
+        """The task's result, waited for while the cluster can still give it: an EngineError, in bounded time,
+        when it has had no worker for `NO_WORKER_S` (the tasks would wait forever) or has lost its scheduler.
+        What the task itself raised is raised as it is."""
+        from concurrent.futures import CancelledError
+
+        no_worker_since: float | None = None
+        lost_since: float | None = None
+        where = f"the Dask scheduler at {self.address}" if self.address else "the local Dask cluster"
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except TimeoutError:
+                pass
+            except CancelledError:  # the scheduler went, and its tasks with it (FuturesCancelledError)
+                raise EngineError(f"lost {where}: its tasks were cancelled (did the scheduler stop?); start it "
+                                  "again, or use --engine local") from None
+            except OSError as exc:  # CommClosedError and the like
+                raise EngineError(f"lost {where}: {_one_line(exc)}; use --engine local") from None
+            now = time.monotonic()
+            if self.client.status != "running":
+                lost_since = lost_since or now
+                if now - lost_since >= LOST_SCHEDULER_S:
+                    raise EngineError(f"lost {where} ({self.client.status} for {now - lost_since:.0f} s); start "
+                                      "it again, or use --engine local")
+                continue
+            lost_since = None
+            if self.client.scheduler_info().get("workers"):
+                no_worker_since = None
+            else:
+                no_worker_since = no_worker_since or now
+                if now - no_worker_since >= NO_WORKER_S:
+                    raise EngineError(f"{where} has had no worker for {now - no_worker_since:.0f} s, so nothing "
+                                      "can be evaluated: start workers for it (dask worker ADDRESS), or use "
+                                      "--engine local")
 
     def worker_peak_rss(self) -> dict[str, int]:
         """Each worker's peak resident memory so far (VmHWM), bytes; also kept in `stats`."""

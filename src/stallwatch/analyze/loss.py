@@ -101,3 +101,13 @@ def gap_limits_us(starts: np.ndarray, ends: np.ndarray, interval_ms: float | Non
     ms = np.maximum(intervals_at(changes or [], starts, interval_ms or 0.0),
                     intervals_at(changes or [], ends, interval_ms or 0.0))
     return np.maximum(MIN_GAP_US, (GAP_INTERVALS * ms * 1000).astype(np.int64))
+
+
+def damaged_notes(paths: list[str]) -> list[str]:
+    """Files of the run that could not be read (a checksum that fails, a cut file): their rows are lost, said."""
+    if not paths:
+        return []
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return [f"{len(paths)} damaged file{'s' if len(paths) > 1 else ''} of the run could not be read and "
+            f"{'are' if len(paths) > 1 else 'is'} left out (what {'they' if len(paths) > 1 else 'it'} held is "
+            f"lost): {shown}"]

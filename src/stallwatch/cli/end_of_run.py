@@ -37,10 +37,14 @@ def finish(result: Any, config: ProfilerConfig, live: Any, *, report: str, as_js
     analysis = _Analysis(uri)
     if as_json:
         results = _finish_rules(live, uri)
+        if results is _UNFINISHED:
+            return  # said; evaluating them here would hold the job's allocation on the slow store again
         _print_json_summary(analysis, result, results)
     else:
         _print_run_summary(analysis, result, config)  # before the rules' last evaluation: it needs none of them
         results = _finish_rules(live, uri)
+        if results is _UNFINISHED:
+            return
         _print_cost(analysis, config, results)
         _print_rules(analysis, results)
         _print_findings(analysis, results)
@@ -50,10 +54,21 @@ def finish(result: Any, config: ProfilerConfig, live: Any, *, report: str, as_js
         _start_report_builder(uri)
 
 
-def _finish_rules(live: Any, uri: str) -> list | None:
-    """The rules' last evaluation after the job; None when they could not be evaluated (said in one line)."""
+_UNFINISHED: Any = object()  # the rules' last pass overran --upload-timeout on a slow store: nothing more is read
+
+
+def _finish_rules(live: Any, uri: str) -> Any:
+    """The rules' last evaluation after the job; None when they could not be evaluated (said in one line);
+    `_UNFINISHED` when their pass over a slow store overran the upload timeout (said, with what to run later:
+    the findings and the report would read the store again)."""
+    from stallwatch.analyze.rules.during_run import RulesNotFinished
+
     try:
         return live.finish(uri)
+    except RulesNotFinished as exc:
+        print(f"stallwatch: {exc}; `stallwatch summary {uri}` and `stallwatch report {uri}` give the findings and "
+              "the report", file=sys.stderr)
+        return _UNFINISHED
     except Exception as exc:
         print(f"stallwatch: the rules could not be evaluated ({type(exc).__name__}: {exc})", file=sys.stderr)
         return None

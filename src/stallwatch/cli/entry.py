@@ -26,8 +26,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         progress.QUIET = True
         logger.setLevel(logging.WARNING)
+    from stallwatch.analyze.engine import EngineError
+
     try:
         return int(args.func(args))
+    except EngineError as exc:  # a Dask cluster that lost its scheduler or its workers halfway: one line
+        print(f"stallwatch {args.cmd}: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # a store that stopped answering halfway (S3 down, a disk gone): one line, no traceback
         print(f"stallwatch {args.cmd}: {one_line(exc)}", file=sys.stderr)
         return 2

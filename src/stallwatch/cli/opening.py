@@ -19,13 +19,17 @@ def open_run_or_say(command: str, uri: str) -> Any:
     from stallwatch.store.reader import RunNotFoundError, open_run
 
     try:
-        return open_run(uri)
+        run = open_run(uri)
     except RunNotFoundError as exc:
         print(f"stallwatch {command}: {exc}", file=sys.stderr)
         return None
     except (OSError, ValueError) as exc:  # an unreachable endpoint, a location that is not one
         print(f"stallwatch {command}: cannot open {uri}: {one_line(exc)}", file=sys.stderr)
         return None
+    from stallwatch.collect.leftovers import clean_leftovers
+
+    clean_leftovers(run.uri)  # private folders a killed `stallwatch run` of this run left on this machine
+    return run
 
 
 def open_engine_or_say(command: str, spec: str) -> Any:

@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from stallwatch.collect.acks import ACK_EVERY_LINES, ACK_INTERVAL_S, StreamMarks, stream_of
 from stallwatch.collect.events import decode_batch, decode_line
@@ -19,6 +19,7 @@ from stallwatch.log import warn_once
 from stallwatch.records import LOSS, FrameworkEvent
 
 MAX_LINE_BYTES = 1 << 20  # a connection that sends a longer line is broken or hostile: it is dropped
+MAX_OUTBOX_BYTES = 4 << 20  # what waits to be sent to one job process; past it, a message is not sent (said)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class _Connection:
     acked_at: float = 0.0
     gone: bool = False  # the sender closed its end: nothing more is sent to it, what it sent is still read
     flushed: bool = True  # it answered the last flush request (everything it had before it is in)
+    out: bytes = b""  # what is still to be sent to it (the rest of a line its socket had no room for)
 
 
 class EventServer:
@@ -74,15 +76,39 @@ class EventServer:
     def flush_pending(self) -> int:
         return sum(1 for c in self._conns.values() if not c.flushed and not c.gone and c.sock is not None)
 
-    def _send(self, fd: int, conn: _Connection, line: bytes) -> None:
+    def _send(self, fd: int, conn: _Connection, line: bytes) -> bool:
+        """Queue `line` for the process and send what its socket takes now; the rest goes out at the next
+        `push()` (every receive and acknowledgement round), never blocking the sampler and never cutting a line.
+        False when it cannot be sent: the process is gone, or has not read the last 4 MB sent to it (said)."""
         if conn.gone or conn.sock is None:
-            return
-        try:
-            conn.sock.send(line)
-        except (BlockingIOError, InterruptedError):
-            warn_once("events-broadcast-full", "a job process is not reading its stallwatch messages; it misses one")
-        except OSError:
-            conn.gone = True  # its last lines may still be unread here: dropped at end-of-file, once read
+            return False
+        if len(conn.out) + len(line) > MAX_OUTBOX_BYTES:
+            warn_once("events-broadcast-full", "a job process has not read its last %d bytes of stallwatch messages; "
+                      "it misses one of %d bytes", len(conn.out), len(line))
+            return False
+        conn.out += line
+        self._push(conn)
+        return True
+
+    def _push(self, conn: _Connection) -> None:
+        while conn.out and not conn.gone and conn.sock is not None:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                conn.gone, conn.out = True, b""  # its last lines may still be unread here: dropped at end-of-file
+                return
+            conn.out = conn.out[sent:]
+
+    def push(self) -> None:
+        """Send the rest of what waits for each process (a message larger than its socket's room)."""
+        for conn in self._conns.values():
+            if conn.out:
+                self._push(conn)
+
+    def unsent_bytes(self) -> int:
+        return sum(len(c.out) for c in self._conns.values() if not c.gone)
 
     def fds(self) -> list[int]:
         return [self._listener.fileno(), *self._conns]
@@ -91,6 +117,7 @@ class EventServer:
         """Accept new connections and read what the ready ones sent: (sender identity, item) pairs, where an
         item is a FrameworkEvent or an artifact notice (a dict, see `collect.artifacts`)."""
         out: list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]] = []
+        self.push()
         for fd in ready:
             if fd == self._listener.fileno():
                 self._accept()
@@ -117,13 +144,15 @@ class EventServer:
                 self._line(fd, conn, line, out)
         return out
 
-    def replay(self, data: bytes) -> list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]]:
+    def replay(self, data: bytes | Iterable[bytes]) -> list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]]:
         """Lines a sender staged at its exit (`events.stage_unacked`: a hello, then the lines it sent but was
-        not told were journaled), read as one more connection: the same checks, and the lines this sampler
-        (or the journal it replayed) already has are skipped."""
+        not told were journaled and those it never sent), read as one more connection: the same checks, and
+        the lines this sampler (or the journal it replayed) already has are skipped. `data`: the bytes, or
+        their lines (a file read line by line)."""
         conn = _Connection(sock=None, gone=True)
         out: list[tuple[dict[str, int], FrameworkEvent | dict[str, Any]]] = []
-        for line in data.split(b"\n"):
+        for line in data.split(b"\n") if isinstance(data, bytes) else data:
+            line = line.rstrip(b"\n")
             if len(line) > MAX_LINE_BYTES:
                 warn_once("events-long-line", "dropping a framework-event connection that sent an overlong line")
                 break
@@ -190,6 +219,7 @@ class EventServer:
         """Tell each sender what it may forget, where that moved by `ACK_EVERY_LINES` lines or some did
         `ACK_INTERVAL_S` ago: cheap, never per line."""
         now = time.monotonic() if now is None else now
+        self.push()
         for fd, conn in list(self._conns.items()):
             if conn.stream is None or conn.gone:
                 continue
@@ -200,16 +230,9 @@ class EventServer:
                     conn.acked, conn.acked_at = durable, now
 
     def _ack(self, fd: int, conn: _Connection, upto: int) -> bool:
-        if conn.gone or conn.sock is None:
-            return False
-        try:
-            conn.sock.send(b'{"ack":%d}\n' % upto)
-            return True
-        except (BlockingIOError, InterruptedError):
-            return False  # not reading now: a later one says it
-        except OSError:
-            conn.gone = True  # as in `_send`: read to its end first
-            return False
+        if conn.gone or conn.sock is None or conn.out:
+            return False  # not reading now (or a message is still going out whole): a later one says it
+        return self._send(fd, conn, b'{"ack":%d}\n' % upto)
 
     def _accept(self) -> None:
         while True:

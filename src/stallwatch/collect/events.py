@@ -163,16 +163,12 @@ class EventSender:
         self._send_queued(deadline=deadline)
         with self._lock:
             self._pull()  # the last acknowledgements, or the news that the sampler is gone
+            if self._unacked.acks is True and self._stage_rest():
+                return
             # Sent lines count as delivered while the connection stands; with it gone, the unacknowledged
             # ones (to a sampler that acknowledges) never were.
             gone = self._sock is None and self._unacked.acks is True
             lines = [line for line in self._unacked.lines if gone or line.seq >= self._send_seq]
-            if self._unacked.acks is True:
-                # Sent but not acknowledged: the sampler may still die before it reads or journals them. A
-                # copy waits in the staging folder, where the sampler's end (or its successor) picks up the
-                # ones it lacks.
-                stage_unacked(self.identity, self._stream, [line for line in self._unacked.lines
-                                                            if line.seq < self._send_seq])
             self._disconnect()
             unsent = [item for item in self._queue if not isinstance(item, dict)]
             self._queue, self._held = deque(), None
@@ -180,6 +176,21 @@ class EventSender:
             self._send_seq = self._unacked.next_seq
         for event in [*_events_of(lines), *unsent]:  # the process is ending: what was not sent is lost, counted
             self._drop(event)
+
+    def _stage_rest(self) -> bool:
+        """At exit, to a sampler that acknowledges (under the lock): every line it has not acknowledged, and the
+        queue's events (with what was dropped, as a `lost` line) as lines after them, go to the staging folder,
+        where the sampler that finishes the run (this one, or its successor after a death past its restarts)
+        takes what it lacks. True when written: nothing is left to count as lost here."""
+        while self._next_line() is not None:  # new lines, numbered after the unacknowledged ones
+            pass
+        if not stage_unacked(self.identity, self._stream, list(self._unacked.lines)):
+            return False
+        self._disconnect()
+        self._queue, self._held = deque(), None
+        self._unacked = Unacked()
+        self._send_seq = self._unacked.next_seq
+        return True
 
     def _forget_after_fork(self) -> None:
         """In a forked child: the parent's queue, connection and thread are the parent's. Sending them from
@@ -427,24 +438,28 @@ def _events_of(lines: list[SentLine] | deque[SentLine]) -> list[tuple]:
 UNACKED_PREFIX = "unacked-"  # staged lines a sender sent but was not told were journaled (see `stage_unacked`)
 
 
-def stage_unacked(identity: dict[str, int], stream: int, lines: list[SentLine]) -> None:
+def stage_unacked(identity: dict[str, int], stream: int, lines: list[SentLine]) -> bool:
     """At exit: `lines` (contiguous, sent, unacknowledged) as the conversation that sent them — a hello
     naming their stream and first line, then the lines — in the staging folder, written whole (rename) or
     not at all. The sampler replays it at its end through the same checks and de-duplication as the socket."""
     folder = os.environ.get(ENV_STAGING)
-    if not folder or not lines:
-        return
+    if not lines:
+        return True
+    if not folder:
+        return False
     path = os.path.join(folder, f"{UNACKED_PREFIX}{stream}-{os.getpid()}.lines")
     hello = _json_line({"hello": {**identity, "stream": stream, "seq": lines[0].seq}})
     try:
         with open(path + ".tmp", "wb") as f:
             f.write(hello + b"".join(line.payload for line in lines))
         os.replace(path + ".tmp", path)
+        return True
     except FileNotFoundError:
-        pass  # the run's node has finished and its private folder is gone (a process that outlived the job)
+        return False  # the run's node has finished and its private folder is gone (a process that outlived the job)
     except OSError as exc:
         warn_once("events-stage-unacked", "cannot keep the last framework events for the sampler (%s)",
                   exc.strerror or exc)
+        return False
 
 
 def _stacks(request: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from stallwatch.collect import leftovers
 from stallwatch.collect.events import ENV_ACKS, ENV_CONFIG, ENV_EVENTS, ENV_STAGING
 from stallwatch.collect.node_name import clean, default_node_name, fallback_names
 from stallwatch.collect.oom_watch import OomWatch
@@ -190,11 +192,12 @@ class _SamplerHandle:
 def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, explicit: bool,
                patience_s: float = CLAIM_PATIENCE_S) -> str:
     """Claim `nodes/<node>.json` atomically (an exclusive create, locally and on S3); a run never gets two
-    samplers for one node. A name given with --node that is taken is refused; a default name that is taken
-    (two machines with one host name) moves on to the next free one, so the job always runs. A store that does
-    not answer within `patience_s` gets a name no other machine can take (host, pid, random), said so: a node
-    never writes under a name it has not claimed. Returns the name the node writes under."""
-    hint = "pass --node NAME for another machine of this run, or a new --out for a new run"
+    samplers for one node. A name given with --node that is taken is resumed as a new attempt when its earlier
+    attempt has ended (a requeued job: `record` gets `attempt` and `attempts`, see `attempts`); a default name
+    that is taken (two machines with one host name) moves on to the next free one. A store that does not answer
+    within `patience_s`, or a --node name whose attempt still looks alive, gets a name no other machine can
+    take (host, pid, random), said so: the job always runs, and a node never writes under a name it has not
+    claimed. Returns the name the node writes under."""
     for name in [node] + ([] if explicit else fallback_names(node)):
         claimed = _create(location, layout.node_json(name), json.dumps({**record, "node": name}, indent=2,
                                                                        sort_keys=True).encode(), patience_s)
@@ -203,17 +206,47 @@ def claim_node(location: RunLocation, node: str, record: dict[str, Any], *, expl
                 logger.warning("could not claim node %r in %s in %.0f s; writing under it as --node says",
                                name, location.uri, patience_s)
                 return name
-            unique = clean(f"{node[:100]}-{os.getpid()}-{secrets.token_hex(3)}")
-            logger.warning("could not claim node name %r in %s in %.0f s; this machine is %r, a name no other "
-                           "machine takes", name, location.uri, patience_s, unique)
-            return unique
+            return _unique(location, node, f"could not claim node name {name!r} in {location.uri} in "
+                                           f"{patience_s:.0f} s")
         if claimed:
             if name != node:
                 logger.warning("node name %r is taken in %s; this machine is %r", node, location.uri, name)
             return name
         if explicit:
-            raise RunConflictError(f"run {location.uri} already has a node named {node!r}; {hint}")
-    raise RunConflictError(f"run {location.uri} has no free node name like {node!r}; {hint}")
+            return _resume(location, node, record, patience_s)
+    raise RunConflictError(f"run {location.uri} has no free node name like {node!r}; pass --node NAME for another "
+                           "machine of this run, or a new --out for a new run")
+
+
+def _resume(location: RunLocation, node: str, record: dict[str, Any], patience_s: float) -> str:
+    """`node` is in the run already: a new attempt of it when the earlier one has ended, else a unique name."""
+    from stallwatch.collect import attempts
+
+    earlier = attempts.earlier_record(location, node)
+    why = "its record cannot be read" if earlier is None else attempts.still_running(location, node, earlier)
+    if why is not None:
+        return _unique(location, node, f"run {location.uri} has node {node!r} and it may still be running ({why})")
+    plan = attempts.resume_plan(earlier)
+    taken = _create(location, attempts.attempt_claim(node, plan.attempt), b"", patience_s)
+    if not taken:
+        return _unique(location, node, f"attempt {plan.attempt} of node {node!r} in {location.uri} was "
+                                       "claimed by another machine" if taken is False else
+                                       f"could not claim attempt {plan.attempt} of node {node!r} in {location.uri}")
+    last = plan.earlier[-1]
+    ended = (f"ended with exit code {last['exit_code']}" if isinstance(last.get("exit_code"), int)
+             else "ended without recording its end")
+    logger.warning("node %r of run %s resumed as attempt %d (attempt %d %s); its data joins the node's",
+                   node, location.uri, plan.attempt, plan.attempt - 1, ended)
+    record.update(attempt=plan.attempt, attempts=plan.earlier, attempt_start_us=record["start_us"])
+    if plan.first_start_us is not None:
+        record["start_us"] = min(plan.first_start_us, record["start_us"])
+    return node
+
+
+def _unique(location: RunLocation, node: str, why: str) -> str:
+    unique = clean(f"{node[:100]}-{os.getpid()}-{secrets.token_hex(3)}")
+    logger.warning("%s; this machine is %r, a name no other machine takes", why, unique)
+    return unique
 
 
 def _create(location: RunLocation, rel: str, data: bytes, patience_s: float) -> bool | None:
@@ -492,6 +525,10 @@ def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs, *,
                            "once it can be written", run_uri, exc.strerror or exc)
     staging = os.path.join(dirs.root, "staging")
     os.makedirs(staging, exist_ok=True)
+    leftovers.clean_leftovers(run_uri)  # what a killed launcher of this run left on this machine
+    owner_run = run_uri if "://" in run_uri else os.path.abspath(run_uri)
+    leftovers.Owner(owner_run, node, os.getpid(), socket.gethostname(),
+                    dirs.socket if dirs.socket not in (None, dirs.root) else None).write(dirs.root)
     start = StartMessage(run=run_uri, node=node, sample_interval_ms=config.sample_interval_ms,
                          flush_interval_s=config.flush_interval_s, max_storage_bytes=config.max_storage_bytes,
                          gpu=config.gpu, node_record=node_record, upload_timeout_s=config.upload_timeout_s,
@@ -540,7 +577,7 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
     # A signal the launcher was started with ignored (nohup's SIGHUP, SIGINT for a background job) stays
     # ignored, for the job too: it inherits the disposition, exactly as without stallwatch.
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
-    restarts = 0
+    restarts, gave_up = 0, False
     try:
         try:
             env = session.job_environment()
@@ -564,6 +601,11 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
             oom.look(child.pid)
             if _wait_step(child, take_terminal):
                 break
+            if sampler is not None and not sampler.alive and restarts == MAX_SAMPLER_RESTARTS and not gave_up:
+                gave_up = True  # said once: the job's processes keep their events and stage them at their exit
+                logger.warning("the system sampler exited (code %s) after %d restarts; not restarted: no system "
+                               "samples from now on, and the job's framework events are kept by its processes "
+                               "and stored when it ends", sampler.proc.returncode, MAX_SAMPLER_RESTARTS)
             if sampler is not None and not sampler.alive and restarts < MAX_SAMPLER_RESTARTS:
                 restarts += 1
                 logger.warning("the system sampler exited (code %s); restarting it (%d of %d)",

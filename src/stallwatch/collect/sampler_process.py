@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from stallwatch.collect.schedule import Periodic, TickSchedule
 from stallwatch.collect.stacks import StackDump
@@ -100,6 +100,7 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
     from stallwatch.store.system_writer import SystemWriter
 
     stop = {"now": False}
+    starter = os.getppid()  # the launcher (or the job process itself, with the in-job API)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
 
@@ -203,6 +204,16 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                       type(exc).__name__, exc)
         ticks.done()
 
+    orphaned = False
+    # Only a job its launcher started (a sibling): never the process that started this sampler itself (the in-job
+    # API records its own process as the job, and a pipe closed by it is no launcher's death).
+    if control.eof and "exit_code" not in node_record and isinstance(node_record.get("job_pid"), int) \
+            and node_record["job_pid"] != starter:
+        # The launcher went without a word (SIGKILL, a crash): its job would run on orphaned, unprofiled, holding
+        # its allocation. It dies with its launcher, as it would have without stallwatch.
+        if end_orphaned_job(node_record["job_pid"]):
+            node_record.update(exit_code=128 + signal.SIGKILL, exit_signal="SIGKILL", end_us=now_us())
+        orphaned = True  # nobody else removes the private folder now: this sampler does, once it is done
     # Cover the final partial interval; a job shorter than half an interval still gets its snapshot.
     if ticks.last_tick is None or ticks.since_last() >= interval_s / 2:
         try:
@@ -225,6 +236,8 @@ def run_sampler(start: StartMessage, control: _Control, ready_fd: int | None = N
                        ticks_missed=ticks.missed, sampler_end_us=now_us(), **_own_cost())
     node_record.setdefault("end_us", now_us())
     _write_node(sink, start.node, node_record)
+    if orphaned:
+        _remove_private_folders(start)
     if location.remote:
         if sink.close(start.upload_timeout_s):
             if not start.spool_dir:
@@ -397,7 +410,6 @@ class _EventSide:
         """At the end: the lines each job process sent but was not told were journaled, staged by it at its exit
         (`events.stage_unacked`); those this sampler lacks are taken (it was killed before reading them, and
         this is its successor), the rest skipped as duplicates."""
-        from stallwatch.collect.acks import MAX_UNACKED_BYTES
         from stallwatch.collect.artifacts import open_staged
         from stallwatch.collect.events import UNACKED_PREFIX
 
@@ -413,8 +425,7 @@ class _EventSide:
             path = os.path.join(folder, name)
             try:
                 with open_staged(path) as fh:
-                    data = fh.read(MAX_UNACKED_BYTES + (1 << 20))
-                recovered += self._take(self._server.replay(data))
+                    recovered += self._take(self._server.replay(_lines(fh, MAX_STAGED_BYTES)))
                 os.unlink(path)
             except (OSError, ValueError) as exc:
                 warn_once("events-staged-lines", "cannot read the framework events a job process left (%s)", exc)
@@ -528,6 +539,52 @@ class _EventSide:
                 self._sink, self._start.node, rank, flush_interval_us=int(self._start.flush_interval_s * 1e6),
                 max_bytes=self._start.max_storage_bytes, budget=self._budget)
         return w
+
+
+# What a job process can stage at its exit: its unacknowledged window (8 MB) and its queue (100,000 events).
+MAX_STAGED_BYTES = 256 << 20
+
+
+def _lines(fh: Any, max_bytes: int) -> Iterator[bytes]:
+    """A staged file's lines, read one at a time (a line past the server's limit is cut there, and refused by
+    it), up to `max_bytes` in all: bounded memory whatever the file holds."""
+    from stallwatch.collect.event_server import MAX_LINE_BYTES
+
+    left = max_bytes
+    while left > 0:
+        line = fh.readline(min(left, MAX_LINE_BYTES + 1))
+        if not line:
+            return
+        left -= len(line)
+        yield line
+
+
+def _remove_private_folders(start: StartMessage) -> None:
+    """The launcher is gone: the node's private folders (event socket, journal, staging) go with this sampler,
+    everything in them stored by now."""
+    import shutil
+
+    for path in {os.path.dirname(p) for p in (start.staging_dir, start.events_address) if p}:
+        if os.path.basename(path).startswith("stallwatch-"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def end_orphaned_job(pid: int) -> bool:
+    """SIGKILL to the job's process group (the launcher made the job its leader, so its data-loader workers and
+    other children are in it): what takes a launcher without a word is SIGKILL or a crash, and the job dies of
+    the same signal it would have died of under `timeout -s KILL` without stallwatch. True when it was there.
+    The job's own attributes are untouched (no parent-death signal set in it: a job may read or reset that)."""
+    try:
+        target = os.getpgid(pid)
+        if target == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:  # it left the group the launcher made for it: only the process itself
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    logger.warning("stallwatch run ended without a word (killed?); its job (pid %d) and the processes of its "
+                   "group are killed with it", pid)
+    return True
 
 
 def _write_node(sink: Any, node: str, record: dict[str, Any]) -> None:

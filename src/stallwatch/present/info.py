@@ -49,7 +49,8 @@ def render_info(analysis: RunAnalysis) -> str:
             str(ov.snapshots if ov else 0),
             format_us(ov.start_us) if ov else "-", format_us(ov.end_us) if ov else "-",
             human(ov.bytes, "B") if ov else "-",
-            _or_dash(node.status), _or_dash(node.exit_code),
+            _or_dash(node.status) + (f" (attempt {node.fields['attempt']})" if node.fields.get("attempt") else ""),
+            _or_dash(node.exit_code),
             ",".join(ranks.get(name, [])) or "-",
         ])
     lines.append(table(["node", "cores", "gpus", "snapshots", "first", "last", "stored", "status", "exit", "ranks"],

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stallwatch.records import framework_schema
+from stallwatch.store.ipc_check import encode_checked, read_checked
 from stallwatch.store.layout import PART
 
 _TEXT = pa.dictionary(pa.int32(), pa.string())
@@ -33,14 +34,12 @@ def encode(kind: str, columns: dict[str, list[Any]]) -> bytes:
         pa.array(columns["end_us"], pa.int64()),
         pa.array(columns["args"], pa.string()),
     ], schema=STORED_SCHEMA)
-    sink = io.BytesIO()
     if kind == PART:
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-    else:
-        pq.write_table(table, sink, compression="zstd", write_page_checksum=True,
-                       column_encoding={"start_us": "DELTA_BINARY_PACKED", "end_us": "DELTA_BINARY_PACKED"},
-                       use_dictionary=["kind", "name", "mode", "args", "pid", "step"])
+        return encode_checked(table.schema, table.to_batches())
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", write_page_checksum=True,
+                   column_encoding={"start_us": "DELTA_BINARY_PACKED", "end_us": "DELTA_BINARY_PACKED"},
+                   use_dictionary=["kind", "name", "mode", "args", "pid", "step"])
     return sink.getvalue()
 
 
@@ -48,7 +47,7 @@ def read(source: Any, kind: str, columns: list[str] | None = None) -> pa.Table:
     """A stored file's rows: every column, or only `columns` (a segment then decodes only those). ValueError
     for a file whose columns are not the stored schema's (a damaged footer can rename or retype one)."""
     if kind == PART:
-        table = pa.ipc.open_file(source).read_all()
+        table = read_checked(source)  # a flipped bit: ChecksumError, as a segment's page checksum
         table = table if columns is None else table.select(columns)
     else:
         # small files: threads cost more than they save; a page whose checksum fails is an error, not other values;

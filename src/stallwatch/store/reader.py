@@ -455,8 +455,7 @@ class Run:
             except FileNotFoundError:
                 continue
             except Exception as exc:
-                warn_once(f"bad-file-{self.uri}-{rel}", "skipping unreadable file %s/%s (%s)",
-                          self.uri, rel, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                self._unreadable(rel, exc)
                 continue
             if t.num_rows:
                 tables.append(profiles_codec.with_window(t, schema, node, rank, win))
@@ -504,6 +503,16 @@ class Run:
         pinned run does not see the new segment: its reader re-pins and reads again when this grows."""
         return int(self.__dict__.get("_vanished", 0))
 
+    def _unreadable(self, rel: str, exc: BaseException) -> None:
+        """A damaged file (a checksum that fails, a cut or garbled file): said once and counted, its rows lost."""
+        warn_once(f"bad-file-{self.uri}-{rel}", "skipping unreadable file %s/%s (%s)", self.uri, rel, _first_line(exc))
+        self.__dict__.setdefault("_unreadable_files", set()).add(rel)
+
+    @property
+    def unreadable_files(self) -> list[str]:
+        """The run's files that could not be read so far (damaged): what they held is missing from every answer."""
+        return sorted(self.__dict__.get("_unreadable_files", ()))
+
     def _read_file(self, chunk: layout.Chunk, key: Any, read: Any) -> pa.Table | None:
         """One stored file's table; None when it vanished (compacted since it was listed: its rows are in the
         segment listed next time) or cannot be read (said once). A pinned run keeps the last file read of each
@@ -518,8 +527,7 @@ class Run:
             self.__dict__["_vanished"] = self.__dict__.get("_vanished", 0) + 1
             return None
         except Exception as exc:
-            warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
-                      self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            self._unreadable(chunk.path, exc)
             return None
         if recent is not None:
             recent[chunk.stream] = ((chunk.path, key), table)
@@ -580,8 +588,7 @@ class Run:
         except FileNotFoundError:
             return None
         except Exception as exc:
-            warn_once(f"bad-file-{self.uri}-{c.path}", "skipping unreadable file %s/%s (%s)", self.uri, c.path,
-                      _first_line(exc))
+            self._unreadable(c.path, exc)
             return None
         if span is None or not (0 <= span[0] <= span[1] < MAX_TIME_US):
             warn_once(f"bad-span-{self.uri}-{c.path}", "skipping %s/%s: it holds no rows with times in range",
@@ -607,8 +614,7 @@ class Run:
         except Exception as exc:  # truncated, corrupt or vanished (compacted) file
             if isinstance(exc, FileNotFoundError):
                 return None
-            warn_once(f"bad-file-{self.uri}-{chunk.path}", "skipping unreadable file %s/%s (%s)",
-                      self.uri, chunk.path, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            self._unreadable(chunk.path, exc)
             return system_schema().empty_table()
         return to_tidy(table, chunk.node, None if metrics is None else set(metrics), start_us, end_us)
 

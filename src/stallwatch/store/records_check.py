@@ -111,6 +111,10 @@ _COMPETITOR = _record({"pid": PID, "name": _text, "cpu_s": SECONDS}, required=("
 _INTERVAL_FROM = _record({"from_us": TIME, "sample_interval_ms": _int(1, 86_400_000)},
                          required=("from_us", "sample_interval_ms"))
 
+_ATTEMPT = _record({"attempt": _int(1, 1_000_000), "start_us": _optional(TIME), "end_us": _optional(TIME),
+                    "exit_code": _optional(_int(-(2**31), _INT32)), "exit_signal": _optional(_signal),
+                    "hostname": _optional(_text), "status": _optional(_text)}, required=("attempt",))
+
 RUN_FIELDS: dict[str, Check] = {
     "format_version": _int(0, 1 << 16), "run_id": _text, "created_us": TIME, "created_by_node": _text,
     "command": TEXT_LIST, "versions": _dict_of(_text), "config": lambda v: _config(v), "imported": _json_object,
@@ -127,6 +131,7 @@ NODE_FIELDS: dict[str, Check] = {
     "interrupted": lambda v: isinstance(v, bool), "imported": _json_object,
     "cpu_competitors": _list_of(_COMPETITOR),
     "oom_kills": COUNT, "memory_limit_bytes": _optional(COUNT), "memory_peak_bytes": _optional(COUNT),  # the kernel's OOM killer in the job's cgroup
+    "attempt": _int(1, 1_000_000), "attempt_start_us": TIME, "attempts": _list_of(_ATTEMPT),
 }
 WINDOW_FIELDS: dict[str, Check] = {
     "layer": _text, "start_us": TIME, "end_us": _optional(TIME), "mode": _text,

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stallwatch.records import TIMESTAMP, MetricKey
+from stallwatch.store.ipc_check import encode_checked, read_checked
 from stallwatch.store.layout import PART
 
 # Resolution kept per metric: far finer than the sensors, coarse enough that zstd finds the repetition.
@@ -78,10 +79,7 @@ class PartEncoder:
             rounded[:, cols] = np.round(rounded[:, cols], d)
         self._ts[:n] = timestamps
         self._block[:, :n] = rounded.T  # the arrays above see it: they are views of this memory
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, self._schema) as writer:
-            writer.write_batch(self._batch.slice(0, n))
-        return sink.getvalue().to_pybytes()
+        return encode_checked(self._schema, [self._batch.slice(0, n)])
 
 
 def encode(kind: str, keys: list[MetricKey], timestamps: np.ndarray, values: np.ndarray) -> bytes:
@@ -107,8 +105,7 @@ def read_schema(source: Any, kind: str) -> pa.Schema:
 
 def count_rows(source: Any, kind: str) -> int:
     if kind == PART:
-        reader = pa.ipc.open_file(source)
-        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+        return read_checked(source).num_rows
     return pq.ParquetFile(source).metadata.num_rows
 
 
@@ -135,7 +132,7 @@ def column_span(source: Any, kind: str, low: str, high: str) -> tuple[int, int] 
             return (int(min(lows)), int(max(highs))) if lows else None
         table = pf.read(columns=sorted({low, high}))
     else:
-        table = pa.ipc.open_file(source).read_all().select(sorted({low, high}))
+        table = read_checked(source).select(sorted({low, high}))
     if table.num_rows == 0:
         return None
     lo, hi = pc.min(table[low]).as_py(), pc.max(table[high]).as_py()
@@ -145,7 +142,7 @@ def column_span(source: Any, kind: str, low: str, high: str) -> tuple[int, int] 
 def read_columns(source: Any, kind: str, metrics: set[str] | None) -> pa.Table:
     """The timestamp and the columns of `metrics` (all when None); a segment reads only those columns."""
     if kind == PART:
-        table = pa.ipc.open_file(source).read_all()
+        table = read_checked(source)
         names = table.column_names
     else:
         pf = pq.ParquetFile(source, page_checksum_verification=True)

@@ -41,8 +41,9 @@ def test_planted_stalls_trigger_a_capture_that_covers_a_stalled_step(tmp_path):
     stalled = [e for e in steps if e["step"] in STALLS and e["end_us"] - e["start_us"] > 250_000]
     lo, hi = window["start_us"], window.get("end_us") or first["end_us"]
     assert any(lo <= e["start_us"] and e["end_us"] <= hi for e in stalled), (window, len(stalled))
+    assert [c.status for c in analysis.captures][:1] == ["stored"] and window["path"] in analysis.captures[0].windows
     html = (run / "report.html").read_text()
-    assert "Automatic captures" in html
+    assert "Automatic captures" in html and "stored (" in html and "never stored" not in html
 
 
 class _Result(SimpleNamespace):

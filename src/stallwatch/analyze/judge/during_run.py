@@ -15,8 +15,13 @@ from stallwatch.config import ProfilerConfig
 from stallwatch.log import warn_once
 from stallwatch.timeutil import now_us
 
-FINISH_TIMEOUT_S = 120.0
+FINISH_TIMEOUT_S = 120.0  # a local run's last evaluation (a remote run's is bounded by its upload timeout)
 STACKS_SOON_S = 2.0  # asked for, the stacks are in the run within about a second (the sampler's poll, the sender's)
+
+
+class RulesNotFinished(RuntimeError):
+    """The rules' last evaluation on a remote run did not end within the time the user gave (`--upload-timeout`):
+    the launcher does not hold the job's allocation for a slow store; `stallwatch rules` evaluates them later."""
 
 
 class LiveRules:
@@ -47,8 +52,14 @@ class LiveRules:
         """After the job: the last evaluation, written into the run and acted on; the results. Raises what
         made the rules impossible to evaluate (the caller says it in one line)."""
         self._stop.set()
+        remote = "://" in (self.uri or uri)  # followed on the store, even when `uri` is the local spool's copy
+        wait_s = self.config.upload_timeout_s if remote else FINISH_TIMEOUT_S
         if self._thread is not None:
-            self._thread.join(FINISH_TIMEOUT_S)
+            self._thread.join(wait_s)
+            if self._thread.is_alive() and remote and uri == self.uri:
+                raise RulesNotFinished(
+                    f"the rules' last evaluation did not finish within --upload-timeout {wait_s:g} s ({uri} answers "
+                    f"slowly); the results so far are in the run, `stallwatch rules {uri}` evaluates them all")
         results = self._results
         if results is None:  # no live evaluation (disabled, or it failed): one batch evaluation
             from stallwatch.analyze.judge.feed import iter_run

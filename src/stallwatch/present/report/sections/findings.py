@@ -5,6 +5,7 @@ a healthy run says so with its evidence. The same findings as the terminal summa
 from __future__ import annotations
 
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.captures import LOST
 from stallwatch.analyze.findings import Finding, Findings, share_text
 from stallwatch.present.console import where_text
 from stallwatch.present.report.model import GOOD, INFO, ISSUE, WARN, Block, Paragraph, Section, Table, Verdict
@@ -25,13 +26,19 @@ def build(analysis: RunAnalysis) -> list[Section]:
             "or the time GPUs sat idle during bottlenecks); severity is that time's share of the training loop (of the whole job for time outside the loop, such as start-up)."))
         blocks.append(Table(["#", "Severity", "Finding", "Time at stake", "Share", "Where", "What to try"],
                             [_row(i, x) for i, x in enumerate(f.findings, 1)]))
-    if analysis.escalations:
+    captures = analysis.captures
+    if captures:
+        lost = [c for c in captures if c.status == LOST]
         blocks.append(Paragraph("When a rule fired during the run, stallwatch captured a few seconds of detail on its "
                                 "own (escalation): the operators of those steps are in the framework section and "
                                 "the timeline export; each capture's cost is shown with the profiling windows."))
-        blocks.append(Table(["Rule that fired", "Captured", "Layers", "Why"],
-                            [[e["rule"], f"{format_us(e['start_us'])} → {format_us(e.get('end_us'))}",
-                              " + ".join(e.get("layers") or []), e.get("reason", "")] for e in analysis.escalations],
+        if lost:
+            blocks.append(Verdict(f"{len(lost)} automatic capture{'s were' if len(lost) > 1 else ' was'} asked for "
+                                  "and never stored: the job ended (killed or crashed) before "
+                                  f"{'they were' if len(lost) > 1 else 'it was'} written", WARN))
+        blocks.append(Table(["Rule that fired", "Time asked for", "Layers", "Why", "Stored"],
+                            [[c.rule, f"{format_us(c.start_us)} → {format_us(c.end_us)}", " + ".join(c.layers),
+                              c.reason, c.why] for c in captures],
                             "Automatic captures"))
     return [Section(SECTION_ID, TITLE, blocks)]
 
