@@ -12,7 +12,7 @@ import psutil
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.captures import LOST, PENDING, STORED, capture_fates
-from stallwatch.analyze.rules.escalation import Escalation
+from stallwatch.analyze.judge.escalation import Escalation
 from stallwatch.config import ProfilerConfig
 from stallwatch.present.report.sections import findings as findings_section
 from stallwatch.store.location import RunLocation

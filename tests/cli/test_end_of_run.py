@@ -84,7 +84,7 @@ def test_live_rules_on_a_store_that_overruns_the_upload_timeout_are_left_with_a_
     import threading
     import time
 
-    from stallwatch.analyze.rules.during_run import LiveRules, RulesNotFinished
+    from stallwatch.analyze.judge.during_run import LiveRules, RulesNotFinished
 
     live = LiveRules(ProfilerConfig(out="s3://bucket/runs/r", upload_timeout_s=0.5, rules_interval_s=0))
     live._thread = threading.Thread(target=time.sleep, args=(5,), daemon=True)  # a pass stuck on the store

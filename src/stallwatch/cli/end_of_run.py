@@ -61,7 +61,7 @@ def _finish_rules(live: Any, uri: str) -> Any:
     """The rules' last evaluation after the job; None when they could not be evaluated (said in one line);
     `_UNFINISHED` when their pass over a slow store overran the upload timeout (said, with what to run later:
     the findings and the report would read the store again)."""
-    from stallwatch.analyze.rules.during_run import RulesNotFinished
+    from stallwatch.analyze.judge.during_run import RulesNotFinished
 
     try:
         return live.finish(uri)
