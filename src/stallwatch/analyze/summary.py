@@ -73,7 +73,10 @@ def node_fate(record: NodeRecord | Mapping[str, Any], stop_reason: str | None = 
     if sig is not None:
         return JobFate(INTERRUPTED if interrupted else KILLED, code, sig, True, stop_reason)
     if code != 0:
-        return JobFate(FAILED, code, None, interrupted, stop_reason)
+        # asked to stop and ended by stallwatch's signal (a hung job never reaches the step boundary where it would
+        # stop on its own: `Hang=stop_training`): stopped on request, not a failure of the job's own
+        stopped = stop_reason is not None and interrupted
+        return JobFate(STOPPED if stopped else FAILED, code, None, interrupted, stop_reason)
     return JobFate(STOPPED if stop_reason else SUCCEEDED, code, None, False, stop_reason)
 
 

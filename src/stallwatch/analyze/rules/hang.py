@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
 from stallwatch.analyze.framework_frame import new_events
-from stallwatch.analyze.stack_phase import COLLECTIVE, UNKNOWN, Phase, frame_text, phase_of
+from stallwatch.analyze.stack_phase import BACKWARD, COLLECTIVE, UNKNOWN, Phase, frame_text, phase_of
 from stallwatch.records import STEP, UNTIMED
 from stallwatch.store.stacks import StackDump
 from stallwatch.timeutil import format_duration
@@ -322,6 +322,14 @@ def _behind(stopped: list[str], phases: dict[str, Phase], ranks: dict[str, RankP
             return behind, (f"{_names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} inside {waiting_in}; "
                             f"{_names(behind)} never reached it"), waiting_in
         return [], f"every stopped rank waits inside {waiting_in}", waiting_in
+    # DDP all-reduces gradients from inside backward (its reducer, in C++: no collective frame in Python): stopped
+    # ranks in backward wait there for a rank stopped elsewhere, which never reached it
+    in_backward = [k for k in stopped if phases.get(k) is not None and phases[k].kind == BACKWARD]
+    elsewhere = [k for k in stopped if phases.get(k) is not None and phases[k].kind not in (BACKWARD, UNKNOWN)]
+    if in_backward and elsewhere:
+        waiting_in = "backward's gradient all-reduce"
+        return elsewhere, (f"{_names(in_backward)} {'waits' if len(in_backward) == 1 else 'wait'} inside backward "
+                           f"(DDP's gradient all-reduce); {_names(elsewhere)} never reached it"), waiting_in
     going = [k for k in ranks if k not in stopped]
     if going:
         return list(stopped), f"{_names(going)} {'goes' if len(going) == 1 else 'go'} on", ""
@@ -381,6 +389,10 @@ def findings_of(result: RuleResult, summary: Any) -> list[Any]:
     windows = sorted((s.since_us, s.until_us if s.until_us is not None else (d.now_us or s.since_us))
                      for s in d.stalls)[:LISTED_WINDOWS]
     title = d.title or "The job stopped making progress"
-    return [finding(result, summary, "ranks", title, d.time_at_stake_s,
+    found = finding(result, summary, "ranks", title, d.time_at_stake_s,
                     Where(sorted({k.rpartition("/")[0] for k in keys}), keys, [], windows), evidence,
-                    severity=HIGH if d.stopped else MEDIUM)]
+                    severity=HIGH if d.stopped else MEDIUM)
+    job_s = getattr(summary, "duration_s", None) or 0.0
+    if d.stopped and job_s > 0 and d.time_at_stake_s is not None:  # stopped after its last step: the job's time
+        found = replace(found, share_of_loop=d.time_at_stake_s / job_s, share_of="job")
+    return [found]
