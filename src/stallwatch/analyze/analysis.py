@@ -1,7 +1,8 @@
 """One façade over a run's analyses, in the spirit of Holistic Trace Analysis's `TraceAnalysis`: the report,
 the terminal summary, `stallwatch info`, the notebook views and the dashboard all ask a `RunAnalysis`, which
 reads the store once per question, computes in the analysis modules (one analysis each) and hands back typed
-results. Renderers only render what it returns.
+results. Renderers only render what it returns. Its whole-run figures come from one source chosen when it is
+built (`sources.py`: every event, or the per-minute rollups), which its methods delegate to without asking which.
 
     from stallwatch.analyze import RunAnalysis
     analysis = RunAnalysis("stallwatch-runs/<run-id>")
@@ -33,37 +34,33 @@ from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import overhead as _overhead
 from stallwatch.analyze import price as _price
 from stallwatch.analyze import ranks as _ranks
-from stallwatch.analyze import rollup_views as _rollup_views
 from stallwatch.analyze import sampled as _sampled
+from stallwatch.analyze import sources as _sources
 from stallwatch.analyze import step_digest as _step_digest
 from stallwatch.analyze import step_window as _step_window
 from stallwatch.analyze import steps as _steps
 from stallwatch.analyze import summary as _summary
 from stallwatch.analyze import timeline as _timeline
 from stallwatch.analyze.collectives import DDP_EVENT, GradientSync, gradient_sync
-from stallwatch.analyze.engine import Engine, open_engine, shared_uri
+from stallwatch.analyze.engine import Engine, on_run, open_engine
 from stallwatch.analyze.frames import NodeFrame, interval_changes, node_frame
+from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.results import NOT_APPLICABLE, RuleResult
 from stallwatch.analyze.rules.base import Rule
-from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.series import Marker, Panel, Span
-from stallwatch.analyze.usage import UsageStat, usage_metrics, usage_stats_wide
+from stallwatch.analyze.sources import BUCKETS_ONLY
+from stallwatch.analyze.usage import UsageStat
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, MODES, OVERHEAD, STEP, TRAIN, UNTIMED
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, OVERHEAD, STEP, TRAIN, UNTIMED
 from stallwatch.store import run_files
+from stallwatch.store.node_record import NodeRecord, run_finished
 from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
-from stallwatch.store.node_record import NodeRecord, run_finished
 from stallwatch.store.rollups import RunRollups
 
-MAX_PROGRESS_STEPS = 200_000  # a short run's progress is drawn from its step events up to this many
-MIN_ROLLUP_BUCKETS = 30  # a whole-run framework timeline of fewer minutes is bucketed from the events, finer
-BUCKETS_ONLY: frozenset[str] = frozenset()  # a system rollup view of the buckets alone: counts, spans, gaps
-_USAGE_METRICS = frozenset(usage_metrics())
 SYSTEM_CACHE_BYTES = 256 * 2**20  # nodes' snapshots kept in memory (least recently used dropped): a day of a
 # 16-core, 8-GPU node at 500 ms is ≈ 70 MB, so a fleet's report holds a few nodes, a small run all of them
 MAX_DRAWN_NODES = 16  # per-node charts (step histograms, heatmaps) drawn at most; the tables list every node
-USAGE_BUCKETS = 2000  # enough bucket means for a p95; a day of 10 s buckets (8,640 per node) costs 6x the time
 
 
 class RunAnalysis:
@@ -90,6 +87,7 @@ class RunAnalysis:
         self._params = params or {}
         self._system: OrderedDict[str, tuple[frozenset[str] | None, NodeFrame]] = OrderedDict()
         self.overview_from_rollups = overview_from_rollups
+        self._source = _sources.open_source(self, from_rollups=overview_from_rollups)  # chosen once, asked blindly
         self._engine_spec = engine
         self._opened: Engine | None = None
         self.rules_progress: Callable[[int], None] | None = None  # (slices done) while the rules are evaluated
@@ -175,6 +173,10 @@ class RunAnalysis:
             self._system.popitem(last=False)  # the least recently used node: read again if asked again
         return _subset(frame, wanted)
 
+    def system_in_memory(self, node: str) -> bool:
+        """The node's snapshots are held already (a zoom then slices them rather than reading its range)."""
+        return node in self._system
+
     @cached_property
     def step_events(self) -> pa.Table:
         """The run's step events (node, rank, kind, mode, step, start_us, end_us), without decoding the other
@@ -226,9 +228,7 @@ class RunAnalysis:
         out = {}
         for node in self.nodes:
             known = NodeFrame(node, _NO_TIMES, {}, self.node_info(node)).sample_interval_ms
-            if not known and self.overview_from_rollups:
-                known = _rollup_views.sample_interval_ms(self.system_rollup(node, metrics=BUCKETS_ONLY)) or 0.0
-            out[node] = known or NodeFrame(node, self.system(node, ()).timestamps, {}, {}).sample_interval_ms
+            out[node] = known or self._source.measured_interval_ms(node)
         return out
 
     # -- the rules ----------------------------------------------------------------------------------------
@@ -297,12 +297,7 @@ class RunAnalysis:
         data_end = max((r.end_us_from_data for r in records.values() if r.end_us_from_data is not None),
                        default=None)
         command = info.get("command")
-        if self.overview_from_rollups:  # kilobytes of per-minute counts
-            steps, loop = _rollup_views.steps_per_mode(self.framework_rollup), \
-                _rollup_views.loop_span(self.framework_rollup)
-        else:  # node by node, an hour at a time: never every step of the run at once
-            steps, loop = _steps.merge_step_summaries(self._node_step_totals)
-        loop = _sampled.extend_loop(loop, self.untimed)
+        steps, loop = self._source.step_counts(), _sampled.extend_loop(self._source.loop_span(), self.untimed)
         timed_share = _sampled.timed_share(self.untimed, sum(len(r) for r in self.ranks.values()),
                                            loop.last_us - loop.first_us if loop is not None else 0)
         steps = _sampled.add_counts(steps, self.untimed)
@@ -320,8 +315,7 @@ class RunAnalysis:
     @cached_property
     def notes(self) -> list[str]:
         """What the run says about its own measurements (lost events, loops whose steps could not be found)."""
-        timed = {} if not self.untimed else _rollup_views.steps_per_mode(self.framework_rollup) \
-            if self.overview_from_rollups else _steps.merge_step_summaries(self._node_step_totals)[0]
+        timed = self._source.step_counts() if self.untimed else {}
         notes = self.losses.notes() + self.loop_shapes.notes() + _overhead.notes(self.hook_costs) + \
             _sampled.notes(self.untimed, timed)
         return notes + _loss.damaged_notes(self.run.unreadable_files)  # after the reads above: what they met
@@ -343,14 +337,8 @@ class RunAnalysis:
         """Framework events that were dropped and stretches without system snapshots, per node and rank."""
         markers = self._markers
         events = _loss.event_losses(markers.filter(pc.equal(markers["kind"], LOSS)))
-        if self.overview_from_rollups:
-            gaps = [g for node in self.nodes for g in _rollup_views.sample_gaps(
-                node, self.system_rollup(node, metrics=BUCKETS_ONLY), self.sample_interval_ms.get(node),
-                interval_changes(self.node_info(node)))]
-        else:
-            gaps = [g for node in self.nodes for g in _loss.sample_gaps(
-                node, self.system(node, ()).timestamps, self.sample_interval_ms.get(node),
-                interval_changes(self.node_info(node)))]
+        gaps = [g for node in self.nodes for g in self._source.sample_gaps(
+            node, self.sample_interval_ms.get(node), interval_changes(self.node_info(node)))]
         return _loss.Losses(events, gaps)
 
     @cached_property
@@ -363,10 +351,7 @@ class RunAnalysis:
     def _markers(self) -> pa.Table:
         """The rare marker events (how steps were found, what was lost, what stallwatch cost), read in one pass over
         the run's files (kept verbatim in the rollups)."""
-        if self.overview_from_rollups:
-            return _rollup_views.markers(self.framework_rollup)
-        return self.run.framework(kinds=[LOOP, LOSS, OVERHEAD, UNTIMED],
-                                  fields=["kind", "name", "mode", "start_us", "end_us", "args"])
+        return self._source.markers()
 
     @cached_property
     def findings(self) -> _findings.Findings:
@@ -406,10 +391,7 @@ class RunAnalysis:
     @cached_property
     def phase_shares(self) -> dict[str, dict[str, float]]:
         """Per mode, each phase's share of step time, % (all ranks together)."""
-        if self.overview_from_rollups:
-            return _rollup_views.phase_shares(self.framework_rollup, MODES, _steps.PHASES)
-        events = self.run.framework(kinds=list(_steps.PHASES), fields=["kind", "mode", "step", "start_us", "end_us"])
-        return _compare.phase_shares(self.steps.table, events)
+        return self._source.phase_shares()
 
     @cached_property
     def usage_over_nodes(self) -> tuple[dict[str, float], dict[str, float]]:
@@ -459,22 +441,12 @@ class RunAnalysis:
     def usage(self, node: str) -> list[UsageStat]:
         """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics (from the
         finest rollup with `overview_from_rollups`: p50 / p95 then of 10 s means)."""
-        if self.overview_from_rollups:
-            cache: dict[str, list[UsageStat]] = self.__dict__.setdefault("_usage", {})
-            if node not in cache:  # the table and the cost ask for it
-                level = self.usage_level_us(node)
-                cache[node] = _rollup_views.usage(node, self.system_rollup(node, level, metrics=_USAGE_METRICS))
-            return cache[node]
-        frame = self.system(node, usage_metrics())
-        table = pa.table({"timestamp_us": frame.timestamps, **frame.columns})
-        return usage_stats_wide(node, table)
+        return self._source.usage(node)
 
     def usage_level_us(self, node: str) -> int:
         """The rollup level whose bucket means give the node's utilization percentiles: the finest with at most
         `USAGE_BUCKETS` buckets (10 s up to ~5 h, 1 min up to ~33 h, then 10 min); means and maxima are exact."""
-        buckets = self.system_rollup(node, metrics=BUCKETS_ONLY).num_rows
-        finest = SYSTEM_LEVELS_US[0]
-        return next((lvl for lvl in SYSTEM_LEVELS_US if buckets * finest / lvl <= USAGE_BUCKETS), SYSTEM_LEVELS_US[-1])
+        return _sources.usage_level_us(self.system_rollup(node, metrics=BUCKETS_ONLY).num_rows)
 
     @cached_property
     def node_steps(self) -> list[_steps.NodeStepSummary]:
@@ -483,16 +455,13 @@ class RunAnalysis:
         return self._map_nodes(with_stats=True)
 
     @cached_property
-    def _node_step_totals(self) -> list[_steps.NodeStepSummary]:
+    def node_step_totals(self) -> list[_steps.NodeStepSummary]:
         """`node_steps` without the statistics (step events only) unless those were asked for already."""
         return self.node_steps if "node_steps" in self.__dict__ else self._map_nodes(with_stats=False)
 
     def _map_nodes(self, *, with_stats: bool) -> list[_steps.NodeStepSummary]:
-        nodes = sorted(self.ranks)
-        if self.engine.name == "local":
-            return list(self.engine.map(partial(_node_tasks.node_steps, self.run, with_stats=with_stats), nodes))
-        return list(self.engine.map(partial(_node_tasks.node_steps_task, shared_uri(self.run.uri),
-                                            with_stats=with_stats), nodes))
+        task = on_run(self.engine, self.run, _node_tasks.node_steps, _node_tasks.node_steps_task)
+        return list(self.engine.map(partial(task, with_stats=with_stats), sorted(self.ranks)))
 
     def step_stats(self, node: str | None = None) -> list[_steps.StepStat]:
         """Per node, rank and mode: steps, p50/p95/max and the phases' shares of step time."""
@@ -504,7 +473,7 @@ class RunAnalysis:
 
     @cached_property
     def loop_spans(self) -> dict[str, _steps.LoopSpan]:
-        return {p.node: p.span for p in self._node_step_totals if p.span is not None}
+        return {p.node: p.span for p in self.node_step_totals if p.span is not None}
 
     def step_histograms(self, modes: set[str], nodes: Iterable[str] | None = None) -> list[_steps.NodeSteps]:
         """Per node (of `nodes`, default all), its steps of `modes` binned (`steps.step_histograms`), read node
@@ -526,7 +495,7 @@ class RunAnalysis:
     def phase_spans(self) -> list[Span]:
         """Initialization, the training / evaluation stretches and finalization (`timeline.phase_spans`), merged
         node by node; a mode's stretches end at pauses of 10 typical steps (its steps' weighted median p50)."""
-        _, loop = _steps.merge_step_summaries(self._node_step_totals)
+        _, loop = _steps.merge_step_summaries(self.node_step_totals)
         if loop is None:
             return []
         gaps = self._phase_gaps
@@ -572,9 +541,7 @@ class RunAnalysis:
     def _step_digests(self, plan_of: Callable[[str], _step_digest.DigestPlan]) -> Iterator[_step_digest.NodeStepDigest]:
         """Each node's `step_digest` for its plan, on the engine, in node order."""
         items = [(node, plan) for node in sorted(self.ranks) if not (plan := plan_of(node)).empty]
-        if self.engine.name == "local":
-            return self.engine.map(lambda item: _step_digest.node_step_digest(self.run, *item), items)
-        return self.engine.map(partial(_digest_task, shared_uri(self.run.uri)), items)
+        return self.engine.map(on_run(self.engine, self.run, _digest_local, _digest_task), items)
 
     @cached_property
     def flagged_spans(self) -> list[Span]:
@@ -623,7 +590,7 @@ class RunAnalysis:
 
     def _step_grid(self, mode: str) -> _ranks.StepGrid | None:
         """The rank × step grid of `mode` from every rank's first and last step number."""
-        ranges = {(p.node, rank): r for p in self._node_step_totals for (rank, m), r in p.step_ranges.items()
+        ranges = {(p.node, rank): r for p in self.node_step_totals for (rank, m), r in p.step_ranges.items()
                   if m == mode}
         return _ranks.step_grid(ranges, mode=mode)
 
@@ -633,105 +600,45 @@ class RunAnalysis:
         time bucket (the node is read once; zooming slices what is in memory). With `overview_from_rollups`, a
         range wide enough for a rollup level is drawn from the coarsest level that fills `buckets`; a narrower one
         (zooming in) reads the snapshots at full resolution."""
-        changes = interval_changes(self.node_info(node))
-        if self.overview_from_rollups:
-            coarse = self._rollup_series(node, start_us, end_us, buckets)
-            if coarse is not None:
-                return _node_series.without_quiet_buckets(coarse, changes)
-            if start_us is not None and end_us is not None and node not in self._system:  # a zoom: its range only
-                frame = node_frame(node, self.run.system_wide(node, start_us, end_us, metrics=_node_series.METRICS),
-                                   self.node_info(node))
-                return _node_series.without_quiet_buckets(
-                    _node_series.node_series(frame, start_us, end_us, buckets), changes)
-        return _node_series.without_quiet_buckets(
-            _node_series.node_series(self.system(node, _node_series.METRICS), start_us, end_us, buckets), changes)
-
-    def _rollup_series(self, node: str, start_us: int | None, end_us: int | None,
-                       buckets: int) -> _node_series.NodeSeries | None:
-        finest = self.system_rollup(node, metrics=BUCKETS_ONLY)
-        if not finest.num_rows:
-            return None
-        lo = int(finest["first_us"][0].as_py()) if start_us is None else start_us
-        hi = int(finest["last_us"][-1].as_py()) + 1 if end_us is None else end_us
-        level = _rollup_views.pick_level(hi - lo, buckets, self.sample_interval_ms.get(node))
-        if level is None:
-            return None
-        rows = self.system_rollup(node, level)
-        return _rollup_views.node_series(rows, node, start_us, end_us, buckets)
+        return _node_series.without_quiet_buckets(self._source.node_series(node, start_us, end_us, buckets),
+                                                  interval_changes(self.node_info(node)))
 
     def last_sample_us(self, node: str) -> int | None:
         """When the node's latest snapshot was taken (None without snapshots)."""
-        if self.overview_from_rollups:
-            rows = self.system_rollup(node, metrics=BUCKETS_ONLY)
-            return int(pc.max(rows["last_us"]).as_py()) if rows.num_rows else None
-        ts = self.system(node, ()).timestamps
-        return int(ts[-1]) if len(ts) else None
+        return self._source.last_sample_us(node)
 
     def progress(self, points: int = 200) -> dict[str, list[Any]]:
         """Training steps done over time (all ranks), at most `points` points."""
-        if self.untimed:  # sampled steps: the counted ones too, when their stretch ended
-            markers = self._markers
-            ends, counts = _sampled.steps_at(markers.filter(pc.equal(markers["kind"], UNTIMED)))
-            if self.overview_from_rollups:
-                fw = self.framework_rollup
-                timed = fw.filter(pc.equal(fw["kind"], STEP))
-                t, n = timed["last_us"].to_numpy(zero_copy_only=False), timed["count"].to_numpy(zero_copy_only=False)
-            else:
-                t = self.steps.end
-                n = np.ones(len(t), np.int64)
-            return _sampled.progress(np.concatenate([t, ends]).astype(np.int64),
-                                     np.concatenate([n, counts]).astype(np.int64), points)
-        if self.overview_from_rollups:
-            coarse = _rollup_views.progress(self.framework_rollup, points)
-            if len(coarse["t"]) >= MIN_ROLLUP_BUCKETS or not coarse["t"] or coarse["steps"][-1] > MAX_PROGRESS_STEPS:
-                return coarse
-            # a run of a few minutes has a few per-minute points: its steps, few, draw the curve from the start
-        cols = self.steps
-        if not cols.n:
-            return {"t": [], "steps": []}
-        ends = np.sort(cols.end)
-        idx = np.unique(np.linspace(0, len(ends) - 1, min(points, len(ends))).astype(np.int64))
-        return {"t": ends[idx].tolist(), "steps": (idx + 1).tolist()}
+        if not self.untimed:
+            return self._source.progress(points)
+        # sampled steps: the counted ones too, when their stretch ended
+        markers = self._markers
+        ends, counts = _sampled.steps_at(markers.filter(pc.equal(markers["kind"], UNTIMED)))
+        t, n = self._source.timed_step_ends()
+        return _sampled.progress(np.concatenate([t, ends]).astype(np.int64),
+                                 np.concatenate([n, counts]).astype(np.int64), points)
 
     @property
     def latest_step(self) -> int | None:
         """The highest step number recorded (None without steps)."""
-        if self.overview_from_rollups:
-            return _rollup_views.latest_step(self.framework_rollup)
-        cols = self.steps
-        return int(cols.step.max()) if cols.n else None
+        return self._source.latest_step()
 
     def events_window(self, node: str, start_us: int | None, end_us: int | None,
                       limit: int = 4000) -> _step_window.EventsWindow:
         """The node's steps and phases overlapping [start_us, end_us): totals per kind, and the events when few
         (over the whole run, with `overview_from_rollups`, the totals come from the rollups when they are many)."""
-        if self.overview_from_rollups and start_us is None and end_us is None:
-            totals, steps, total = _rollup_views.event_totals(self.framework_rollup, node, _step_window.EVENT_KINDS)
-            minutes = _rollup_views.bucket_count(self.framework_rollup, node)
-            if total > limit and minutes >= MIN_ROLLUP_BUCKETS:  # a shorter run is drawn from its events
-                return _step_window.EventsWindow(None, None, [_step_window.KindTotal(k, *totals[k])
-                                                              for k in _step_window.EVENT_KINDS if k in totals],
-                                                 steps, [], True, total, _rollup_views.event_buckets(
-                                                     self.framework_rollup, node, _step_window.EVENT_KINDS))
+        whole = self._source.run_totals(node, limit) if start_us is None and end_us is None else None
+        if whole is not None:
+            return whole
         events = self.run.framework(start_us, end_us, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.events_window(events, start_us, end_us, limit)
 
     def recent_steps(self, node: str, last: int = 30) -> list[_step_window.StepBreakdown]:
         """The node's first rank's last `last` steps, each split into its phases."""
-        wanted = last * max(len(self.ranks.get(node, [])), 1)
-        if self.overview_from_rollups:
-            found = _rollup_views.node_step_start(self.framework_rollup, node, wanted)
-            if found is None:
-                return []
-            frm = found
-        else:
-            cols = self.steps
-            if not cols.n or node not in cols.nodes:
-                return []
-            mine = np.flatnonzero(cols.node == cols.nodes.index(node))
-            starts = np.sort(cols.start[mine])
-            frm = int(starts[-min(len(starts), wanted)])
+        frm = self._source.recent_steps_from(node, last * max(len(self.ranks.get(node, [])), 1))
+        if frm is None:
+            return []
         events = self.run.framework(frm, None, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.step_breakdown(events, last)
@@ -760,7 +667,7 @@ class RunAnalysis:
             mine = lambda node: _step_digest.DigestPlan(windows=[(i, w) for i, w in windows  # noqa: E731
                                                                  if str(w.get("node")) == node])
             costs = sorted((c for d in self._step_digests(mine) for c in d.windows), key=lambda c: c[0])
-        per_mode, _ = _steps.merge_step_summaries(self._node_step_totals)
+        per_mode, _ = _steps.merge_step_summaries(self.node_step_totals)
         return _cost.profiling_cost({n: self.node_record(n) for n in self.nodes}, self.run.files(),
                                     steps=sum(per_mode.values()), median_step_ms=self._median_step_ms.get(""),
                                     windows=[c for _, c in costs])
@@ -797,6 +704,11 @@ def _subset(frame: NodeFrame, metrics: frozenset[str] | None) -> NodeFrame:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _digest_local(run: Run, item: tuple[str, _step_digest.DigestPlan]) -> _step_digest.NodeStepDigest:
+    """In this process: one node's step digest from the open run."""
+    return _step_digest.node_step_digest(run, *item)
 
 
 def _digest_task(uri: str, item: tuple[str, _step_digest.DigestPlan]) -> _step_digest.NodeStepDigest:

@@ -13,6 +13,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -192,6 +193,12 @@ def shared_uri(uri: str) -> str:
     """The run's URI as a worker elsewhere reads it: an object-store URI as it is, a local path made absolute
     (a worker's working directory is not the caller's)."""
     return uri if "://" in uri else os.path.abspath(uri)
+
+
+def on_run(engine: Engine, run: Any, local: Callable[..., T], task: Callable[..., T]) -> Callable[..., T]:
+    """Per-node work for `engine`: `local` on the open run in this process, else `task` on the run's shared URI
+    (a worker opens the run itself; the open run does not travel). The one place the engine's kind is asked."""
+    return partial(local, run) if engine.name == LOCAL else partial(task, shared_uri(run.uri))
 
 
 def parse_engine(spec: str | None) -> tuple[str, str | None]:
