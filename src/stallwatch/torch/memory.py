@@ -8,36 +8,36 @@ from __future__ import annotations
 import os
 import sys
 
+from stallwatch.fds import KeptFile
+
 STATM = "/proc/self/statm"  # size resident shared text lib data dt, in pages
 CUDA_EVERY_US = 200_000  # the allocator's statistics at most this often (a step longer than this has them each)
 _PAGE_KB = (os.sysconf("SC_PAGE_SIZE") // 1024) if hasattr(os, "sysconf") else 4
-_getpid = os.getpid
-_pread = os.pread
 
 
 class StepMemory:
     """`read(end_us)` → the memory fields of a step's args (`"rss_kb": N` …), "" where nothing can be read. The
     statm fd is kept open and reopened in a forked child (whose /proc/self is another process)."""
 
-    __slots__ = ("_cuda_next", "_cuda_state", "_fd", "_pid", "limits")
+    __slots__ = ("_cuda_next", "_cuda_state", "_statm", "limits")
 
     def __init__(self) -> None:
-        self._fd: int | None = None
-        self._pid = 0
+        self._statm = KeptFile(STATM)
         self._cuda_next = 0
         self._cuda_state = 0  # 0: not looked at yet; 1: CUDA in use; -1: none (looked again every CUDA_EVERY_US)
         # (kind, name, args) markers to emit once: the memory limits the job runs under (cgroup, GPU)
         self.limits: list[tuple[str, str]] = []
 
     def read(self, end_us: int) -> str:
-        if _getpid() != self._pid:
+        statm = self._statm
+        if statm.stale():
             self._open()
         out = ""
-        fd = self._fd
-        if fd is not None:
+        data = statm.read(96)
+        if data is not None:
             try:
-                out = f'"rss_kb": {int(_pread(fd, 96, 0).split()[1]) * _PAGE_KB}'
-            except (OSError, ValueError, IndexError):
+                out = f'"rss_kb": {int(data.split()[1]) * _PAGE_KB}'
+            except (ValueError, IndexError):
                 out = ""
         if end_us >= self._cuda_next:
             self._cuda_next = end_us + CUDA_EVERY_US
@@ -69,27 +69,13 @@ class StepMemory:
             return ""
 
     def _open(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-        self._pid = _getpid()
-        try:
-            self._fd = os.open(STATM, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._fd = None
+        self._statm.open()
         limit = cgroup_memory_limit()
         if limit is not None:
             self.limits.append(("cgroup", f'{{"bytes": {limit}}}'))
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == _getpid():
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-        self._fd = None
+        self._statm.close()
 
 
 # What the CUDA allocator said at its last failed allocation, at that moment (before the exception is raised):

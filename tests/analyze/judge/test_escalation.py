@@ -95,3 +95,21 @@ def test_memory_growth_asks_for_a_memory_window_within_the_budget(tmp_path):
     config = run_files.read_config(loc)
     assert config.memory_profiling is not None and config.memory_profiling.start_time_us == start + 301_000_000
     assert config.detailed_profiling is None
+
+
+def test_a_rule_that_fired_before_the_budget_had_room_gets_its_capture_once_it_has(tmp_path):
+    """A leak found 3 s into a job fires once and keeps firing with the same count: its capture is asked for at the
+    first evaluation the budget allows, not never; a rule that stopped firing is not asked for."""
+    loc = RunLocation(str(tmp_path / "run"))
+    run_files.write_config(loc, ProfilerConfig())
+    start = 1_800_000_000_000_000
+    esc = Escalation(ProfilerConfig(escalate_budget_pct=100.0), loc, start)
+    grows = [_Result(name="MemoryGrowth", triggered=1, violations=1, details={}),
+             _Result(name="InputBound", triggered=1, violations=1, details={})]
+    esc.on_results(grows, now_us=start + 3_000_000)  # 3 s in: a 5 s capture would be 167 % of the job so far
+    assert esc.records == []
+    quiet = _Result(name="InputBound", triggered=0, violations=0, details={})
+    esc.on_results([grows[0], quiet], now_us=start + 6_000_000)  # the same count, 6 s in: room for 5 s
+    assert [r["rule"] for r in esc.records] == ["MemoryGrowth"]
+    esc.on_results([grows[0], quiet], now_us=start + 60_000_000)
+    assert len(esc.records) == 1

@@ -37,6 +37,9 @@ class Escalation:
         self._seen: dict[str, int] = {}  # rule -> triggered count at the last evaluation
         self.captured_s = 0.0
         self.records: list[dict[str, Any]] = []
+        # rules that fired while the budget had no room: asked again at each evaluation while they still fire (a
+        # rule that fires early in a job would otherwise never get its capture: its count stops growing)
+        self._deferred: set[str] = set()
 
     def on_results(self, results: list, now_us: int | None = None) -> None:
         if not self.config.escalate:
@@ -45,7 +48,8 @@ class Escalation:
         for r in results:
             grew = r.triggered > self._seen.get(r.name, 0)
             self._seen[r.name] = r.triggered
-            if not grew or r.name not in (*INPUT_RULES, *HOST_RULES, *OTHER_RULES, *MEMORY_RULES):
+            waiting = r.name in self._deferred and r.triggered > 0
+            if not (grew or waiting) or r.name not in (*INPUT_RULES, *HOST_RULES, *OTHER_RULES, *MEMORY_RULES):
                 continue
             try:
                 self._consider(r, now_us)
@@ -61,10 +65,12 @@ class Escalation:
         elapsed_s = max(now_us - self.start_us, 0) / 1e6
         cost_s = MEMORY_COST_S if result.name in MEMORY_RULES else CAPTURE_S
         if self.captured_s + cost_s > elapsed_s * self.config.escalate_budget_pct / 100.0:
+            self._deferred.add(result.name)
             warn_once(f"escalate-budget-{result.name}", "rule %s fired; no automatic capture: it would exceed the "
-                      "budget of %.1f %% of the job's time (escalate_budget_pct)", result.name,
-                      self.config.escalate_budget_pct)
+                      "budget of %.1f %% of the job's time (escalate_budget_pct) yet; asked again while it fires",
+                      result.name, self.config.escalate_budget_pct)
             return
+        self._deferred.discard(result.name)
         current = run_files.read_config(self.location)
         if result.name in MEMORY_RULES:
             self._memory(result, current, now_us, mono)
@@ -94,7 +100,6 @@ class Escalation:
         self.records.append(record)
         logger.warning("rule %s fired: capturing %s for %.0f s (escalation; --escalate off to disable)",
                        result.name, " + ".join(layers), CAPTURE_S)
-
 
     def _memory(self, result: Any, current: ProfilerConfig, now_us: int, mono: float) -> None:
         """MemoryGrowth: a memory window (torch/memory_capture.py), unless one is still open."""
