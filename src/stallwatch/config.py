@@ -118,7 +118,7 @@ class ProfilingRange:
         if self.start_step is not None or self.num_steps is not None:
             return f"{self.start_step}:{self.num_steps}"
         start = datetime.fromtimestamp((self.start_time_us or 0) / 1e6, tz=timezone.utc)
-        seconds = repr(float(self.duration_s))  # exact: `:g` rounded 1.000001 to 1
+        seconds = repr(float(self.duration_s or 0))  # exact: `:g` rounded 1.000001 to 1
         return f"{start.isoformat().replace('+00:00', 'Z')}/{seconds.removesuffix('.0')}"
 
     @classmethod

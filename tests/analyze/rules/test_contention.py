@@ -13,7 +13,7 @@ from stallwatch.analyze.rules.contention import CPUContention
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.rules.step_outlier import StepOutlier
-from stallwatch.records import DATA_WAIT, FORWARD, STEP, TRAIN
+from stallwatch.records import DATA_WAIT, FORWARD, STEP, TRAIN, UNTIMED
 
 from ._fw_gen import MS, S, T0, FwGen, evaluate, node_info, random_chunks, run_info, snapshots, whole
 
@@ -150,3 +150,20 @@ def test_one_chunk_or_many():
     one = evaluate(CPUContention, chunk)
     many = evaluate(CPUContention, random_chunks(chunk, 7, seed=3))
     assert one["Details"] == many["Details"]
+
+
+def test_a_sampled_rank_is_judged_over_all_its_steps():
+    """A fast loop times steps 10 ms a second: 100 timed steps of 1 ms, half of it waiting for a CPU (0.05 s, under
+    `min_s`), beside 10 s of steps counted, not timed — the wait over all steps is 0.5 s and more: it fires."""
+    def loop(counted_s: int) -> FwGen:
+        gen = FwGen()
+        for i in range(100):
+            t = T0 + i * MS
+            gen.events("algo-1", 0, STEP, "train_step", TRAIN, i, t, t + MS, '{"runq_us": 500}')
+        if counted_s:
+            gen.events("algo-1", 0, UNTIMED, "untimed", TRAIN, None, T0 + S, T0 + (1 + counted_s) * S, "")
+        return gen
+
+    alone = evaluate(CPUContention, whole(loop(0).table()))
+    sampled = evaluate(CPUContention, whole(loop(10).table()))
+    assert alone["RuleTriggered"] == 0 and sampled["RuleTriggered"] == 1, (alone["Details"], sampled["Details"])

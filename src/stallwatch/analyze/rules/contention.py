@@ -29,6 +29,7 @@ from stallwatch.records import (
     PROC,
     RUNQ_MS_PER_S,
     STEP,
+    UNTIMED,
     WORKERS_RUNQ_MS_PER_S,
 )
 
@@ -136,7 +137,8 @@ class _NodeSums:
 class CPUContention(Rule):
     """Per node and rank: the share of step time the training thread spent runnable but waiting for a CPU (its
     run-queue delay, recorded with each step). A rank fires when that share exceeds `threshold` % and the wait
-    adds up to at least `min_s` seconds. The node's snapshots say why: CFS throttling by the cgroup's CPU limit,
+    adds up to at least `min_s` seconds over all its steps (where steps are sampled, the timed steps' wait scaled
+    by the time of the steps counted beside them). The node's snapshots say why: CFS throttling by the cgroup's CPU limit,
     processes outside the job using the CPUs (load against cores, which ones), steal, or else the job's own
     threads and workers.
 
@@ -198,11 +200,15 @@ class CPUContention(Rule):
         self._events += cols.n
         for (node, rank), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0), by_mode=False):
             runq = step_runq(cols, rows)
-            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0])
+            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0, 0])
             acc[0] += len(rows)
             acc[1] += int(np.maximum(cols.end[rows] - cols.start[rows], 0).sum())
             acc[2] += int(runq.sum())
             acc[3] += int(np.count_nonzero(runq))
+        # steps counted, not timed (a fast loop's sampling): their span, so that `min_s` holds over all steps
+        for (node, rank), rows in cols.groups(cols.kind_is(UNTIMED), by_mode=False):
+            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0, 0])
+            acc[4] += int(np.maximum(cols.end[rows] - cols.start[rows], 0).sum())
 
     def merge(self, other: Rule, node: str) -> None:
         """Fold in `other`, fed only `node`'s chunks: its sums for `node` (every figure is a sum per node or rank)."""
@@ -210,7 +216,7 @@ class CPUContention(Rule):
         self._events += other._events
         for key, acc in other._ranks.items():
             if key[0] == node:
-                mine = self._ranks.setdefault(key, [0, 0, 0, 0])
+                mine = self._ranks.setdefault(key, [0, 0, 0, 0, 0])
                 for i, v in enumerate(acc):
                     mine[i] += v
         if node in other._nodes:
@@ -225,9 +231,10 @@ class CPUContention(Rule):
                                        "recorded before it was measured, or a system without schedstats)")
         threshold, min_s = float(self.params["threshold"]), float(self.params["min_s"])
         ranks: dict[str, RankWait] = {}
-        for (node, rank), (n, step_us, runq_us, _) in sorted(self._ranks.items()):
+        for (node, rank), (n, step_us, runq_us, _, untimed_us) in sorted(self._ranks.items()):
             share = 100.0 * runq_us / step_us if step_us else 0.0
-            fires = share > threshold and runq_us / US >= min_s
+            whole_us = runq_us * (step_us + untimed_us) / step_us if step_us else 0.0  # over all steps, sampled too
+            fires = share > threshold and whole_us / US >= min_s
             ranks[rank_key(node, rank)] = RankWait(node, rank, n, step_us / US, runq_us / US, share, fires)
         fired = [k for k, w in ranks.items() if w.triggered]
         fired_nodes = sorted({ranks[k].node for k in fired})
