@@ -36,9 +36,10 @@ BOOT = """
 def bokeh_js_dir() -> Path:
     """bokeh/server/static/js of the installed bokeh package, located without importing it."""
     spec = importlib.util.find_spec("bokeh")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("the bokeh package is not installed: the report's charts need its BokehJS files")
-    return Path(spec.origin).parent / "server" / "static" / "js"
+    folder = Path(spec.origin).parent / "server" / "static" / "js" if spec is not None and spec.origin else None
+    if folder is None or not all((folder / name).is_file() for name in BOKEH_FILES):
+        raise ModuleNotFoundError("No module named 'bokeh' (the charts need its BokehJS files)", name="bokeh")
+    return folder
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,16 +56,16 @@ def script_safe(text: str) -> str:
     return text.replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
-def charts_json(specs: Sequence[Any]) -> str:
+def charts_json(specs: Sequence[dict[str, Any]]) -> str:
     """The catalogue and every spec as one JSON document, escaped for a <script type="application/json">
     (inside JSON strings `<\\/` still reads `</`)."""
-    doc = {"catalogue": catalogue.to_json(), "charts": [s.to_json() for s in specs]}
+    doc = {"catalogue": catalogue.to_json(), "charts": list(specs)}
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return text.replace("<", "\\u003c")
 
 
-def page_scripts(specs: Sequence[Any]) -> str:
-    """The <script> elements that draw `specs` into the page's `<div data-chart="i">` elements on load."""
+def page_scripts(specs: Sequence[dict[str, Any]]) -> str:
+    """The <script> elements that draw `specs` (their to_json()) into the page's `<div data-chart="i">` elements on load."""
     if not specs:
         return ""
     return (f'<script type="application/json" id="stallwatch-charts">{charts_json(specs)}</script>\n'
