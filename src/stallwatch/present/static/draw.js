@@ -186,8 +186,19 @@ const Draw = (() => {
     if (spec.brush) brush(figures, ctx);
     figures.slice(0, -1).forEach(p => { p.xaxis.major_label_text_font_size = "0pt"; });
     if (figures.length === 1) return figures[0];
-    return Bokeh.Plotting.gridplot(figures.map(f => [f]), { merge_tools: true, toolbar_location: "right",
-                                                           sizing_mode: "stretch_width" });
+    return stack(figures);
+  }
+
+  // Figures one under the other with one toolbar; the merged wheel zoom is the active scroll (set once on the
+  // merged toolbar: each figure's own would compete).
+  function stack(figures) {
+    for (const p of figures) p.toolbar.active_scroll = null;
+    const g = Bokeh.Plotting.gridplot(figures.map(f => [f]), { merge_tools: true, toolbar_location: "right",
+                                                               sizing_mode: "stretch_width" });
+    const wheel = g.toolbar.tools.find(t => /WheelZoom/.test(t.type || "") ||
+                                             (t.tools && t.tools.some(u => /WheelZoom/.test(u.type || ""))));
+    if (wheel) g.toolbar.active_scroll = wheel;
+    return g;
   }
 
   function flagTrack(spec, axis, ctx, keep, xFmt) {
@@ -254,10 +265,12 @@ const Draw = (() => {
     }
   }
 
+  // A drag selects an interval (the brush is the active drag tool; the wheel still zooms, the toolbar pans).
   function brush(figures, ctx) {
-    const tool = new Bokeh.BoxSelectTool({ dimensions: "width" });
+    const tool = new Bokeh.BoxSelectTool({ dimensions: "width", persistent: false });
     for (const p of figures) {
       p.add_tools(tool);
+      p.toolbar.active_drag = tool;
       p.on_event("selectiongeometry", ev => {
         const g = ev.geometry;
         if (g && g.x0 !== undefined && ctx.el && brushes.has(ctx.el)) {
