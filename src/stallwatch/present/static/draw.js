@@ -71,11 +71,12 @@ const Draw = (() => {
   }
   // Colours for one chart's names: a phase's own, the rest from the series palette in order, skipping the
   // colours the chart's phases use (catalogue.colours in Python).
-  function colours(names, given) {
+  function colours(names, given, spare, taken) {
     const out = {};
     for (const n of names) { const c = (given && given[n]) || colour(n); if (c) out[n] = c; }
-    const used = new Set(Object.values(out));
-    let free = palette().filter(c => !used.has(c)); if (!free.length) free = palette();
+    const used = new Set([...Object.values(out), ...(taken || [])]);
+    const all = spare ? [...palette()].reverse() : palette();  // overlays take spares from the other end
+    let free = all.filter(c => !used.has(c)); if (!free.length) free = all;
     let i = 0;
     for (const n of names) if (!(n in out)) out[n] = free[i++ % free.length];
     return out;
@@ -138,13 +139,14 @@ const Draw = (() => {
     const keep = (label, r) => { if (!drawn.has(label)) drawn.set(label, []); drawn.get(label).push(r); };
     const spanSrc = {};
     const spans = [...(spec.spans || []), ...(spec.flags || [])];
-    const spanCols = colours(spans.map(s => s.label), spec.colors);
+    const spanCols = colours(uniq([...spans.map(s => s.label), ...(spec.markers || []).map(m => m.label)]),
+                             spec.colors, true);
     for (const s of spans) {
       spanSrc[s.label] = ctx.source(`span:${s.label}`, { x0: nums(s.x0), x1: nums(s.x1),
         y: s.x0.map(() => s.label), text: (s.text || []).length ? s.text : s.x0.map(() => s.label) });
     }
     const lineNames = uniq((spec.panels || []).flatMap(p => p.lines.map(l => l.name)));
-    const lineCols = colours(lineNames, spec.colors);
+    const lineCols = colours(lineNames, spec.colors, false, Object.values(spanCols));  // never an overlay's
     const figures = [];
     (spec.panels || []).forEach((panel, i) => {
       const p = fig({ height: panel.height || spec.panel_height || 200, title: panel.title },
@@ -205,7 +207,7 @@ const Draw = (() => {
     const flags = spec.flags || [], marks = spec.markers || [];
     if (!flags.length && !marks.length) return null;
     const rows = uniq([...flags.map(f => f.label), ...marks.map(m => m.label)]);
-    const cols = colours(rows, spec.colors);
+    const cols = colours(uniq([...(spec.spans || []).map(s => s.label), ...rows]), spec.colors, true);
     const p = fig({ height: 50 + 24 * rows.length, title: "Flagged by the rules" },
                   { ...axis, y_range: new Bokeh.FactorRange({ factors: [...rows].reverse() }) });
     const bars = [], points = [], items = [];
