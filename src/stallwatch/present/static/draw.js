@@ -124,6 +124,19 @@ const Draw = (() => {
   }
   const hover = (renderers, tooltips, formatters) =>
     new Bokeh.HoverTool({ renderers, tooltips, formatters: formatters || {} });
+  // Times read 05:23:02 with the date under the first tick (Bokeh's Python default, which BokehJS lacks).
+  function timeFormatter() {
+    const D = o => new Bokeh.DatetimeTickFormatter({ boundary_scaling: false, ...o });
+    const empty = { seconds: "", minsec: "", minutes: "", hourmin: "", hours: "", days: "", months: "", years: "" };
+    const day = D({ ...empty, microseconds: "%b %d, %Y", milliseconds: "%b %d, %Y", hide_repeats: true, context: null });
+    const date = D({ microseconds: "%T", milliseconds: "%T", seconds: "%b %d, %Y", minsec: "%b %d, %Y",
+                     minutes: "%b %d, %Y", hourmin: "%b %d, %Y", hours: "%b %d, %Y", days: "%Y", months: "", years: "",
+                     hide_repeats: true, context_which: "all", context: day });
+    return D({ microseconds: "%fus", milliseconds: "%3Nms", seconds: "%T", minsec: "%T", minutes: "%H:%M",
+               hourmin: "%H:%M", hours: "%H:%M", days: "%b %d", months: "%b %Y", years: "%Y",
+               strip_leading_zeros: ["microseconds", "milliseconds", "seconds"], context_which: "all", context: date });
+  }
+  const timeAxis = p => { p.xaxis.formatter = timeFormatter(); };
   const plainY = p => { p.yaxis.formatter = new Bokeh.NumeralTickFormatter({ format: "0,0.[00]" }); };
 
   // ---- time: panels of lines, shaded spans, a flagged track, phase tracks ---------------------------------
@@ -174,7 +187,8 @@ const Draw = (() => {
         p.add_layout(new Bokeh.Span({ location: h.y, dimension: "width", line_color: h.color || get("highlight_colour", "#d62728"),
                                       line_dash: "dashed", line_width: 1.5 }));
       }
-      if (lines.length) p.add_tools(hover(lines, [["", "@name"], xTip, ["value", "@y{0,0.[00]}"]], xFmt));
+      const unit = panel.y_label ? ` ${panel.y_label}` : "";  // 100 %, 3.2 MB/s
+      if (lines.length) p.add_tools(hover(lines, [["", "@name"], xTip, ["value", `@y{0,0.[00]}${unit}`]], xFmt));
       figures.push(p);
     });
     const track = flagTrack(spec, axis, ctx, keep, xFmt);
@@ -187,6 +201,7 @@ const Draw = (() => {
     for (const rs of drawn.values()) linkVisible(rs);
     if (spec.brush) brush(figures, ctx);
     figures.slice(0, -1).forEach(p => { p.xaxis.major_label_text_font_size = "0pt"; });
+    if (datetime && figures.length) timeAxis(figures[figures.length - 1]);  // one set of dates, under the last
     if (figures.length === 1) return figures[0];
     return stack(figures);
   }
@@ -299,11 +314,12 @@ const Draw = (() => {
                                                  nan_color: "rgba(0,0,0,0)" });
     const datetime = !steps;
     const p = fig({ height: spec.height || Math.min(900, Math.max(160, 60 + (steps ? 14 : 12) * n)), title: spec.title },
-                  { x_axis_type: datetime ? "datetime" : "linear", tools: datetime ? TOOLS : PLAIN_TOOLS,
-                    active_scroll: datetime ? "xwheel_zoom" : "wheel_zoom", x_axis_label: steps ? "step" : null,
+                  { x_axis_type: datetime ? "datetime" : "linear", tools: TOOLS, active_scroll: "xwheel_zoom",
+                    x_axis_label: steps ? "step" : null,
                     x_range: new Bokeh.DataRange1d({ range_padding: 0 }),
                     y_range: new Bokeh.Range1d({ start: n, end: 0, bounds: [0, n] }) });
     ctx.xRange = p.x_range;
+    if (datetime) timeAxis(p);
     const src = ctx.source("image", { image: [image] });
     p.image({ image: { field: "image" }, x: spec.x0, y: 0, dw: spec.dx * m, dh: n, source: src,
               color_mapper: mapper, anchor: "bottom_left", origin: "bottom_left" });
