@@ -208,3 +208,27 @@ def test_a_brush_selects_an_interval(opened):
     ((x0, x1),) = page.evaluate("window.brushed")
     assert T0 / 1000 < x0 < x1 < (T0 + 50 * S) / 1000  # an interval inside the data, in epoch ms
     assert errors == []
+
+
+def test_phase_tracks_one_row_per_rank_coloured_by_phase(opened):
+    ms = T0 / 1000
+    spec = charts.TimeSpec(title="phases", tracks=[
+        charts.Track("rank 0", np.array([ms, ms + 10, ms + 30]), np.array([ms + 10, ms + 30, ms + 35]),
+                     ["forward", "backward", "optimizer step"]),
+        charts.Track("rank 1", np.array([ms, ms + 12]), np.array([ms + 12, ms + 33]), ["forward", "backward"])])
+    page, errors = opened([spec])
+    el = page.locator("[data-chart]")
+    assert el.get_attribute("data-points") == "5" and el.locator("canvas").count() > 0
+    series = json.loads(el.get_attribute("data-series"))
+    assert series == {p: catalogue.colour(p) for p in ("forward", "backward", "optimizer step")}
+    assert errors == []
+
+
+def test_a_chart_that_fails_to_draw_is_one_line_and_the_others_draw(opened):
+    broken = charts.ChartSpec(title="broken", kind="no-such-kind")
+    page, errors = opened([charts.bars(["a"], [1.0], title="one", y_label="ms"), broken,
+                           charts.bars(["b"], [2.0], title="three", y_label="ms")])
+    els = page.locator("[data-chart]")
+    assert els.nth(0).locator("canvas").count() > 0 and els.nth(2).locator("canvas").count() > 0
+    assert els.nth(1).inner_text() == "This chart could not be drawn (Error)."
+    assert errors == []  # said in the page (and a console warning), never an uncaught error

@@ -503,7 +503,7 @@ const Draw = (() => {
       case "pie": return (spec.slices || []).filter(s => s.value > 0).length < 2;
       case "box": return !(spec.categories || []).length;
       case "grid": return (spec.children || []).every(empty);
-      default: return true;
+      default: return false;  // an unknown kind is an error (one line saying so), not "nothing to draw"
     }
   }
   function sentence(spec) {
