@@ -232,3 +232,31 @@ def test_a_chart_that_fails_to_draw_is_one_line_and_the_others_draw(opened):
     assert els.nth(0).locator("canvas").count() > 0 and els.nth(2).locator("canvas").count() > 0
     assert els.nth(1).inner_text() == "This chart could not be drawn (Error)."
     assert errors == []  # said in the page (and a console warning), never an uncaught error
+
+
+def test_a_new_series_redraws_and_keeps_the_users_zoom(opened):
+    page, errors = opened([charts.timeline([Panel("CPU", "%", [_series("algo-1")], percent=True)])])
+    page.evaluate("""async () => {
+        const doc = JSON.parse(document.getElementById("stallwatch-charts").textContent);
+        window.doc = doc;
+        window.h = Draw.render(document.querySelector("[data-chart]"), doc.charts[0]);
+        await window.h.ready;
+    }""")
+    page.wait_for_timeout(300)
+    box = page.locator("[data-chart] canvas").first.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.wheel(0, -400)  # the user zooms in
+    page.wait_for_timeout(400)
+    zoomed = page.evaluate("[h.xRange.start, h.xRange.end]")
+    after = page.evaluate("""async () => {
+        const spec = JSON.parse(JSON.stringify(doc.charts[0]));
+        spec.panels[0].lines.push({...spec.panels[0].lines[0], name: "algo-2"});  // a node joins: a new series
+        h.update(spec);
+        await h.ready;
+        await new Promise(r => setTimeout(r, 300));
+        return {range: [h.xRange.start, h.xRange.end], series: JSON.parse(h.el.dataset.series)};
+    }""")
+    assert zoomed[1] - zoomed[0] < 49_000  # zoomed in from 50 s of data
+    assert after["range"] == pytest.approx(zoomed) and set(after["series"]) == {"algo-1", "algo-2"}
+    assert errors == []

@@ -95,7 +95,7 @@ const Draw = (() => {
 
   // ---- what every chart shares -------------------------------------------------------------------------
   class Ctx {
-    constructor() { this.sources = new Map(); this.points = 0; this.series = {}; this.xRange = null; }
+    constructor() { this.sources = new Map(); this.points = 0; this.series = {}; this.xRange = null; this.figures = []; }
     source(key, data) {
       const src = new Bokeh.ColumnDataSource({ data });
       this.sources.set(key, src);
@@ -105,11 +105,13 @@ const Draw = (() => {
     named(label, colour) { if (!(label in this.series)) this.series[label] = colour; }
   }
 
+  let building = null;  // the Ctx being built (its figures are watched for the user's zoom)
   function fig(spec, attrs) {
     const p = Bokeh.Plotting.figure({ sizing_mode: "stretch_width", height: spec.height || 260,
                                       title: spec.title || null, ...attrs });
     p.toolbar.logo = null;
     p.outline_line_color = null;
+    if (building) building.figures.push(p);
     return p;
   }
   function legend(p, items, where, opts) {
@@ -520,7 +522,9 @@ const Draw = (() => {
   function build(spec, ctx) {
     const make = BUILDERS[spec.kind];
     if (!make) throw new Error(`unknown chart kind ${spec.kind}`);
-    return make(spec, ctx);
+    const outer = building;
+    building = ctx;
+    try { return make(spec, ctx); } finally { building = outer; }
   }
 
   function note(el, text, cls) {
@@ -531,9 +535,14 @@ const Draw = (() => {
     el.appendChild(p);
   }
 
+  const drawnIn = new WeakMap();  // element -> its handle: a second render into it removes the first view
+
   function render(el, spec) {
+    const before = drawnIn.get(el);
+    if (before && before.view) { try { before.view.remove(); } catch (err) { /* already gone */ } before.view = null; }
     const handle = { el, spec, view: null, xRange: null, ready: Promise.resolve(null), sources: new Map(),
                      update: s => update(handle, s) };
+    drawnIn.set(el, handle);
     el.dataset.points = "0";
     el.dataset.series = "{}";
     if (empty(spec)) {
@@ -553,6 +562,10 @@ const Draw = (() => {
       handle.sources = ctx.sources;
       handle.xRange = ctx.xRange;
       handle.model = model;
+      for (const p of ctx.figures) {  // the user zoomed or panned (kept through a redraw) or reset
+        p.on_event("rangesupdate", () => { handle.moved = true; });
+        p.on_event("reset", () => { handle.moved = false; });
+      }
       handle.ready = Bokeh.Plotting.show(model, el).then(view => { handle.view = view; return view; }).catch(err => {
         note(el, `This chart could not be drawn (${err && err.name || "error"}).`, "na");
         console.warn("stallwatch: a chart failed to draw", err);
@@ -586,6 +599,7 @@ const Draw = (() => {
     if (handle.view) handle.view.remove();
     handle.view = null;
     const fresh = render(handle.el, spec);
+    drawnIn.set(handle.el, handle);
     Object.assign(handle, { sources: fresh.sources, xRange: fresh.xRange, model: fresh.model, ready: fresh.ready });
     fresh.ready.then(view => { handle.view = view; if (keep && handle.xRange && handle.moved) { handle.xRange.start = keep[0]; handle.xRange.end = keep[1]; } });
     return handle;
