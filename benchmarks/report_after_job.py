@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, table  # noqa: E402
+from _common import machine, table
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 0.5
@@ -66,7 +66,7 @@ def env_for(src: Path) -> dict[str, str]:
 
 def build_once(src: Path, run: Path, out: Path) -> dict[str, float]:
     p = subprocess.run([sys.executable, "-c", CHILD, str(run), str(out)], env=env_for(src), capture_output=True,
-                       text=True, cwd=ROOT)
+                       text=True, cwd=ROOT, check=False)
     if p.returncode != 0:
         raise SystemExit(f"report build failed ({src}):\n{p.stderr[-3000:]}")
     return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
@@ -79,7 +79,7 @@ def run_wall(src: Path, out: Path, report: bool) -> tuple[float, float]:
     job = ["sh", "-c", f'{" ".join(DEMO)} && date +%s.%N > "{mark}"']
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "stallwatch.cli", "run", "--out", str(out), *extra, "--", *job],
-                       env=env_for(src), capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL)
+                       env=env_for(src), capture_output=True, text=True, cwd=ROOT, stdin=subprocess.DEVNULL, check=False)
     wall, ended = time.perf_counter() - t0, time.time()
     if p.returncode != 0:
         raise SystemExit(f"stallwatch run failed ({src}):\n{p.stderr[-3000:]}")
@@ -119,7 +119,8 @@ def main() -> None:
                 walls.append([name, f"{med[0]:.2f} s", f"{med[2]:.2f} s", f"{med[1]:.2f} s", f"{med[3]:.2f} s",
                               f"{med[3] - med[1]:+.2f} s"])
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, capture_output=True)
+            subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=ROOT, capture_output=True,
+                           check=False)
     print(f"old way: {rev}; demo: {' '.join(DEMO[1:])}; median of {args.repeat} fresh processes each\n")
     print(table(["report of the demo run", "import", "build (after the job)", "cold (both)", "file",
                  "bokeh Python loaded", f"build <= {TARGET_S} s?"], rows))
