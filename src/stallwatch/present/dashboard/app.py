@@ -142,6 +142,20 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         node = _node(a, q)
         return documents.events_doc(node, a.events_window(node, _time(q, "from"), _time(q, "to")))
 
+    def tracks(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        buckets = min(max(_int(q, "buckets", 240), 10), 1000)
+        return documents.tracks_doc(a.rank_tracks(node, _time(q, "from"), _time(q, "to"), buckets))
+
+    def memory(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        return documents.memory_doc(node, a.memory_window(node, _time(q, "from"), _time(q, "to")))
+
+    def stacks(state: RunState, q: Any) -> dict[str, Any]:
+        return documents.stacks_doc(state.analysis().latest_stacks())
+
     def steps(state: RunState, q: Any) -> dict[str, Any]:
         a = state.analysis()
         node = _node(a, q)
@@ -290,6 +304,9 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/run/{id}/timeline", api(timeline, "stored")),
         Route("/api/run/{id}/events", api(events, "stored")),
         Route("/api/run/{id}/steps", api(steps, "stored")),
+        Route("/api/run/{id}/tracks", api(tracks, "stored")),
+        Route("/api/run/{id}/memory", api(memory, "stored")),
+        Route("/api/run/{id}/stacks", api(stacks, "stored")),
         Route("/api/run/{id}/ranks", api(ranks, "stored")),
         Route("/api/run/{id}/heatmap", api(heatmap, "stored")),
         Route("/api/run/{id}/profiling", api(profiling), methods=["GET", "POST"]),

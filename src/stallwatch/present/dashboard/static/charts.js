@@ -35,7 +35,7 @@ const Charts = (() => {
 
   // One x range for a group of time charts.
   class Sync {
-    constructor(onSettle) { this.charts = []; this.x0 = null; this.x1 = null; this.onSettle = onSettle; this.timer = null; }
+    constructor(onSettle) { this.charts = []; this.x0 = null; this.x1 = null; this.base = null; this.onSettle = onSettle; this.timer = null; }
     add(chart) { this.charts.push(chart); chart.sync = this; }
     set(x0, x1, settle = true) {
       this.x0 = x0; this.x1 = x1;
@@ -60,9 +60,9 @@ const Charts = (() => {
       this.draw();
     }
     range() {
-      const ts = this.data.ts;
-      const x0 = this.sync && this.sync.x0 !== null ? this.sync.x0 : (ts.length ? ts[0] : 0);
-      const x1 = this.sync && this.sync.x1 !== null ? this.sync.x1 : (ts.length ? ts[ts.length - 1] : 1);
+      const ts = this.data.ts, base = this.sync && this.sync.base;  // unzoomed: the group's common extent
+      const x0 = this.sync && this.sync.x0 !== null ? this.sync.x0 : base ? base[0] : (ts.length ? ts[0] : 0);
+      const x1 = this.sync && this.sync.x1 !== null ? this.sync.x1 : base ? base[1] : (ts.length ? ts[ts.length - 1] : 1);
       return [x0, Math.max(x1, x0 + 1)];
     }
     yMax() {
@@ -175,6 +175,123 @@ const Charts = (() => {
     }
   }
 
+  // One track per rank of its phase blocks on the shared time axis (Perfetto's layout): a step is the track's
+  // light background, its phases coloured blocks in it; zoomed out (`aggregated`), each time bucket is a column
+  // split by the share of its time each phase took. Zooms, pans and brushes with the other time charts.
+  const TRACK_H = 18, TRACK_GAP = 4;
+  class TrackChart extends TimeChart {
+    constructor(el, opts) { super(el, Object.assign({ height: 60 }, opts)); this.tracks = null; }
+    setTracks(doc, x0, x1) {
+      this.tracks = doc;
+      const n = Math.max(doc.ranks.length, 1);
+      this.canvas.style.height = (PAD.t + PAD.b + n * (TRACK_H + TRACK_GAP) + 4) + "px";
+      this.data = { ts: [x0, x1], lines: [], bands: [] };
+      let blocks = 0;
+      if (!doc.aggregated) for (const rows of Object.values(doc.blocks || {})) blocks += rows.filter(b => b[0] !== "step").length;
+      this.el.dataset.ranks = String(doc.ranks.length);
+      this.el.dataset.mode = doc.aggregated ? "buckets" : "blocks";
+      this.el.dataset.blocks = String(doc.aggregated ? doc.total_blocks : blocks);
+      this.draw();
+    }
+    draw() {
+      const [ctx, w, h] = sizeCanvas(this.canvas);
+      const [x0, x1] = this.range();
+      this.el.dataset.x0 = String(Math.round(x0)); this.el.dataset.x1 = String(Math.round(x1));
+      const pw = w - PAD.l - PAD.r, X = t => PAD.l + (t - x0) / (x1 - x0) * pw;
+      ctx.clearRect(0, 0, w, h);
+      ctx.fillStyle = "#1d2330"; ctx.font = "600 12px system-ui"; ctx.fillText(this.opts.title, PAD.l, 14);
+      const doc = this.tracks;
+      this._X = X; this._x = [x0, x1, pw];
+      if (!doc) return;
+      ctx.font = "11px system-ui";
+      const label = ctx.measureText(fmtTime(x0, x1 - x0)).width + 12, nx = Math.max(1, Math.min(5, Math.floor(pw / label)));
+      ctx.fillStyle = "#6b7385";
+      for (let i = 0; i <= nx; i++) { const t = x0 + (x1 - x0) * i / nx; ctx.fillText(fmtTime(t, x1 - x0), Math.max(0, Math.min(X(t) - label / 2 + 6, w - label)), h - 6); }
+      const kinds = new Set();
+      doc.ranks.forEach((rank, i) => {
+        const y = PAD.t + i * (TRACK_H + TRACK_GAP);
+        ctx.fillStyle = "#3a4458"; ctx.fillText(`rank ${rank}`, 2, y + TRACK_H - 5);
+        ctx.save(); ctx.beginPath(); ctx.rect(PAD.l, y, pw, TRACK_H); ctx.clip();
+        ctx.fillStyle = "#f4f6f9"; ctx.fillRect(PAD.l, y, pw, TRACK_H);
+        if (doc.aggregated) {
+          const per = doc.shares[String(rank)] || {};
+          const bw = doc.bucket_us, n = Math.max(0, ...Object.values(per).map(v => v.length));
+          for (let j = 0; j < n; j++) {
+            const a = X(doc.bucket_start_us + j * bw), b = X(doc.bucket_start_us + (j + 1) * bw);
+            if (b < PAD.l || a > w) continue;
+            let yy = y + TRACK_H;
+            for (const [k, v] of Object.entries(per)) {
+              const hh = (v[j] || 0) * TRACK_H; if (hh <= 0) continue;
+              kinds.add(k); ctx.fillStyle = Cat.colour(k) || "#999"; ctx.fillRect(a, yy - hh, Math.max(b - a, 1), hh); yy -= hh;
+            }
+          }
+        } else {
+          let odd = false;
+          for (const [k, s, e] of (doc.blocks[String(rank)] || [])) {
+            if (e < x0 || s > x1) { if (k === "step") odd = !odd; continue; }
+            if (k === "step") { ctx.fillStyle = odd ? "#e3e7ef" : "#eceff5"; odd = !odd; ctx.fillRect(X(s), y, Math.max(X(e) - X(s), 1), TRACK_H); continue; }
+            kinds.add(k); ctx.fillStyle = Cat.colour(k) || "#999"; ctx.fillRect(X(s), y + 2, Math.max(X(e) - X(s), 1), TRACK_H - 4);
+          }
+        }
+        if (this.brush) { ctx.fillStyle = "rgba(43,95,168,.18)"; ctx.fillRect(X(this.brush[0]), y, X(this.brush[1]) - X(this.brush[0]), TRACK_H); }
+        ctx.restore();
+      });
+      let lx = PAD.l + ctx.measureText(this.opts.title).width + 90;
+      ctx.font = "11px system-ui";
+      for (const k of kinds) {
+        const name = Cat.label(k); ctx.fillStyle = Cat.colour(k) || "#999"; ctx.fillRect(lx, 5, 10, 8); ctx.fillStyle = "#3a4458"; ctx.fillText(name, lx + 14, 13);
+        lx += ctx.measureText(name).width + 28; if (lx > w - 60) break;
+      }
+      this.el.dataset.kinds = [...kinds].join(",");
+    }
+    _tip(e) {
+      const doc = this.tracks; if (!doc || !this._x) return;
+      const i = Math.floor((e.offsetY - PAD.t) / (TRACK_H + TRACK_GAP)), rank = doc.ranks[i], t = this.timeAt(e.offsetX);
+      if (rank === undefined) { this.tip.style.display = "none"; return; }
+      let text = `rank ${rank} · ${fmtTime(t, 0)}`;
+      if (doc.aggregated) {
+        const per = doc.shares[String(rank)] || {}, j = Math.floor((t - doc.bucket_start_us) / doc.bucket_us);
+        for (const [k, v] of Object.entries(per)) if (v[j]) text += `\n${Cat.label(k)}: ${Cat.fmt(v[j] * 100, "%")}`;
+      } else {
+        for (const [k, s, en, step, mode] of (doc.blocks[String(rank)] || [])) {
+          if (s <= t && t <= en) text += `\n${k === "step" ? `${mode} step ${step ?? ""}` : Cat.label(k)}: ${Cat.fmt((en - s) / 1000, "ms")}`;
+        }
+      }
+      this.tip.textContent = text;
+      this.tip.style.left = (e.offsetX + 12) + "px"; this.tip.style.top = (e.offsetY + 8) + "px"; this.tip.style.display = "block";
+    }
+  }
+
+  // Horizontal stacked bars, one per row (a rank): its parts by key, the row's name on the left and its total
+  // on the right; `highlight` rows named in red.
+  function hbars(el, { rows, keys, title, unit, highlight }) {
+    const colours = Cat.colours(keys), rh = 18;
+    const [c, tip] = canvasIn(el, 34 + rows.length * rh + 18);
+    const [ctx, w, h] = sizeCanvas(c);
+    const left = 96, right = 80, top = 22, pw = w - left - right;
+    let m = 0; for (const r of rows) { const s = keys.reduce((a, k) => a + (r.parts[k] || 0), 0); if (s > m) m = s; }
+    m = m || 1;
+    ctx.fillStyle = "#1d2330"; ctx.font = "600 12px system-ui"; ctx.fillText(title || "", left, 14);
+    ctx.font = "11px system-ui";
+    rows.forEach((r, i) => {
+      const y = top + i * rh; let x = left, total = 0;
+      ctx.fillStyle = highlight && highlight.has(r.name) ? "#b3261e" : "#3a4458"; ctx.fillText(String(r.name).slice(0, 16), 2, y + rh - 6);
+      for (const k of keys) { const v = r.parts[k] || 0, ww = v / m * pw; total += v; ctx.fillStyle = colours[k]; ctx.fillRect(x, y + 2, ww, rh - 4); x += ww; }
+      ctx.fillStyle = "#3a4458"; ctx.fillText(Cat.fmt(total, unit || "ms"), x + 4, y + rh - 6);
+    });
+    let lx = left; const ly = top + rows.length * rh + 12;
+    keys.forEach(k => { const name = Cat.label(k); ctx.fillStyle = colours[k]; ctx.fillRect(lx, ly - 8, 10, 8); ctx.fillStyle = "#3a4458"; ctx.fillText(name, lx + 13, ly); lx += ctx.measureText(name).width + 26; });
+    el.dataset.bars = String(rows.length);
+    el.dataset.colours = JSON.stringify(Object.fromEntries(keys.map(k => [Cat.label(k), colours[k]])));
+    c.addEventListener("mousemove", e => {
+      const i = Math.floor((e.offsetY - top) / rh), r = rows[i];
+      if (!r) { tip.style.display = "none"; return; }
+      tip.textContent = [r.name, ...keys.map(k => `${Cat.label(k)}: ${Cat.fmt(r.parts[k] || 0, unit || "ms")}`)].join("\n");
+      tip.style.left = (e.offsetX + 12) + "px"; tip.style.top = (e.offsetY + 8) + "px"; tip.style.display = "block";
+    });
+    c.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+  }
+
   // The top of an axis from 0 to at least `m`: four ticks of a round step (1, 2, 2.5 or 5 × 10^k).
   function niceMax(m) {
     const raw = m / 4, p = Math.pow(10, Math.floor(Math.log10(raw)));
@@ -274,5 +391,5 @@ const Charts = (() => {
     el.appendChild(svg);
   }
 
-  return { Sync, TimeChart, heatmap, stacked, pie, fmtTime, niceMax, get PALETTE() { return Cat.palette(); } };
+  return { Sync, TimeChart, TrackChart, heatmap, stacked, hbars, pie, fmtTime, niceMax, get PALETTE() { return Cat.palette(); } };
 })();

@@ -101,6 +101,7 @@ async function render() {
   if (state.view === "overview") return renderOverview();
   if (state.view === "nodes") return renderNodes();
   if (state.view === "ranks") return renderRanks();
+  if (state.view === "stacks") return renderStacks();
 }
 
 // -- runs ----------------------------------------------------------------------------------------------------
@@ -109,14 +110,25 @@ async function renderRuns() {
   const doc = await api("/api/runs");
   state.runs = doc;
   const t = $("runs-table"); t.textContent = "";
-  t.appendChild(el("tr", {}, ...["Run", "Status", "Start", "Duration", "Nodes", "Top finding"].map(h => el("th", {}, h))));
+  t.appendChild(el("tr", {}, ...["Run", "Status", "Start", "Duration", "Nodes", "Severity", "Top finding"].map(h => el("th", h === "Duration" ? {} : { class: "text" }, h))));
   for (const r of doc.runs) {
+    const running = r.status === "running" && r.start_us;
+    const sev = ["high", "medium", "low"].includes(r.top_severity) ? r.top_severity : null;
     t.appendChild(el("tr", { class: "clickable", dataset: { run: r.id }, onclick: () => openRun(r.id) },
       el("td", {}, r.run_id && r.run_id !== r.id ? `${r.id} (id ${r.run_id})` : r.id), el("td", { class: "text" }, r.status + (r.exit_code ? ` (${r.exit_code})` : "")),
-      el("td", { class: "text" }, fmtUs(r.start_us)), el("td", {}, fmtDur(r.duration_s)), el("td", { class: "text" }, r.nodes.join(", ")),
-      el("td", { class: "text" }, r.top_finding || (r.verdict ? "–" : ""))));
+      el("td", { class: "text" }, fmtUs(r.start_us)),
+      el("td", running ? { class: "live-duration", dataset: { start: String(r.start_us) } } : {}, running ? fmtDur(runningFor(r.start_us)) : fmtDur(r.duration_s)),
+      el("td", { class: "text" }, r.nodes.join(", ")),
+      el("td", { class: "text" }, sev ? el("span", { class: "severity " + sev }, sev) : ""),
+      el("td", { class: "text wrap" }, r.top_finding || (r.verdict ? "–" : ""))));
   }
   if (!doc.runs.length) t.appendChild(el("tr", {}, el("td", {}, "No runs here yet.")));
+}
+
+// How long a running job has run, by the server's clock (the page's, corrected by the live stream's skew).
+function runningFor(startUs) { return Math.max(0, (Date.now() * 1000 + state.clockSkew - startUs) / 1e6); }
+function tickRuns() {
+  for (const td of document.querySelectorAll("#runs-table td.live-duration")) td.textContent = fmtDur(runningFor(Number(td.dataset.start)));
 }
 
 function openRun(id) {
@@ -176,10 +188,27 @@ function renderSummary(s) {
   $("summary-duration").dataset.seconds = String(s.duration_s);
   $("summary-ranks").dataset.ranks = String(s.nodes.reduce((a, n) => a + n.ranks.length, 0));
   const parts = s.parts_s ? Object.entries(s.parts_s).map(([label, value]) => ({ label, value })) : [];
+  renderJobDetails(s);
   Charts.pie($("phase-pie"), parts);
   const pc = new Charts.TimeChart($("progress-chart"), { height: 120, title: "steps done (all ranks)" });
   pc.setData({ ts: s.progress.t, lines: [{ name: "steps", color: Cat.colour("TRAIN"), values: s.progress.steps }], bands: [] });
   for (const n of s.notes || []) t.appendChild(el("tr", {}, el("td", {}, "Note"), el("td", {}, n)));
+}
+
+// Initialization, the training loop and finalization: each part's time and share of the job, as the server's
+// run document states them (`parts_s`, brought up to date while the job runs).
+function swatch(colour) { const e = el("span", { class: "swatch" }); e.style.background = colour; return e; }  // CSSOM: the CSP allows no style attributes
+function renderJobDetails(s) {
+  const t = $("job-details"); t.textContent = "";
+  const parts = Object.entries(s.parts_s || {});
+  if (!parts.length) { t.appendChild(el("tr", {}, el("td", { class: "muted text" }, "No step recorded yet: the job's parts are known from its first step."))); return; }
+  const total = parts.reduce((a, [, v]) => a + (v || 0), 0);
+  t.appendChild(el("tr", {}, ...["Part", "Duration", "Share of the job"].map(h => el("th", {}, h))));
+  for (const [name, v] of parts) {
+    t.appendChild(el("tr", { dataset: { part: name } }, el("td", { class: "text" }, swatch(Cat.colour(name) || "#999"), name),
+      el("td", {}, fmtDur(v)), el("td", {}, total > 0 ? Cat.fmt(100 * v / total, "%") : "–")));
+  }
+  t.appendChild(el("tr", {}, el("td", { class: "text" }, "Whole job"), el("td", {}, fmtDur(total)), el("td", {}, Cat.fmt(100, "%"))));
 }
 
 // A running job's duration goes on between the summaries the live stream sends (each at least a second apart).
@@ -346,9 +375,11 @@ function makeCharts() {
     gpu: new Charts.TimeChart($("chart-gpu"), { title: Cat.title("gpu0", "gpu_util", "GPU utilization") + " (%)", percent: true, unit: "%" }),
     gpumem: new Charts.TimeChart($("chart-gpumem"), { title: Cat.title("gpu0", "gpu_mem_util", "GPU memory") + " (% used)", percent: true, unit: "%" }),
     mem: new Charts.TimeChart($("chart-mem"), { title: "CPU memory and I/O wait (%)", percent: true, unit: "%" }),
+    jobmem: new Charts.TimeChart($("chart-jobmem"), { title: "the job's memory per rank (MiB)", unit: "MiB" }),
+    tracks: new Charts.TrackChart($("chart-tracks"), { title: "phases per rank" }),
     events: new Charts.TimeChart($("chart-events"), { title: "steps and phases (ms)", height: 120, brushOnDrag: true, onBrush: brushed, unit: "ms" }),
   };
-  for (const k of ["cpu", "net", "gpu", "gpumem", "mem", "events"]) sync.add(c[k]);
+  for (const k of ["cpu", "net", "gpu", "gpumem", "mem", "jobmem", "tracks", "events"]) sync.add(c[k]);
   return c;
 }
 
@@ -381,8 +412,29 @@ async function loadTimeline(first) {
     if (state.from !== null) charts.sync.set(state.from, state.to, false); else { charts.sync.x0 = charts.sync.x1 = null; drawTimeline(); }
   }
   $("range-label").textContent = t.snapshots ? `${t.snapshots.toLocaleString()} snapshots · ${t.full_resolution ? "full resolution" : `min/max per ${fmtDur(t.bucket_us / 1e6)}`}` : "no snapshots in this range";
-  const ev = await runApi("events", { node: state.node, ...(state.from !== null ? { from: String(Math.floor(state.from)), to: String(Math.ceil(state.to)) } : {}) });
+  const range = state.from !== null ? { from: String(Math.floor(state.from)), to: String(Math.ceil(state.to)) } : {};
+  loadTracks(range).catch(showError);
+  const ev = await runApi("events", { node: state.node, ...range });
   drawEvents(ev);
+}
+
+// The ranks' phase tracks and the job's memory of the range in view (the server reads them; whole-run answers of
+// a long run are refused there, and the page says to zoom in).
+async function loadTracks(range) {
+  const [tr, mem] = await Promise.all([runApi("tracks", { node: state.node, ...range }), runApi("memory", { node: state.node, ...range })]);
+  const t = state.timeline; if (!t || !charts) return;
+  const x0 = t.ts.length ? t.ts[0] : (tr.from || 0), x1 = t.ts.length ? t.ts[t.ts.length - 1] : (tr.to || 1);
+  charts.tracks.setTracks(tr, x0, x1);
+  $("tracks-note").textContent = tr.zoom_in ? "This run holds too many events to draw its ranks over the whole run: zoom in (wheel) or pick a finding's window."
+    : !tr.ranks.length ? "No step recorded on this node in this range."
+    : tr.aggregated ? `${tr.total_blocks.toLocaleString("en-US")} phase blocks: each column is one ${fmtDur(tr.bucket_us / 1e6)} bucket split by the share of its time in each phase — zoom in to see the blocks.` : "";
+  const P = Charts.PALETTE, lines = [];
+  mem.series.forEach((m, i) => lines.push({ name: `rank ${m.rank} ${m.label}`, color: m.field === "rss_kb" ? P[i % P.length] : P[(i + 3) % P.length], values: m.mb }));
+  const none = !lines.length;
+  $("chart-jobmem").hidden = none;
+  $("jobmem-na").hidden = !none;
+  $("jobmem-na").textContent = none ? "The job's own memory (RSS, CUDA allocator) was not recorded with its steps on this node." : "";
+  charts.jobmem.setData({ ts: mem.ts, lines, bands: [], spans: [] });
 }
 
 function pickers(t) {
@@ -414,6 +466,10 @@ function line(t, key, name, color, band) {
 function drawTimeline() {
   const t = state.timeline; if (!t || !charts) return;
   const P = Charts.PALETTE, ts = t.ts, lines = xs => xs.filter(Boolean);
+  // every chart of the group spans the node's samples when not zoomed (the framework's and the memory's too)
+  const base = ts.length ? [ts[0], ts[ts.length - 1]] : null, moved = String(base) !== String(charts.sync.base);
+  charts.sync.base = base;
+  if (moved) for (const k of ["jobmem", "tracks", "events"]) charts[k].draw();
   const M = (device, metric) => (Cat.metric(device, metric) || { colour: P[0] }).colour;
   const spans = (state.flagged || []).map(w => ({ start: w[0], end: w[1] }));
   charts.cpu.setData({ ts, spans, bands: [], lines: lines([line(t, "cpu", "all cores", M("cpu", "cpu_util"), true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))]) });
@@ -473,18 +529,24 @@ async function brushed(x0, x1) {
 }
 
 async function loadSteps() {
-  const s = await runApi("steps", { node: state.node, last: "30" });
+  const s = await runApi("steps", { node: state.node, last: "200" });
   drawSteps(s.steps);
 }
+// The newest steps (all modes); one mode is drawn at a time (the picker), so TRAIN and EVAL never share an axis.
 let recentSteps = [];
 function drawSteps(steps) {
-  recentSteps = steps.slice(-30);
+  recentSteps = steps.slice(-400);
   const keys = ["data_wait", "forward", "backward", "optimizer", "other"];
-  // a step of another mode than TRAIN is named with its mode's initial (E12: EVAL step 12), so the axis never
-  // reads as one sequence of numbers across modes
-  const name = s => s.mode && s.mode !== "TRAIN" ? `${s.mode[0]}${s.step ?? ""}` : s.step;
-  const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))];
-  Charts.stacked($("chart-steps"), { title: `time per step (${modes.join(", ") || "no steps yet"})`, unit: "ms", keys, items: recentSteps.map(s => ({ label: name(s), parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
+  const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))].sort((a, b) => (a !== "TRAIN") - (b !== "TRAIN") || a.localeCompare(b));
+  const pick = $("steps-mode");
+  if ([...pick.options].map(o => o.value).join() !== modes.join()) {
+    const was = pick.value; pick.textContent = "";
+    for (const m of modes) pick.appendChild(el("option", { value: m }, m));
+    pick.value = modes.includes(was) ? was : (modes[0] || "");
+  }
+  const mode = pick.value, mine = recentSteps.filter(s => s.mode === mode).slice(-30);
+  $("chart-steps").dataset.stepMode = mode;
+  Charts.stacked($("chart-steps"), { title: mode ? `time per ${mode} step (ms)` : "no steps yet", unit: "ms", keys, items: mine.map(s => ({ label: s.step, parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
 }
 
 function renderBadges() {
@@ -509,11 +571,52 @@ async function renderRanks() {
     for (const rk of f.where.ranks) hl.add(rk);
     box.appendChild(el("div", { class: "finding " + f.severity }, el("div", { class: "title" }, f.title), el("div", {}, f.recommendation)));
   }
+  renderRankParts(r, hl);
   if (!r.ranks.length) { $("chart-rank-steps").textContent = "No steps of this mode."; $("chart-rank-wait").textContent = ""; return; }
   const xl = `steps ${r.first_step} … (${r.steps_per_column} per column)`;
   Charts.heatmap($("chart-rank-steps"), { rows: r.ranks, values: r.step_ms, title: "mean step time (ms)", xLabel: xl, highlight: hl, unit: "ms" });
   if (r.wait_pct) Charts.heatmap($("chart-rank-wait"), { rows: r.ranks, values: r.wait_pct, max: 100, title: `${Cat.label("data_wait")} (% of step time)`, xLabel: xl, highlight: hl, unit: "%" });
   else $("chart-rank-wait").textContent = "No data-wait events recorded.";
+}
+
+// Per rank its mean step split into data wait, compute, exposed communication and the rest (the server's split),
+// and its step time: a straggler is the long bar, a communication-bound job the tall pink parts.
+function renderRankParts(r, hl) {
+  const keys = ["data_wait", "compute", "collective", "other"];
+  const rows = (r.parts || []).map(p => ({ name: p.rank, parts: p.parts_ms }));
+  const box = $("chart-rank-parts"), t = $("rank-parts"); t.textContent = "";
+  if (!rows.length) { box.textContent = "No steps of this mode."; delete box.dataset.bars; return; }
+  Charts.hbars(box, { rows, keys, title: `${r.mode} steps: mean per step`, unit: "ms", highlight: hl });
+  t.appendChild(el("tr", {}, ...["Rank", "Steps", "p50", "p95", "mean", Cat.label("data_wait"), "compute", Cat.label("collective"), Cat.label("other")].map(h => el("th", {}, h))));
+  const ms = v => Cat.fmt(v, "ms");
+  for (const p of r.parts) {
+    t.appendChild(el("tr", { dataset: { rank: p.rank }, class: hl.has(p.rank) ? "straggler-row" : "" }, el("td", {}, p.rank), el("td", {}, p.steps.toLocaleString("en-US")),
+      el("td", {}, ms(p.p50_ms)), el("td", {}, ms(p.p95_ms)), el("td", {}, ms(p.mean_ms)),
+      ...keys.map(k => el("td", {}, ms(p.parts_ms[k])))));
+  }
+  const sources = new Set(r.parts.map(p => p.communication_from).filter(Boolean));
+  t.appendChild(el("caption", { class: "muted" }, sources.size ? `communication: the exposed part of DDP's gradient all-reduce (${[...sources].map(x => x === "timed" ? "timed on the host" : "DDP's sampled averages").join(", ")}), taken out of backward` : "no DDP gradient all-reduce recorded: communication is 0"));
+}
+
+// -- stacks --------------------------------------------------------------------------------------------------
+// The newest Python stacks of each rank's processes, as text (run data: textContent only, never HTML).
+async function renderStacks() {
+  if (!state.summary) { state.summary = await runApi("summary"); renderHeader(state.summary); }
+  const d = await runApi("stacks"), box = $("stacks"); box.textContent = "";
+  box.dataset.dumps = String(d.dumps.length);
+  if (!d.dumps.length) { box.appendChild(el("p", { class: "muted not-applicable" }, "No stack dump in this run: stacks are taken when the Hang rule sees a rank stop making progress.")); return; }
+  for (const dump of d.dumps) {
+    const lines = [];
+    for (const th of dump.threads) {
+      lines.push(`Thread ${th.name}${th.main ? " (main)" : ""}${th.daemon ? " (daemon)" : ""}:`);
+      for (const f of th.frames) lines.push(`  ${f.file}:${f.line} in ${f.function}` + (f.code ? `\n      ${f.code}` : ""));
+      if (th.frames_left_out) lines.push(`  … ${th.frames_left_out} frames left out`);
+    }
+    if (dump.threads_left_out) lines.push(`… ${dump.threads_left_out} threads left out`);
+    box.appendChild(el("div", { class: "stack-dump", dataset: { rank: `${dump.node}/${dump.rank}` } },
+      el("h3", {}, `${dump.node}/${dump.rank}`, el("span", { class: "muted" }, ` · pid ${dump.pid} · ${fmtUs(dump.at_us)} · ${dump.threads.length} thread${dump.threads.length === 1 ? "" : "s"}`)),
+      el("pre", { class: "stack-text" }, lines.join("\n"))));
+  }
 }
 
 // -- live ----------------------------------------------------------------------------------------------------
@@ -605,6 +708,7 @@ function onChanged() {
     state.refreshTimer = null; state.refreshedAt = Date.now();
     if (state.view === "nodes" && state.from === null) {  // the framework timeline and heatmap of the new data
       runApi("events", { node: state.node }).then(drawEvents).catch(showError);
+      loadTracks({}).catch(showError);
       runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
     }
     if (state.view !== "overview") return;
@@ -624,10 +728,11 @@ window.addEventListener("DOMContentLoaded", async () => {
   $("node-pick").addEventListener("change", e => { state.node = e.target.value; state.cores.clear(); state.gpus.clear(); renderNodes().catch(showError); });
   $("reset-zoom").addEventListener("click", () => { state.from = state.to = null; state.flagged = null; delete $("brush-list").dataset.brushed; charts.sync.x0 = charts.sync.x1 = null; writeHash(); loadTimeline(false).catch(showError); });
   $("mode-pick").addEventListener("change", () => renderRanks().catch(showError));
+  $("steps-mode").addEventListener("change", () => drawSteps(recentSteps));
   $("profile-form").addEventListener("submit", submitProfiling);
   $("interval-form").addEventListener("submit", submitInterval);
   $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
-  setInterval(() => { if (state.view === "nodes") renderBadges(); tickDuration(); }, 1000);
+  setInterval(() => { if (state.view === "nodes") renderBadges(); if (state.view === "runs") tickRuns(); tickDuration(); }, 1000);
   window.addEventListener("hashchange", onHashChange);
   readHash();
   try {
