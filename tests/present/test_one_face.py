@@ -146,7 +146,7 @@ def test_the_dashboard_draws_each_phase_in_the_reports_colour(page: Any, served:
               report_colours((real_run / "report.html").read_text(encoding="utf-8")).items()}
     SCREENS.mkdir(parents=True, exist_ok=True)
     page.goto(served.link("#run=real&view=overview"))
-    page.wait_for_selector("#phase-pie svg")
+    page.wait_for_selector("#phase-pie[data-colours]")
     pie = json.loads(page.get_attribute("#phase-pie", "data-colours"))
     assert set(pie) == {"Initialization", "Training loop", "Finalization"}
     page.wait_for_selector(".finding, #findings p")

@@ -287,6 +287,20 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                 live.append((state.id, state.analysis()))
         return Response(exposition(live), media_type=CONTENT_TYPE_LATEST)
 
+    async def shared_js(request: Request) -> Response:
+        """draw.js (present/static, the report's renderer) and BokehJS's two files from the installed bokeh
+        package (located, never imported): the dashboard draws with the report's code. Named files only."""
+        from stallwatch.present.drawpage import BOKEH_FILES, STATIC as SHARED, bokeh_js_dir
+
+        name = request.path_params["name"]
+        if name in BOKEH_FILES:
+            path = bokeh_js_dir() / name
+        elif name == "draw.js":
+            path = SHARED / name
+        else:
+            return _json({"error": "no such file"}, 404)
+        return FileResponse(path, media_type="text/javascript", headers={"cache-control": "no-cache"})
+
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
 
@@ -313,6 +327,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/run/{id}/report", api(report)),
         Route("/api/run/{id}/capture", api(capture_file)),
         Route("/api/run/{id}/live", live),
+        Route("/draw/{name}", shared_js),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
     @contextlib.asynccontextmanager
