@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterable, Sequence
 from os import PathLike
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import timeline as _timeline

@@ -198,7 +198,7 @@ def _charts(sections: Sequence[Section]) -> tuple[str, dict[int, str]]:
     for c in (b for s in sections for b in s.blocks if isinstance(b, Chart)):
         try:
             spec = c.model.to_json()
-        except Exception as exc:  # one chart that cannot be carried must not cost the others
+        except Exception as exc:  # noqa: BLE001 — one chart that cannot be carried must not cost the others
             logger.warning("report: a chart (%s) could not be drawn: %s: %s", c.caption or "untitled",
                            type(exc).__name__, exc)
             placed[id(c)] = f'<p class="na">This chart could not be drawn ({escape(type(exc).__name__)}).</p>'

@@ -32,7 +32,7 @@ def test_rows_and_planted_bottleneck(tmp_path):
     assert image.rows == ["gpu0", "gpu1", "gpu2"] + [f"cpu{i}" for i in range(6)]
     cells = np.asarray(image.to_json()["values"], dtype=np.float64)  # as carried: null (a gap) -> NaN
     assert cells.shape[0] == 9
-    col = lambda i: int(((START_US + i * INTERVAL_US) / 1000 - image.x0) // image.dx)  # noqa: E731
+    col = lambda i: int(((START_US + i * INTERVAL_US) / 1000 - image.x0) // image.dx)
     inside = slice(col(1050), col(1550))
     assert np.allclose(cells[2, inside], 5, atol=0.01)      # gpu2 idle
     assert np.allclose(cells[3 + 4, inside], 95, atol=0.01)  # cpu4 saturated

@@ -5,7 +5,8 @@ pies from the report's shared `breakdowns.pie`."""
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
