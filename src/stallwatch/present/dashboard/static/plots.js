@@ -52,6 +52,9 @@ const Plots = (() => {
     setExtent(x0us, x1us, keep) {
       this.extent = [ms(x0us), ms(Math.max(x1us, x0us + 1))];
       if (keep) return;
+      for (const id of this.ids) {  // what the charts show, at once (the drawing follows)
+        byId(id).dataset.x0 = String(Math.round(x0us)); byId(id).dataset.x1 = String(Math.round(Math.max(x1us, x0us + 1)));
+      }
       for (const id of this.ids) {
         const h = handles.get(id);
         if (h && h.xRange) h.xRange.setv({ start: this.extent[0], end: this.extent[1] });
