@@ -94,6 +94,15 @@ def test_nodes_draws_a_track_per_rank_the_jobs_memory_and_no_empty_gpu_chart(pag
     page.mouse.wheel(0, -300)
     page.wait_for_function(f"document.querySelector('#chart-cpu').dataset.x0 > {x0}")
     assert page.get_attribute("#chart-cpu", "data-x0") == tracks.get_attribute("data-x0")
+    page.wait_for_function("location.hash.includes('from=')")  # the zoom settled: that range asked of the server
+    zoomed = page.get_attribute("#chart-cpu", "data-x0")
+    page.check("#core-pick input[data-device=cpu0]")  # a new series: the chart is drawn again, on the same range
+    page.wait_for_function("JSON.parse(document.querySelector('#chart-cpu').dataset.series || '{}').cpu0 !== undefined")
+    assert page.get_attribute("#chart-cpu", "data-x0") == zoomed
+    box = page.locator("#chart-cpu").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.wheel(0, -300)  # the redrawn chart still leads the others
+    page.wait_for_function(f"document.querySelector('#chart-tracks').dataset.x0 > {zoomed}")
     # the last steps, one mode at a time
     page.wait_for_function("document.querySelector('#chart-steps').dataset.bars > 0")
     assert page.get_attribute("#chart-steps", "data-step-mode") == "TRAIN"
