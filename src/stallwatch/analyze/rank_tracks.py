@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stallwatch.analyze.steps import PHASES
 from stallwatch.records import COLLECTIVE, DDP_SYNC, STEP
@@ -52,19 +53,25 @@ def rank_tracks(node: str, events: pa.Table, start_us: int | None, end_us: int |
     """`events`: framework rows (kind, name, rank, mode, step, start_us, end_us) of one node."""
     if events.num_rows == 0:
         return RankTracks(node, start_us, end_us, [])
-    kinds = events["kind"].cast(pa.string()).to_numpy(zero_copy_only=False).astype(object)
-    names = events["name"].cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False).astype(object)
-    kinds = np.where((kinds == COLLECTIVE) & (names == DDP_SYNC), DDP_SYNC, kinds)
-    keep = np.isin(kinds, np.array([STEP, *TRACK_KINDS], dtype=object))
-    events, kinds = events.filter(pa.array(keep)), kinds[keep]
+    kind = events["kind"].cast(pa.string())
+    sync = pc.fill_null(pc.and_(pc.equal(kind, COLLECTIVE), pc.equal(events["name"].cast(pa.string()), DDP_SYNC)), False)
+    kind = pc.if_else(sync, pa.scalar(DDP_SYNC), kind)
+    keep = pc.fill_null(pc.is_in(kind, pa.array([STEP, *TRACK_KINDS], pa.string())), False)
+    events, kind = events.filter(keep), kind.filter(keep)
     if events.num_rows == 0:
         return RankTracks(node, start_us, end_us, [])
+    encoded = pc.dictionary_encode(kind)
+    encoded = encoded.combine_chunks() if isinstance(encoded, pa.ChunkedArray) else encoded
+    names = np.array(encoded.dictionary.to_pylist(), dtype=object)  # a handful: codes are cheap to group by
+    code = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     rank = events["rank"].to_numpy(zero_copy_only=False).astype(np.int64)
     start = events["start_us"].to_numpy(zero_copy_only=False).astype(np.int64)
     end = events["end_us"].to_numpy(zero_copy_only=False).astype(np.int64)
     ranks = sorted(int(r) for r in np.unique(rank))
-    blocks = int((kinds != STEP).sum())
-    if len(kinds) <= limit:
+    step_code = names.tolist().index(STEP) if STEP in names.tolist() else -1
+    blocks = int((code != step_code).sum())
+    if len(code) <= limit:
+        kinds = names[code]
         steps = events["step"].to_pylist()
         modes = events["mode"].cast(pa.string()).to_pylist()
         out = [Block(int(rank[i]), str(kinds[i]), int(start[i]), int(end[i]), steps[i], str(modes[i]))
@@ -74,16 +81,15 @@ def rank_tracks(node: str, events: pa.Table, start_us: int | None, end_us: int |
     hi = int(end.max()) if end_us is None else int(end_us)
     width = max(1, -(-(max(hi, lo + 1) - lo) // buckets))
     edges = width * np.arange(buckets + 1, dtype=np.int64)
-    shares: dict[int, dict[str, list[float]]] = {}
-    for r in ranks:
-        mine = rank == r
-        per: dict[str, list[float]] = {}
-        for k in TRACK_KINDS:
-            rows = mine & (kinds == k)
-            if rows.any():
-                covered = _covered(start[rows] - lo, end[rows] - lo, edges)
-                per[k] = [round(float(v), 3) for v in np.clip(np.diff(covered) / width, 0.0, 1.0)]
-        shares[r] = per
+    shares: dict[int, dict[str, list[float]]] = {r: {} for r in ranks}
+    key = rank * len(names) + code
+    order = np.argsort(key, kind="stable")  # by rank, then kind: each (rank, kind) a slice
+    cuts = np.flatnonzero(np.diff(key[order])) + 1
+    for rows in np.split(order, cuts):
+        k = str(names[code[rows[0]]])
+        if k in TRACK_KINDS:
+            covered = _covered(start[rows] - lo, end[rows] - lo, edges)
+            shares[int(rank[rows[0]])][k] = [round(float(v), 3) for v in np.clip(np.diff(covered) / width, 0.0, 1.0)]
     return RankTracks(node, start_us, end_us, ranks, aggregated=True, bucket_us=int(width), bucket_start_us=lo,
                       shares=shares, total_blocks=blocks)
 

@@ -290,13 +290,13 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
     async def shared_js(request: Request) -> Response:
         """draw.js (present/static, the report's renderer) and BokehJS's two files from the installed bokeh
         package (located, never imported): the dashboard draws with the report's code. Named files only."""
-        from stallwatch.present.drawpage import BOKEH_FILES, STATIC as SHARED, bokeh_js_dir
+        from stallwatch.present import drawpage
 
         name = request.path_params["name"]
-        if name in BOKEH_FILES:
-            path = bokeh_js_dir() / name
+        if name in drawpage.BOKEH_FILES:
+            path = drawpage.bokeh_js_dir() / name
         elif name == "draw.js":
-            path = SHARED / name
+            path = drawpage.STATIC / name
         else:
             return _json({"error": "no such file"}, 404)
         return FileResponse(path, media_type="text/javascript", headers={"cache-control": "no-cache"})
