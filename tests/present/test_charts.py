@@ -130,6 +130,7 @@ def test_every_kind_draws_with_its_points_and_phase_colours(opened):
     drawn: dict[str, str] = {}
     for i in range(len(specs)):
         drawn.update(json.loads(els.nth(i).get_attribute("data-series")))
+    assert drawn["Outlier step"] not in (drawn["algo-1"], drawn["algo-2"])  # an overlay never takes a line's colour
     for phase in ("Training", "Evaluation", "Training loop", "Initialization", "forward", "backward", "TRAIN",
                   "EVAL", "CPU bottleneck"):
         assert drawn[phase].lower() == catalogue.colour(phase).lower(), phase  # the catalogue's, resolved in JS
@@ -182,4 +183,28 @@ def test_linked_time_axes_move_together_and_settle_once(opened):
     }""")
     assert result["other"] == [1.7e12 + 4000, 1.7e12 + 20000]
     assert result["settled"] == [[1.7e12 + 4000, 1.7e12 + 20000]]  # debounced: once, after the moves
+    assert errors == []
+
+
+def test_a_brush_selects_an_interval(opened):
+    spec = _two_panels()
+    spec.brush = True
+    page, errors = opened([spec])
+    page.evaluate("""async () => {
+        const doc = JSON.parse(document.getElementById("stallwatch-charts").textContent);
+        const el = document.querySelector("[data-chart]");
+        window.brushed = [];
+        Draw.onBrush(el, (x0, x1) => window.brushed.push([x0, x1]));
+        await Draw.render(el, doc.charts[0]).ready;
+    }""")
+    page.wait_for_timeout(300)
+    box = page.locator("[data-chart] canvas").nth(1).bounding_box()  # the CPU panel, under the flagged track
+    assert box is not None
+    page.mouse.move(box["x"] + 300, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 600, box["y"] + box["height"] / 2 + 10, steps=5)
+    page.mouse.up()
+    page.wait_for_timeout(300)
+    ((x0, x1),) = page.evaluate("window.brushed")
+    assert T0 / 1000 < x0 < x1 < (T0 + 50 * S) / 1000  # an interval inside the data, in epoch ms
     assert errors == []

@@ -41,7 +41,7 @@ def device_bars(devices: Sequence[str], stats: Sequence[Mapping[str, float]], *,
                 height: int = 280) -> BarsSpec:
     """Per device (cores, GPUs): the median as a bar, p95 and max as markers; hover gives all five numbers."""
     col = {key: [float(s.get(key, math.nan)) for s in stats] for key in ("max", "p99", "p95", "p50", "min")}
-    width = min(1000, 260 + 46 * len(devices))  # bars of a readable width, whatever the number of devices
+    width = min(1000, max(420, 260 + 46 * len(devices)))  # bars of a readable width (and title), any number
     return BarsSpec(title=title, height=height, width=width, categories=list(devices), y_label=unit,
                     series=[BarSeries("p50", col["p50"], catalogue.PLAIN_COLOUR)],
                     points=[BarSeries("p95", col["p95"], catalogue.SERIES_PALETTE[1], "diamond"),

@@ -26,7 +26,6 @@
 //                                 for a page whose CSP forbids evaluating strings (the live dashboard's script-src
 //                                 'self'): hovers use no CustomJSHover; clock: datetime axes read HH:MM:SS;
 //                                 border_left: every figure's left border in px (stacked charts' axes align).
-//   spec.brush_active: true       [dashface] on a time spec with `brush`: the brush is the active drag tool.
 //   spec.x_range: [x0, x1]        [dashface] on time and heatmap specs: a fixed x range (Range1d) instead of the
 //                                 data's extent, so linked charts of different data start on one axis.
 //
@@ -80,11 +79,12 @@ const Draw = (() => {
   }
   // Colours for one chart's names: a phase's own, the rest from the series palette in order, skipping the
   // colours the chart's phases use (catalogue.colours in Python).
-  function colours(names, given) {
+  function colours(names, given, spare, taken) {
     const out = {};
     for (const n of names) { const c = (given && given[n]) || colour(n); if (c) out[n] = c; }
-    const used = new Set(Object.values(out));
-    let free = palette().filter(c => !used.has(c)); if (!free.length) free = palette();
+    const used = new Set([...Object.values(out), ...(taken || [])]);
+    const all = spare ? [...palette()].reverse() : palette();  // overlays take spares from the other end
+    let free = all.filter(c => !used.has(c)); if (!free.length) free = all;
     let i = 0;
     for (const n of names) if (!(n in out)) out[n] = free[i++ % free.length];
     return out;
@@ -153,13 +153,14 @@ const Draw = (() => {
     const keep = (label, r) => { if (!drawn.has(label)) drawn.set(label, []); drawn.get(label).push(r); };
     const spanSrc = {};
     const spans = [...(spec.spans || []), ...(spec.flags || [])];
-    const spanCols = colours(spans.map(s => s.label), spec.colors);
+    const spanCols = colours(uniq([...spans.map(s => s.label), ...(spec.markers || []).map(m => m.label)]),
+                             spec.colors, true);
     for (const s of spans) {
       spanSrc[s.label] = ctx.source(`span:${s.label}`, { x0: nums(s.x0), x1: nums(s.x1),
         y: s.x0.map(() => s.label), text: (s.text || []).length ? s.text : s.x0.map(() => s.label) });
     }
     const lineNames = uniq((spec.panels || []).flatMap(p => p.lines.map(l => l.name)));
-    const lineCols = colours(lineNames, spec.colors);
+    const lineCols = colours(lineNames, spec.colors, false, Object.values(spanCols));  // never an overlay's
     const figures = [];
     (spec.panels || []).forEach((panel, i) => {
       const p = fig({ height: panel.height || spec.panel_height || 200, title: panel.title },
@@ -198,18 +199,29 @@ const Draw = (() => {
     if (first) legend(first, [...spans.map(s => s.label), ...lineNames].filter(l => drawn.has(l))
       .map(l => [l, drawn.get(l).filter(r => first.renderers.includes(r))]).filter(([, rs]) => rs.length), "above");
     for (const rs of drawn.values()) linkVisible(rs);
-    if (spec.brush) brush(figures, ctx, spec.brush_active);
+    if (spec.brush) brush(figures, ctx);
     figures.slice(0, -1).forEach(p => { p.xaxis.major_label_text_font_size = "0pt"; });
     if (figures.length === 1) return figures[0];
-    return Bokeh.Plotting.gridplot(figures.map(f => [f]), { merge_tools: true, toolbar_location: "right",
-                                                           sizing_mode: "stretch_width" });
+    return stack(figures);
+  }
+
+  // Figures one under the other with one toolbar; the merged wheel zoom is the active scroll (set once on the
+  // merged toolbar: each figure's own would compete).
+  function stack(figures) {
+    for (const p of figures) p.toolbar.active_scroll = null;
+    const g = Bokeh.Plotting.gridplot(figures.map(f => [f]), { merge_tools: true, toolbar_location: "right",
+                                                               sizing_mode: "stretch_width" });
+    const wheel = g.toolbar.tools.find(t => /WheelZoom/.test(t.type || "") ||
+                                             (t.tools && t.tools.some(u => /WheelZoom/.test(u.type || ""))));
+    if (wheel) g.toolbar.active_scroll = wheel;
+    return g;
   }
 
   function flagTrack(spec, axis, ctx, keep, xFmt) {
     const flags = spec.flags || [], marks = spec.markers || [];
     if (!flags.length && !marks.length) return null;
     const rows = uniq([...flags.map(f => f.label), ...marks.map(m => m.label)]);
-    const cols = colours(rows, spec.colors);
+    const cols = colours(uniq([...(spec.spans || []).map(s => s.label), ...rows]), spec.colors, true);
     const p = fig({ height: 50 + 24 * rows.length, title: "Flagged by the rules" },
                   { ...axis, y_range: new Bokeh.FactorRange({ factors: [...rows].reverse() }) });
     const bars = [], points = [], items = [];
@@ -269,11 +281,12 @@ const Draw = (() => {
     }
   }
 
-  function brush(figures, ctx, active) {
-    const tool = new Bokeh.BoxSelectTool({ dimensions: "width" });
+  // A drag selects an interval (the brush is the active drag tool; the wheel still zooms, the toolbar pans).
+  function brush(figures, ctx) {
+    const tool = new Bokeh.BoxSelectTool({ dimensions: "width", persistent: false });
     for (const p of figures) {
       p.add_tools(tool);
-      if (active) p.toolbar.active_drag = tool;  // dashface: spec.brush_active
+      p.toolbar.active_drag = tool;
       p.on_event("selectiongeometry", ev => {
         const g = ev.geometry;
         if (g && g.x0 !== undefined && ctx.el && brushes.has(ctx.el)) {
