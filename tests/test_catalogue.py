@@ -76,3 +76,5 @@ def test_a_named_value_reads_by_what_its_name_says():
     assert format_keyed("excess_us", 1234.0) == "1.23 ms" and format_keyed("triggered", False) == "no"
     assert format_keyed("start_us", 1_764_382_882_000_000) == "2025-11-29 02:21:22 UTC"
     assert format_keyed("steps", 12_000) == "12,000" and format_keyed("quota_cores", None) == "–"
+    assert format_keyed("excess_s_per_step", 0.04502333333333334) == "45 ms"  # a time named after a step: not an id
+    assert format_keyed("first_step", 20) == "20"

@@ -82,7 +82,7 @@ def axis(unit: str) -> tuple[str, float]:
 
 # What a key's suffix says about its unit, for numbers shown by name (a finding's evidence, a rule's details).
 SUFFIX_UNITS = (("_us", "us"), ("_ms", "ms"), ("_s", "s"), ("_pct", "%"), ("_percent", "%"), ("_share", "%"),
-                ("_bytes", "B"), ("_bps", "B/s"), ("_gbps", "Gb/s"))
+                ("_bytes", "B"), ("_bps", "B/s"), ("_gbps", "Gb/s"), ("_s_per_step", "s"), ("_ms_per_step", "ms"))
 KEY_UNITS = {"share": "%", "percent": "%"}  # whole keys that name their unit
 MOMENT_US = 1e15  # a µs value above this (2001 onwards) is a time since the epoch
 PLAIN_KEYS = ("pid", "rank", "step", "port", "window", "code")  # identifiers: shown as they are (pid 6439)
@@ -106,7 +106,8 @@ def format_keyed(key: str, value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (int, float)):
-        if key in PLAIN_KEYS or key.endswith(tuple(f"_{k}" for k in PLAIN_KEYS)):
+        plain = key in PLAIN_KEYS or key.endswith(tuple(f"_{k}" for k in PLAIN_KEYS))
+        if plain and float(value).is_integer():  # an identifier is whole: `excess_s_per_step` 0.045 is a time
             return str(value)
         unit = unit_of_key(key)
         if unit == "us" and value > MOMENT_US:  # a moment, not a duration

@@ -131,7 +131,7 @@ def test_the_dashboard_draws_each_phase_in_the_reports_colour(report_colours: di
     report = report_colours
     SCREENS.mkdir(parents=True, exist_ok=True)
     page.goto(served.link("#run=real&view=overview"))
-    page.wait_for_selector("#phase-pie svg")
+    page.wait_for_selector("#phase-pie[data-colours]")
     pie = json.loads(page.get_attribute("#phase-pie", "data-colours"))
     assert set(pie) == {"Initialization", "Training loop", "Finalization"}
     page.wait_for_selector(".finding, #findings p")
@@ -168,7 +168,8 @@ def test_the_page_formats_numbers_as_the_reports_code_does(page: Any, served: Da
     assert shown == [format_value(v, u) for v, u in cases]
     keyed = [("time_at_stake_s", 2.34), ("wait_share", 31.52), ("pid", 6439), ("rank", 3), ("rss_bytes", 3.2e8),
              ("start_us", 1_764_382_882_000_000), ("excess_us", 1234.0), ("triggered", True), ("steps", 12_000),
-             ("node", "algo-1"), ("quota_cores", None)]
+             ("node", "algo-1"), ("quota_cores", None), ("excess_s_per_step", 0.04502333333333334),
+             ("first_step", 20)]
     assert page.evaluate("cases => cases.map(([k, v]) => Cat.value(k, v))", [list(c) for c in keyed]) == \
         [format_keyed(k, v) for k, v in keyed]
     assert "0.0012" not in " ".join(shown) and "1.2 kB/s" in shown

@@ -28,11 +28,14 @@ from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import loss as _loss
+from stallwatch.analyze import memory_window as _memory_window
 from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import overhead as _overhead
 from stallwatch.analyze import price as _price
+from stallwatch.analyze import rank_parts as _rank_parts
+from stallwatch.analyze import rank_tracks as _rank_tracks
 from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import sampled as _sampled
 from stallwatch.analyze import sources as _sources
@@ -51,12 +54,13 @@ from stallwatch.analyze.series import Marker, Panel, Span
 from stallwatch.analyze.sources import BUCKETS_ONLY
 from stallwatch.analyze.usage import UsageStat
 from stallwatch.config import ProfilerConfig
-from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, LOOP, LOSS, OVERHEAD, STEP, TRAIN, UNTIMED
+from stallwatch.records import COLLECTIVE, COLUMN_SEP, DATA_WAIT, DDP_SYNC, LOOP, LOSS, OVERHEAD, STEP, TRAIN, UNTIMED
 from stallwatch.store import run_files
 from stallwatch.store.node_record import NodeRecord, run_finished
 from stallwatch.store.reader import Run, open_run
 from stallwatch.store.rollup_codec import SYSTEM_LEVELS_US
 from stallwatch.store.rollups import RunRollups
+from stallwatch.store.stacks import StackDump, dumps_of
 
 SYSTEM_CACHE_BYTES = 256 * 2**20  # nodes' snapshots kept in memory (least recently used dropped): a day of a
 # 16-core, 8-GPU node at 500 ms is ≈ 70 MB, so a fleet's report holds a few nodes, a small run all of them
@@ -376,6 +380,17 @@ class RunAnalysis:
         return gradient_sync(samples, counts)
 
     @cached_property
+    def _exposed_syncs(self) -> dict[tuple[str, int], tuple[float, int]]:
+        """Per rank, the host-timed exposed all-reduce (DDP_SYNC events): µs summed, and how many."""
+        samples = self.run.framework(kinds=[COLLECTIVE], fields=["name", "start_us", "end_us"])
+        return _rank_parts.exposed_per_step(samples.filter(pc.equal(samples["name"].cast(pa.string()), DDP_SYNC)))
+
+    def rank_parts(self, mode: str = TRAIN) -> list[_rank_parts.RankParts]:
+        """Per rank of `mode`, its mean step split into data wait, compute, exposed communication and the rest."""
+        return _rank_parts.rank_parts(self.step_stats(), mode, self._exposed_syncs if mode == TRAIN else {},
+                                      self.gradient_sync if mode == TRAIN else [])
+
+    @cached_property
     def escalations(self) -> list[dict[str, Any]]:
         """The automatic captures firing rules asked for: rule, start_us/end_us, layers, evidence."""
         return run_files.read_escalations(self.run.location)
@@ -633,6 +648,35 @@ class RunAnalysis:
         events = self.run.framework(start_us, end_us, kinds=_step_window.EVENT_KINDS, nodes=[node],
                                     fields=("kind", "name", "mode", "step", "start_us", "end_us"))
         return _step_window.events_window(events, start_us, end_us, limit)
+
+    def rank_tracks(self, node: str, start_us: int | None, end_us: int | None,
+                    buckets: int = _rank_tracks.BUCKETS) -> _rank_tracks.RankTracks:
+        """The node's ranks as tracks of phase blocks in [start_us, end_us) (per bucket when many). Over the
+        whole of a run whose rollups count more than `rank_tracks.MAX_READ` events, nothing is read (`zoom_in`):
+        what a request costs stays bounded however long the run."""
+        if start_us is None and end_us is None and \
+                self._source.run_totals(node, _rank_tracks.MAX_READ) is not None:
+            return _rank_tracks.RankTracks(node, None, None, [], zoom_in=True)
+        events = self.run.framework(start_us, end_us, kinds=_rank_tracks.READ_KINDS, nodes=[node],
+                                    fields=("kind", "name", "mode", "step", "start_us", "end_us"))
+        return _rank_tracks.rank_tracks(node, events, start_us, end_us, buckets=buckets)
+
+    def memory_window(self, node: str, start_us: int | None, end_us: int | None) -> _memory_window.MemoryWindow:
+        """The node's ranks' recorded memory (RSS, CUDA allocator) in [start_us, end_us), bounded as `rank_tracks`
+        (an empty answer over the whole of a run too long to read)."""
+        if start_us is None and end_us is None and \
+                self._source.run_totals(node, _rank_tracks.MAX_READ) is not None:
+            return _memory_window.MemoryWindow()
+        table = self.run.framework(start_us, end_us, kinds=[STEP], nodes=[node],
+                                   fields=("kind", "mode", "step", "start_us", "end_us", "args"))
+        return _memory_window.memory_window(table)
+
+    def latest_stacks(self) -> list[StackDump]:
+        """Per process of each rank, its newest stack dump (the Hang rule asks for them when a rank stops)."""
+        newest: dict[tuple[str, int, int], StackDump] = {}
+        for d in dumps_of(self.run):  # oldest first
+            newest[(d.node, d.rank, d.pid)] = d
+        return sorted(newest.values(), key=lambda d: (d.node, d.rank, d.pid))
 
     def recent_steps(self, node: str, last: int = 30) -> list[_step_window.StepBreakdown]:
         """The node's first rank's last `last` steps, each split into its phases."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stallwatch.analyze.finding import SEVERITIES
 from stallwatch.analyze.summary import job_fate
 from stallwatch.store.catalog import RunRecords
 
@@ -24,12 +25,14 @@ class RunRow:
     top_finding: str | None
     verdict: str | None
     run_id: str = ""  # the id its run.json records: another than `id` for a run copied or moved
+    top_severity: str | None = None  # the top finding's (high | medium | low; anything else read as None)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "run_id": self.run_id, "uri": self.uri, "status": self.status,
                 "exit_code": self.exit_code,
                 "signal": self.signal, "start_us": self.start_us, "duration_s": self.duration_s,
-                "nodes": self.nodes, "steps": self.steps, "top_finding": self.top_finding, "verdict": self.verdict}
+                "nodes": self.nodes, "steps": self.steps, "top_finding": self.top_finding, "verdict": self.verdict,
+                "top_severity": self.top_severity}
 
 
 def run_row(records: RunRecords) -> RunRow:
@@ -43,12 +46,14 @@ def run_row(records: RunRecords) -> RunRow:
     f = records.findings or {}
     found = f.get("findings") if isinstance(f.get("findings"), list) else []
     top = found[0].get("title") if found and isinstance(found[0], dict) else None
+    severity = found[0].get("severity") if found and isinstance(found[0], dict) else None
     steps = f.get("steps") if isinstance(f.get("steps"), dict) else None
     return RunRow(records.name, records.uri, fate.state, fate.code, fate.signal,
                   start, (max(ends) - start) / 1e6 if done and start is not None else None, sorted(nodes),
                   {str(k): int(v) for k, v in steps.items() if _int(v) is not None} if steps is not None else None,
                   str(top) if top else None, str(f["verdict"]) if isinstance(f.get("verdict"), str) else None,
-                  str(records.run.get("run_id") or records.name))
+                  str(records.run.get("run_id") or records.name),
+                  severity if severity in SEVERITIES else None)
 
 
 def run_rows(found: list[RunRecords]) -> list[RunRow]:

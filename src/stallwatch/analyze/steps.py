@@ -31,6 +31,7 @@ class StepStat:
     # share of the mode's total step time spent in each phase, in %
     phase_pct: dict[str, float] = field(default_factory=dict)
     untimed: int = 0  # steps counted but not timed (sampled steps): `steps` and the figures are the timed ones
+    mean_ms: float = 0.0  # the timed steps' mean (what the phases' shares are shares of)
 
 
 def columns(events: pa.Table | FrameworkColumns) -> FrameworkColumns:
@@ -56,7 +57,7 @@ def step_stats(events: pa.Table | FrameworkColumns) -> list[StepStat]:
                   for p, us in phase_us.get((node, rank, mode), {}).items()}
         slowest = int(np.argmax(d))
         out.append(StepStat(node, rank, mode, len(rows), float(np.percentile(d, 50)), float(np.percentile(d, 95)),
-                            float(d[slowest]), int(cols.step[rows[slowest]]), phases))
+                            float(d[slowest]), int(cols.step[rows[slowest]]), phases, mean_ms=total_ms / len(rows)))
     out.sort(key=lambda s: (s.node, s.rank, mode_order(s.mode), s.mode))
     return out
 
@@ -107,7 +108,7 @@ class StepStatsAccumulator:
                       for p, us in self._phase_us.get(key, {}).items()}
             slowest = int(np.argmax(d))
             out.append(StepStat(node, rank, mode, len(d), float(np.percentile(d, 50)), float(np.percentile(d, 95)),
-                                float(d[slowest]), int(numbers[slowest]), phases))
+                                float(d[slowest]), int(numbers[slowest]), phases, mean_ms=total_ms / len(d)))
         out.sort(key=lambda s: (s.node, s.rank, mode_order(s.mode), s.mode))
         return out
 

@@ -142,6 +142,20 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         node = _node(a, q)
         return documents.events_doc(node, a.events_window(node, _time(q, "from"), _time(q, "to")))
 
+    def tracks(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        buckets = min(max(_int(q, "buckets", 240), 10), 1000)
+        return documents.tracks_doc(a.rank_tracks(node, _time(q, "from"), _time(q, "to"), buckets))
+
+    def memory(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        node = _node(a, q)
+        return documents.memory_doc(node, a.memory_window(node, _time(q, "from"), _time(q, "to")))
+
+    def stacks(state: RunState, q: Any) -> dict[str, Any]:
+        return documents.stacks_doc(state.analysis().latest_stacks())
+
     def steps(state: RunState, q: Any) -> dict[str, Any]:
         a = state.analysis()
         node = _node(a, q)
@@ -273,6 +287,20 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
                 live.append((state.id, state.analysis()))
         return Response(exposition(live), media_type=CONTENT_TYPE_LATEST)
 
+    async def shared_js(request: Request) -> Response:
+        """draw.js (present/static, the report's renderer) and BokehJS's two files from the installed bokeh
+        package (located, never imported): the dashboard draws with the report's code. Named files only."""
+        from stallwatch.present import drawpage
+
+        name = request.path_params["name"]
+        if name in drawpage.BOKEH_FILES:
+            path = drawpage.bokeh_js_dir() / name
+        elif name == "draw.js":
+            path = drawpage.STATIC / name
+        else:
+            return _json({"error": "no such file"}, 404)
+        return FileResponse(path, media_type="text/javascript", headers={"cache-control": "no-cache"})
+
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
 
@@ -290,12 +318,16 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/run/{id}/timeline", api(timeline, "stored")),
         Route("/api/run/{id}/events", api(events, "stored")),
         Route("/api/run/{id}/steps", api(steps, "stored")),
+        Route("/api/run/{id}/tracks", api(tracks, "stored")),
+        Route("/api/run/{id}/memory", api(memory, "stored")),
+        Route("/api/run/{id}/stacks", api(stacks, "stored")),
         Route("/api/run/{id}/ranks", api(ranks, "stored")),
         Route("/api/run/{id}/heatmap", api(heatmap, "stored")),
         Route("/api/run/{id}/profiling", api(profiling), methods=["GET", "POST"]),
         Route("/api/run/{id}/report", api(report)),
         Route("/api/run/{id}/capture", api(capture_file)),
         Route("/api/run/{id}/live", live),
+        Route("/draw/{name}", shared_js),
         Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
     ]
     @contextlib.asynccontextmanager

@@ -13,12 +13,16 @@ from stallwatch import __version__
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.live_view import LiveFigures, overview
+from stallwatch.analyze.memory import LABELS as MEMORY_LABELS
+from stallwatch.analyze.memory_window import MemoryWindow
 from stallwatch.analyze.node_series import NodeSeries
+from stallwatch.analyze.rank_tracks import RankTracks
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
 from stallwatch.analyze.summary import RUNNING
 from stallwatch.config import LIVE_FIELDS, SAMPLE_INTERVAL_PRESETS_MS, ProfilerConfig, ProfilingRange
 from stallwatch.present.document import run_document
 from stallwatch.store.node_record import NodeRecord
+from stallwatch.store.stacks import StackDump
 from stallwatch.timeutil import now_us as now
 
 SCHEMA = 1
@@ -106,16 +110,45 @@ def events_doc(node: str, w: EventsWindow) -> dict[str, Any]:
             "events": [asdict(e) for e in w.events], "buckets": [asdict(b) for b in w.buckets]}
 
 
+def tracks_doc(t: RankTracks) -> dict[str, Any]:
+    """Per rank its phase blocks ([kind, start, end, step, mode] rows, compact), or per bucket each phase's share."""
+    doc = {**header("tracks"), "node": t.node, "from": t.start_us, "to": t.end_us, "ranks": t.ranks,
+           "aggregated": t.aggregated, "total_blocks": t.total_blocks, "zoom_in": t.zoom_in}
+    if t.aggregated:
+        return {**doc, "bucket_us": t.bucket_us, "bucket_start_us": t.bucket_start_us,
+                "shares": {str(r): v for r, v in t.shares.items()}}
+    blocks: dict[str, list[list[Any]]] = {str(r): [] for r in t.ranks}
+    for b in t.blocks:
+        blocks[str(b.rank)].append([b.kind, b.start_us, b.end_us, b.step, b.mode])
+    return {**doc, "blocks": blocks}
+
+
+def memory_doc(node: str, w: MemoryWindow) -> dict[str, Any]:
+    """Per rank and field (rss_kb, cuda_*_kb) the memory its steps recorded (MiB), on one time grid `ts`."""
+    return {**header("memory"), "node": node, "ts": w.ts,
+            "series": [{"rank": m.rank, "field": m.field, "label": MEMORY_LABELS.get(m.field, m.field), "mb": m.mb}
+                       for m in w.series]}
+
+
+def stacks_doc(dumps: list[StackDump]) -> dict[str, Any]:
+    """The newest stack dump of each rank's processes: untrusted text, bounded by the store, escaped by the page."""
+    return {**header("stacks"), "dumps": [{k: v for k, v in d.to_json().items() if k != "path"} for d in dumps]}
+
+
 def steps_doc(node: str, steps: list[StepBreakdown]) -> dict[str, Any]:
     return {**header("steps"), "node": node, "steps": [asdict(s) for s in steps]}
 
 
 def ranks_doc(a: RunAnalysis, mode: str) -> dict[str, Any]:
     rs = a.rank_steps(mode)
-    straggler = [f.to_json() for f in a.findings.findings if f.rule == "Straggler"]
+    straggler = [f.to_json() for f in a.findings.findings if f.rule in ("Straggler", "CommunicationBound")]
+    parts = [{"rank": f"{p.node}/{p.rank}", "steps": p.steps, "mean_ms": round(p.mean_ms, 3),
+              "p50_ms": round(p.p50_ms, 3), "p95_ms": round(p.p95_ms, 3),
+              "parts_ms": {k: round(v, 3) for k, v in p.parts_ms.items()},
+              "communication_from": p.communication_from} for p in a.rank_parts(mode)]
     if rs is None:
-        return {**header("ranks"), "mode": mode, "ranks": [], "straggler": straggler}
-    return {**header("ranks"), "mode": mode, "ranks": rs.ranks, "first_step": rs.first_step,
+        return {**header("ranks"), "mode": mode, "ranks": [], "straggler": straggler, "parts": parts}
+    return {**header("ranks"), "mode": mode, "parts": parts, "ranks": rs.ranks, "first_step": rs.first_step,
             "steps_per_column": rs.steps_per_column, "ranks_total": rs.ranks_total,
             "step_ms": [_arr(row) for row in rs.step_ms],
             "wait_pct": None if rs.wait_pct is None else [_arr(row) for row in rs.wait_pct], "straggler": straggler}

@@ -15,7 +15,9 @@ from urllib.parse import parse_qsl, urlencode
 
 COOKIE = "stallwatch_token"
 CONTROL_HEADER = "x-stallwatch"
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+# style-src 'unsafe-inline': BokehJS (the charts) styles its shadow DOM with <style> elements; scripts stay 'self'
+# alone, and nothing read from a run reaches the page as markup (textContent only)
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; "
        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 

@@ -22,6 +22,12 @@
 //   Draw.onBrush(el, (x0, x1) => ...)
 //                                 with `brush: true` on a time spec, a drag in its brush tool selects an interval.
 //   Draw.colour(name), Draw.colours(names), Draw.number(x)   the catalogue's colour lookup; round numbers.
+//   Draw.setOptions({eval: false, clock: true, border_left: 64})  [added by the dashboard, dashface] eval: false
+//                                 for a page whose CSP forbids evaluating strings (the live dashboard's script-src
+//                                 'self'): hovers use no CustomJSHover; clock: datetime axes read HH:MM:SS;
+//                                 border_left: every figure's left border in px (stacked charts' axes align).
+//   spec.x_range: [x0, x1]        [dashface] on time and heatmap specs: a fixed x range (Range1d) instead of the
+//                                 data's extent, so linked charts of different data start on one axis.
 //
 // Spec kinds (every spec: kind, title, height?, na? (why there is nothing to draw)):
 //   time        x in epoch ms (x_type "datetime", default) or plain numbers (x_type "linear", x_label: steps).
@@ -50,6 +56,8 @@ const Draw = (() => {
   let cat = null;
   const byName = new Map();
   const brushes = new WeakMap();
+  const options = { eval: true, clock: false, border_left: null };  // dashface: setOptions({eval: false}) where the page's CSP forbids eval
+  function setOptions(o) { Object.assign(options, o || {}); }
 
   function setCatalogue(doc) {
     cat = doc;
@@ -112,6 +120,11 @@ const Draw = (() => {
     p.toolbar.logo = null;
     p.outline_line_color = null;
     if (building) building.figures.push(p);
+    if (options.border_left) p.min_border_left = options.border_left;  // dashface
+    if (options.clock && attrs && attrs.x_axis_type === "datetime") {  // dashface: clock times on every axis
+      p.xaxis.formatter = new Bokeh.DatetimeTickFormatter({ milliseconds: "%H:%M:%S.%3N", seconds: "%H:%M:%S",
+        minsec: "%H:%M:%S", minutes: "%H:%M", hourmin: "%H:%M", hours: "%H:%M", days: "%b %d", months: "%b %Y" });
+    }
     return p;
   }
   function legend(p, items, where, opts) {
@@ -144,7 +157,8 @@ const Draw = (() => {
   // ---- time: panels of lines, shaded spans, a flagged track, phase tracks ---------------------------------
   function time(spec, ctx) {
     const datetime = (spec.x_type || "datetime") === "datetime";
-    const xRange = new Bokeh.DataRange1d({ range_padding: 0.01 });
+    const xRange = spec.x_range ? new Bokeh.Range1d({ start: spec.x_range[0], end: spec.x_range[1] })  // dashface
+      : new Bokeh.DataRange1d({ range_padding: 0.01 });
     ctx.xRange = xRange;
     const axis = { x_axis_type: datetime ? "datetime" : "linear", x_range: xRange,
                    tools: datetime ? TOOLS : PLAIN_TOOLS, active_scroll: datetime ? "xwheel_zoom" : "wheel_zoom" };
@@ -318,7 +332,8 @@ const Draw = (() => {
     const p = fig({ height: spec.height || Math.min(900, Math.max(160, 60 + (steps ? 14 : 12) * n)), title: spec.title },
                   { x_axis_type: datetime ? "datetime" : "linear", tools: TOOLS, active_scroll: "xwheel_zoom",
                     x_axis_label: steps ? "step" : null,
-                    x_range: new Bokeh.DataRange1d({ range_padding: 0 }),
+                    x_range: spec.x_range ? new Bokeh.Range1d({ start: spec.x_range[0], end: spec.x_range[1] })  // dashface
+                      : new Bokeh.DataRange1d({ range_padding: 0 }),
                     y_range: new Bokeh.Range1d({ start: n, end: 0, bounds: [0, n] }) });
     ctx.xRange = p.x_range;
     if (datetime) timeAxis(p);
@@ -332,6 +347,18 @@ const Draw = (() => {
     p.yaxis.ticker = new Bokeh.FixedTicker({ ticks });
     p.yaxis.major_label_overrides = new Map(Object.entries(overrides).map(([k, v]) => [Number(k), v]));
     p.ygrid.visible = false;
+    if (!options.eval) {  // dashface: no CustomJSHover (eval) — a transparent bar per row names it, the image its value
+      const names = ctx.source("rows", { y: rows.map((_, i) => i + 0.5), name: rows, x: rows.map(() => spec.x0 + spec.dx * m / 2) });
+      const rowBars = p.rect({ x: { field: "x" }, y: { field: "y" }, width: spec.dx * m, height: 1, source: names,
+                               fill_alpha: 0, line_alpha: 0 });
+      const xTip = datetime ? ["time", "$x{%F %T}"] : ["step", "$x{0,0}"];
+      p.add_tools(new Bokeh.HoverTool({ renderers: [rowBars], tooltips: [["", "@name"], xTip],
+                                        formatters: datetime ? { "$x": "datetime" } : {} }));
+      p.add_tools(new Bokeh.HoverTool({ renderers: [p.renderers[0]], tooltips: [[spec.value_label || "mean", `@image{0,0.[0]} ${spec.unit || "%"}`]] }));
+      p.add_layout(new Bokeh.ColorBar({ color_mapper: new Bokeh.LinearColorMapper({ palette: mapper.palette, low, high }),
+                                        width: 10, title: spec.unit || "%" }), "right");
+      return p;
+    }
     const rowName = new Bokeh.CustomJSHover({ args: { names: rows },
       code: "const i = Math.floor(value); return i >= 0 && i < names.length ? names[i] : ''" });
     const unit = spec.unit || "%";
@@ -633,7 +660,7 @@ const Draw = (() => {
     brushes.get(el).push(cb);
   }
 
-  return { setCatalogue, render, linkX, onBrush, colour, colours, number };
+  return { setCatalogue, setOptions, render, linkX, onBrush, colour, colours, number };
 })();
 
 if (typeof window !== "undefined") window.Draw = Draw;

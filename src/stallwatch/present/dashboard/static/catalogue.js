@@ -89,7 +89,7 @@ const Cat = (() => {
     if (typeof v === "boolean") return v ? "yes" : "no";
     if (typeof v === "number") {
       key = String(key);
-      if (doc.plain_keys.some(k => key === k || key.endsWith("_" + k))) return String(v);
+      if (Number.isInteger(v) && doc.plain_keys.some(k => key === k || key.endsWith("_" + k))) return String(v);  // an identifier is whole
       const unit = unitOfKey(key);
       if (unit === "us" && v > doc.moment_us) return new Date(v / 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
       return fmt(v, unit);

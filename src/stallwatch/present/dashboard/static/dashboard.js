@@ -101,6 +101,7 @@ async function render() {
   if (state.view === "overview") return renderOverview();
   if (state.view === "nodes") return renderNodes();
   if (state.view === "ranks") return renderRanks();
+  if (state.view === "stacks") return renderStacks();
 }
 
 // -- runs ----------------------------------------------------------------------------------------------------
@@ -109,14 +110,25 @@ async function renderRuns() {
   const doc = await api("/api/runs");
   state.runs = doc;
   const t = $("runs-table"); t.textContent = "";
-  t.appendChild(el("tr", {}, ...["Run", "Status", "Start", "Duration", "Nodes", "Top finding"].map(h => el("th", {}, h))));
+  t.appendChild(el("tr", {}, ...["Run", "Status", "Start", "Duration", "Nodes", "Severity", "Top finding"].map(h => el("th", h === "Duration" ? {} : { class: "text" }, h))));
   for (const r of doc.runs) {
+    const running = r.status === "running" && r.start_us;
+    const sev = ["high", "medium", "low"].includes(r.top_severity) ? r.top_severity : null;
     t.appendChild(el("tr", { class: "clickable", dataset: { run: r.id }, onclick: () => openRun(r.id) },
       el("td", {}, r.run_id && r.run_id !== r.id ? `${r.id} (id ${r.run_id})` : r.id), el("td", { class: "text" }, r.status + (r.exit_code ? ` (${r.exit_code})` : "")),
-      el("td", { class: "text" }, fmtUs(r.start_us)), el("td", {}, fmtDur(r.duration_s)), el("td", { class: "text" }, r.nodes.join(", ")),
-      el("td", { class: "text" }, r.top_finding || (r.verdict ? "–" : ""))));
+      el("td", { class: "text" }, fmtUs(r.start_us)),
+      el("td", running ? { class: "live-duration", dataset: { start: String(r.start_us) } } : {}, running ? fmtDur(runningFor(r.start_us)) : fmtDur(r.duration_s)),
+      el("td", { class: "text" }, r.nodes.join(", ")),
+      el("td", { class: "text" }, sev ? el("span", { class: "severity " + sev }, sev) : ""),
+      el("td", { class: "text wrap" }, r.top_finding || (r.verdict ? "–" : ""))));
   }
   if (!doc.runs.length) t.appendChild(el("tr", {}, el("td", {}, "No runs here yet.")));
+}
+
+// How long a running job has run, by the server's clock (the page's, corrected by the live stream's skew).
+function runningFor(startUs) { return Math.max(0, (Date.now() * 1000 + state.clockSkew - startUs) / 1e6); }
+function tickRuns() {
+  for (const td of document.querySelectorAll("#runs-table td.live-duration")) td.textContent = fmtDur(runningFor(Number(td.dataset.start)));
 }
 
 function openRun(id) {
@@ -176,10 +188,29 @@ function renderSummary(s) {
   $("summary-duration").dataset.seconds = String(s.duration_s);
   $("summary-ranks").dataset.ranks = String(s.nodes.reduce((a, n) => a + n.ranks.length, 0));
   const parts = s.parts_s ? Object.entries(s.parts_s).map(([label, value]) => ({ label, value })) : [];
-  Charts.pie($("phase-pie"), parts);
-  const pc = new Charts.TimeChart($("progress-chart"), { height: 120, title: "steps done (all ranks)" });
-  pc.setData({ ts: s.progress.t, lines: [{ name: "steps", color: Cat.colour("TRAIN"), values: s.progress.steps }], bands: [] });
+  renderJobDetails(s);
+  Plots.draw("phase-pie", { kind: "pie", title: null, size: 150, unit: "s", na: "no steps recorded yet",
+    slices: parts.filter(p => p.value > 0).sort((a, b) => b.value - a.value) })
+    .then(() => { $("phase-pie").dataset.colours = JSON.stringify(Plots.series("phase-pie")); });
+  Plots.draw("progress-chart", Plots.timeSpec({ title: "steps done (all ranks)", height: 130,
+    lines: [{ name: "steps", color: Cat.colour("TRAIN"), ts: s.progress.t, values: s.progress.steps }] }));
   for (const n of s.notes || []) t.appendChild(el("tr", {}, el("td", {}, "Note"), el("td", {}, n)));
+}
+
+// Initialization, the training loop and finalization: each part's time and share of the job, as the server's
+// run document states them (`parts_s`, brought up to date while the job runs).
+function swatch(colour) { const e = el("span", { class: "swatch" }); e.style.background = colour; return e; }  // CSSOM: the CSP allows no style attributes
+function renderJobDetails(s) {
+  const t = $("job-details"); t.textContent = "";
+  const parts = Object.entries(s.parts_s || {});
+  if (!parts.length) { t.appendChild(el("tr", {}, el("td", { class: "muted text" }, "No step recorded yet: the job's parts are known from its first step."))); return; }
+  const total = parts.reduce((a, [, v]) => a + (v || 0), 0);
+  t.appendChild(el("tr", {}, ...["Part", "Duration", "Share of the job"].map(h => el("th", {}, h))));
+  for (const [name, v] of parts) {
+    t.appendChild(el("tr", { dataset: { part: name } }, el("td", { class: "text" }, swatch(Cat.colour(name) || "#999"), name),
+      el("td", {}, fmtDur(v)), el("td", {}, total > 0 ? Cat.fmt(100 * v / total, "%") : "–")));
+  }
+  t.appendChild(el("tr", {}, el("td", { class: "text" }, "Whole job"), el("td", {}, fmtDur(total)), el("td", {}, Cat.fmt(100, "%"))));
 }
 
 // A running job's duration goes on between the summaries the live stream sends (each at least a second apart).
@@ -336,21 +367,21 @@ async function submitProfiling(ev) {
 }
 
 // -- nodes ---------------------------------------------------------------------------------------------------
-let charts = null;
-function makeCharts() {
-  const sync = new Charts.Sync((x0, x1) => { state.from = x0; state.to = x1; writeHash(); loadTimeline(false).catch(showError); });
-  const c = {
-    sync,
-    cpu: new Charts.TimeChart($("chart-cpu"), { title: Cat.title("cpu", "cpu_util", "CPU utilization") + " (%)", percent: true, unit: "%" }),
-    net: new Charts.TimeChart($("chart-net"), { title: Cat.title("net", "net_bps", "Network") + " (MB/s)", unit: "B/s", scale: 1e6 }),
-    gpu: new Charts.TimeChart($("chart-gpu"), { title: Cat.title("gpu0", "gpu_util", "GPU utilization") + " (%)", percent: true, unit: "%" }),
-    gpumem: new Charts.TimeChart($("chart-gpumem"), { title: Cat.title("gpu0", "gpu_mem_util", "GPU memory") + " (% used)", percent: true, unit: "%" }),
-    mem: new Charts.TimeChart($("chart-mem"), { title: "CPU memory and I/O wait (%)", percent: true, unit: "%" }),
-    events: new Charts.TimeChart($("chart-events"), { title: "steps and phases (ms)", height: 120, brushOnDrag: true, onBrush: brushed, unit: "ms" }),
-  };
-  for (const k of ["cpu", "net", "gpu", "gpumem", "mem", "events"]) sync.add(c[k]);
-  return c;
+// The Nodes view's time charts share one x range (Plots.Group): zoom or pan one and all follow; a settled zoom
+// asks the server for that range at full resolution.
+const NODE_CHARTS = ["chart-cpu", "chart-net", "chart-gpu", "chart-gpumem", "chart-mem", "chart-jobmem", "chart-tracks", "chart-events", "chart-heat"];
+let group = null;
+function nodeGroup() {
+  if (!group) group = new Plots.Group(NODE_CHARTS, (x0, x1) => { state.from = x0; state.to = x1; writeHash(); loadTimeline(false).catch(showError); });
+  return group;
 }
+// The range the charts show: the zoom, else the node's samples (the whole run, up to the present).
+function extent() {
+  if (state.from !== null) return [state.from, state.to];
+  const t = state.timeline;
+  return t && t.ts.length ? [t.ts[0], t.ts[t.ts.length - 1]] : null;
+}
+function rangeSpec() { const e = extent(); return e ? [Plots.ms(e[0]), Plots.ms(e[1])] : null; }
 
 async function renderNodes() {
   if (!state.summary) state.summary = await runApi("summary");
@@ -359,12 +390,25 @@ async function renderNodes() {
   if (!state.node || !nodes.includes(state.node)) state.node = nodes[0];
   const pick = $("node-pick"); pick.textContent = "";
   for (const n of nodes) pick.appendChild(el("option", n === state.node ? { value: n, selected: "" } : { value: n }, n));
-  if (!charts) charts = makeCharts();
+  nodeGroup();
   writeHash();
   await loadTimeline(true);
   loadSteps().catch(showError);
-  runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, unit: "%", title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
+  loadHeatmap().catch(showError);
   renderBadges();
+}
+
+// Utilization per core and GPU over the run: the report's heatmap (Viridis, colour bar), on the group's time axis.
+async function loadHeatmap() {
+  const h = await runApi("heatmap", { node: state.node });
+  const rows = h.names || [], values = h.values || [];
+  const spec = { kind: "heatmap", title: "utilization per core / GPU over the run (%)", rows, values, low: 0, high: 100, unit: "%",
+                 x0: Plots.ms(h.start_us || 0), dx: Plots.ms(h.width_us || 1), na: "not applicable: no utilization snapshot on this node yet" };
+  const r = rangeSpec(); if (r) spec.x_range = r;
+  await Plots.draw("chart-heat", spec);
+  $("chart-heat").dataset.cells = String(rows.length * (values[0] || []).length);
+  $("chart-heat").dataset.palette = "viridis";
+  nodeGroup().link();
 }
 
 async function loadTimeline(first) {
@@ -376,13 +420,39 @@ async function loadTimeline(first) {
   state.timeline = t;
   if (t.last_sample_us) state.lastSample[t.node] = Math.max(state.lastSample[t.node] || 0, t.last_sample_us);
   if (first) pickers(t);
+  const e = extent(); if (e) nodeGroup().setExtent(e[0], e[1], !first && state.from !== null);
   drawTimeline();
-  if (first) {
-    if (state.from !== null) charts.sync.set(state.from, state.to, false); else { charts.sync.x0 = charts.sync.x1 = null; drawTimeline(); }
-  }
   $("range-label").textContent = t.snapshots ? `${t.snapshots.toLocaleString()} snapshots · ${t.full_resolution ? "full resolution" : `min/max per ${fmtDur(t.bucket_us / 1e6)}`}` : "no snapshots in this range";
-  const ev = await runApi("events", { node: state.node, ...(state.from !== null ? { from: String(Math.floor(state.from)), to: String(Math.ceil(state.to)) } : {}) });
+  const range = state.from !== null ? { from: String(Math.floor(state.from)), to: String(Math.ceil(state.to)) } : {};
+  loadTracks(range).catch(showError);
+  const ev = await runApi("events", { node: state.node, ...range });
   drawEvents(ev);
+}
+
+// The ranks' phase tracks and the job's memory of the range in view (the server reads them; whole-run answers of
+// a long run are refused there, and the page says to zoom in).
+async function loadTracks(range) {
+  const [tr, mem] = await Promise.all([runApi("tracks", { node: state.node, ...range }), runApi("memory", { node: state.node, ...range })]);
+  if (!state.timeline) return;
+  const [spec, kinds] = Plots.tracksSpec(tr, rangeSpec());
+  const box = $("chart-tracks");
+  box.dataset.ranks = String(tr.ranks.length);
+  box.dataset.mode = tr.aggregated ? "buckets" : "blocks";
+  box.dataset.blocks = String(tr.total_blocks);
+  box.dataset.kinds = [...kinds].join(",");
+  $("tracks-note").textContent = tr.zoom_in ? "This run holds too many events to draw its ranks over the whole run: zoom in (wheel) or pick a finding's window."
+    : !tr.ranks.length ? "No step recorded on this node in this range."
+    : tr.aggregated ? `${tr.total_blocks.toLocaleString("en-US")} phase blocks: each ${fmtDur(tr.bucket_us / 1e6)} bucket is split by the share of its time in each phase — zoom in to see the blocks.` : "";
+  const P = Cat.palette(), lines = [];
+  mem.series.forEach((m, i) => lines.push({ name: `rank ${m.rank} ${m.label}`, color: m.field === "rss_kb" ? P[i % P.length] : P[(i + 3) % P.length], ts: mem.ts, values: m.mb }));
+  const none = !lines.length;
+  $("chart-jobmem").hidden = none;
+  $("jobmem-na").hidden = !none;
+  $("jobmem-na").textContent = none ? "The job's own memory (RSS, CUDA allocator) was not recorded with its steps on this node." : "";
+  const draws = [Plots.draw("chart-tracks", spec)];
+  if (!none) draws.push(Plots.draw("chart-jobmem", Plots.timeSpec({ title: "the job's memory per rank (MiB)", yLabel: "MiB", lines, range: rangeSpec() })));
+  await Promise.all(draws);
+  nodeGroup().link();
 }
 
 function pickers(t) {
@@ -408,46 +478,56 @@ function pickers(t) {
 
 function line(t, key, name, color, band) {
   const s = t.series[key]; if (!s) return null;
-  return { name, color, values: s.mean, lo: band ? s.min : null, hi: band ? s.max : null };
+  return { name, color, ts: t.ts, values: s.mean, lo: band ? s.min : null, hi: band ? s.max : null };
 }
 
 function drawTimeline() {
-  const t = state.timeline; if (!t || !charts) return;
-  const P = Charts.PALETTE, ts = t.ts, lines = xs => xs.filter(Boolean);
+  const t = state.timeline; if (!t) return;
+  const P = Cat.palette(), range = rangeSpec();
   const M = (device, metric) => (Cat.metric(device, metric) || { colour: P[0] }).colour;
-  const spans = (state.flagged || []).map(w => ({ start: w[0], end: w[1] }));
-  charts.cpu.setData({ ts, spans, bands: [], lines: lines([line(t, "cpu", "all cores", M("cpu", "cpu_util"), true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))]) });
-  charts.net.setData({ ts, spans, bands: [], lines: lines([line(t, "net_rx", "received", M("net", "net_rx_bps"), true), line(t, "net_tx", "sent", M("net", "net_tx_bps"), true)]) });
-  const band = t.series.gpu_lo ? [{ lo: t.series.gpu_lo.min, hi: t.series.gpu_hi.max, color: M("gpu0", "gpu_util") }] : [];
-  charts.gpu.setData({ ts, spans, bands: band, lines: lines([line(t, "gpu", "mean of GPUs", M("gpu0", "gpu_util")), ...[...state.gpus].map((g, i) => line(t, g, g, P[(i + 3) % P.length]))]) });
-  charts.gpumem.setData({ ts, spans, bands: [], lines: lines([line(t, "gpu_mem", "mean of GPUs", M("gpu0", "gpu_mem_util"), true), ...[...state.gpus].map((g, i) => line(t, g + "_mem", g, P[(i + 3) % P.length]))]) });
-  charts.mem.setData({ ts, spans, bands: [], lines: lines([line(t, "memory", "memory", M("memory", "mem_util"), true), line(t, "iowait", "I/O wait", M("cpu", "cpu_iowait"), true)]) });
+  const flagged = state.flagged || [];
+  const spans = flagged.length ? [{ label: "where the finding fired", from: flagged.map(w => w[0]), to: flagged.map(w => w[1]) }] : [];
+  const gpuBand = t.series.gpu_lo ? { name: "GPUs (lowest – highest)", color: M("gpu0", "gpu_util"), ts: t.ts, values: t.series.gpu.mean, lo: t.series.gpu_lo.min, hi: t.series.gpu_hi.max } : line(t, "gpu", "mean of GPUs", M("gpu0", "gpu_util"));
+  const charts = [
+    ["chart-cpu", { title: Cat.title("cpu", "cpu_util", "CPU utilization") + " (%)", percent: true, lines: [line(t, "cpu", "all cores", M("cpu", "cpu_util"), true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))] }],
+    ["chart-net", { title: Cat.title("net", "net_bps", "Network") + " (MB/s)", yLabel: "MB/s", lines: [line(t, "net_rx", "received", M("net", "net_rx_bps"), true), line(t, "net_tx", "sent", M("net", "net_tx_bps"), true)] }],
+    ["chart-mem", { title: "CPU memory and I/O wait (%)", percent: true, lines: [line(t, "memory", "memory", M("memory", "mem_util"), true), line(t, "iowait", "I/O wait", M("cpu", "cpu_iowait"), true)] }],
+  ];
+  if (t.gpus.length) {
+    charts.push(["chart-gpu", { title: Cat.title("gpu0", "gpu_util", "GPU utilization") + " (%)", percent: true, lines: [gpuBand, ...[...state.gpus].map((g, i) => line(t, g, g, P[(i + 3) % P.length]))] }]);
+    charts.push(["chart-gpumem", { title: Cat.title("gpu0", "gpu_mem_util", "GPU memory") + " (% used)", percent: true, lines: [line(t, "gpu_mem", "mean of GPUs", M("gpu0", "gpu_mem_util"), true), ...[...state.gpus].map((g, i) => line(t, g + "_mem", g, P[(i + 3) % P.length]))] }]);
+  }
+  Promise.all(charts.map(([id, o]) => Plots.draw(id, Plots.timeSpec({ ...o, spans, range })))).then(() => nodeGroup().link());
 }
 
 function drawEvents(ev) {
   // Few events: each step's duration at its start, data waits shaded. Too many (a whole run): per time bucket the
   // mean step and, stacked under it, each phase's time per step (from the rollups, or the events, in buckets).
-  const box = $("brush-list");
-  $("chart-events").dataset.mode = ev.truncated ? "buckets" : "events";
+  const box = $("brush-list"), chart = $("chart-events");
+  chart.dataset.mode = ev.truncated ? "buckets" : "events";
+  let spec;
   if (ev.truncated) {
-    const b = ev.buckets || [], ts = b.map(x => x.start_us), lines = [], bands = [];
+    const b = ev.buckets || [], ts = b.map(x => x.start_us), lines = [];
     let below = b.map(() => 0);
     for (const k of ["data_wait", "forward", "backward", "optimizer"]) {
       if (!b.some(x => x.phases_ms[k] !== undefined)) continue;
       const top = b.map((x, i) => below[i] + (x.phases_ms[k] || 0));
-      bands.push({ lo: below, hi: top, color: Cat.colour(k) });
-      lines.push({ name: Cat.label(k), color: Cat.colour(k), values: top, width: 1 });
+      lines.push({ name: Cat.label(k), color: Cat.colour(k), ts, values: top, lo: below, hi: top });
       below = top;
     }
-    lines.push({ name: "step (mean per bucket)", color: Cat.colour("TRAIN"), values: b.map(x => x.step_ms), width: 2 });
-    $("chart-events").dataset.buckets = String(b.length);
-    charts.events.setData({ ts, lines, bands, spans: [] });
+    lines.push({ name: "step (mean per bucket)", color: Cat.colour("TRAIN"), ts, values: b.map(x => x.step_ms) });
+    chart.dataset.buckets = String(b.length);
+    spec = Plots.timeSpec({ title: "steps and phases (ms)", yLabel: "ms", lines, range: rangeSpec(), brush: true, height: 170 });
   } else {
-    const steps = ev.events.filter(e => e.kind === "step");
-    const lines = [{ name: "step", color: Cat.colour("TRAIN"), values: steps.map(e => (e.end_us - e.start_us) / 1000) }];
-    const phaseSpans = ev.events.filter(e => e.kind === "data_wait").map(e => ({ start: e.start_us, end: e.end_us, color: Cat.colour("data_wait") + "40" }));
-    charts.events.setData({ ts: steps.map(e => e.start_us), lines, bands: [], spans: phaseSpans });
+    const steps = ev.events.filter(e => e.kind === "step"), waits = ev.events.filter(e => e.kind === "data_wait");
+    spec = Plots.timeSpec({ title: "steps and phases (ms)", yLabel: "ms", range: rangeSpec(), brush: true, height: 170,
+      lines: [{ name: "step", color: Cat.colour("TRAIN"), ts: steps.map(e => e.start_us), values: steps.map(e => (e.end_us - e.start_us) / 1000) }],
+      spans: [{ label: Cat.label("data_wait"), from: waits.map(e => e.start_us), to: waits.map(e => e.end_us) }] });
   }
+  Plots.draw("chart-events", spec).then(h => {
+    if (h && !chart.dataset.brushHooked) { chart.dataset.brushHooked = "1"; Draw.onBrush(chart, (x0, x1) => brushed(x0 * 1000, x1 * 1000).catch(showError)); }
+    nodeGroup().link();
+  });
   if (box.dataset.brushed) return;
   const width = ev.buckets && ev.buckets.length ? ev.buckets[0].width_us : 0;
   box.textContent = ev.truncated ? `${ev.total_events.toLocaleString()} events in view, drawn per ${width < 1e6 ? `${Math.round(width / 1000)} ms` : fmtDur(width / 1e6)}: zoom in (or drag an interval) to see them one by one. ` : "";
@@ -463,28 +543,40 @@ function totalsTable(ev) {
 async function brushed(x0, x1) {
   const ev = await runApi("events", { node: state.node, from: String(Math.floor(x0)), to: String(Math.ceil(x1)) });
   const box = $("brush-list"); box.textContent = ""; box.dataset.brushed = "1";
-  box.appendChild(el("p", {}, `${Charts.fmtTime(x0, 0)} – ${Charts.fmtTime(x1, 0)}: ${ev.steps} steps`));
+  box.appendChild(el("p", {}, `${Plots.fmtTime(x0)} – ${Plots.fmtTime(x1)}: ${ev.steps} steps`));
   box.appendChild(totalsTable(ev));
   if (!ev.truncated && ev.events.length <= 60) {
     const t = el("table", { class: "data" }, el("tr", {}, ...["kind", "name", "rank", "step", "start", "ms"].map(h => el("th", {}, h))));
-    for (const e of ev.events) t.appendChild(el("tr", {}, el("td", {}, Cat.label(e.kind)), el("td", { class: "text" }, e.name), el("td", {}, String(e.rank)), el("td", {}, e.step === null ? "" : String(e.step)), el("td", {}, Charts.fmtTime(e.start_us, 0)), el("td", {}, Cat.number((e.end_us - e.start_us) / 1000))));
+    for (const e of ev.events) t.appendChild(el("tr", {}, el("td", {}, Cat.label(e.kind)), el("td", { class: "text" }, e.name), el("td", {}, String(e.rank)), el("td", {}, e.step === null ? "" : String(e.step)), el("td", {}, Plots.fmtTime(e.start_us)), el("td", {}, Cat.number((e.end_us - e.start_us) / 1000))));
     box.appendChild(t);
   }
 }
 
 async function loadSteps() {
-  const s = await runApi("steps", { node: state.node, last: "30" });
+  const s = await runApi("steps", { node: state.node, last: "200" });
   drawSteps(s.steps);
 }
+// The newest steps (all modes); one mode is drawn at a time (the picker), so TRAIN and EVAL never share an axis.
 let recentSteps = [];
 function drawSteps(steps) {
-  recentSteps = steps.slice(-30);
+  recentSteps = steps.slice(-400);
   const keys = ["data_wait", "forward", "backward", "optimizer", "other"];
-  // a step of another mode than TRAIN is named with its mode's initial (E12: EVAL step 12), so the axis never
-  // reads as one sequence of numbers across modes
-  const name = s => s.mode && s.mode !== "TRAIN" ? `${s.mode[0]}${s.step ?? ""}` : s.step;
-  const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))];
-  Charts.stacked($("chart-steps"), { title: `time per step (${modes.join(", ") || "no steps yet"})`, unit: "ms", keys, items: recentSteps.map(s => ({ label: name(s), parts: Object.assign({ other: s.other_ms }, s.phases_ms) })) });
+  const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))].sort((a, b) => (a !== "TRAIN") - (b !== "TRAIN") || a.localeCompare(b));
+  const pick = $("steps-mode");
+  if ([...pick.options].map(o => o.value).join() !== modes.join()) {
+    const was = pick.value; pick.textContent = "";
+    for (const m of modes) pick.appendChild(el("option", { value: m }, m));
+    pick.value = modes.includes(was) ? was : (modes[0] || "");
+  }
+  const mode = pick.value, mine = recentSteps.filter(s => s.mode === mode).slice(-30);
+  $("chart-steps").dataset.stepMode = mode;
+  const cats = mine.map(s => String(s.step ?? "")), parts = mine.map(s => Object.assign({ other: s.other_ms }, s.phases_ms));
+  const box = $("chart-steps");
+  box.dataset.bars = String(mine.length);
+  box.dataset.last = cats.length ? cats[cats.length - 1] : "";
+  Plots.draw("chart-steps", { kind: "bars", title: mode ? `time per ${mode} step (ms)` : null, stacked: true, categories: cats, y_label: "ms", height: 220,
+    series: keys.map(k => ({ name: Cat.label(k), color: Cat.colour(k), values: parts.map(p => p[k] || 0) })), na: "no steps yet" })
+    .then(() => { box.dataset.colours = JSON.stringify(Plots.series("chart-steps")); });
 }
 
 function renderBadges() {
@@ -509,11 +601,58 @@ async function renderRanks() {
     for (const rk of f.where.ranks) hl.add(rk);
     box.appendChild(el("div", { class: "finding " + f.severity }, el("div", { class: "title" }, f.title), el("div", {}, f.recommendation)));
   }
-  if (!r.ranks.length) { $("chart-rank-steps").textContent = "No steps of this mode."; $("chart-rank-wait").textContent = ""; return; }
-  const xl = `steps ${r.first_step} … (${r.steps_per_column} per column)`;
-  Charts.heatmap($("chart-rank-steps"), { rows: r.ranks, values: r.step_ms, title: "mean step time (ms)", xLabel: xl, highlight: hl, unit: "ms" });
-  if (r.wait_pct) Charts.heatmap($("chart-rank-wait"), { rows: r.ranks, values: r.wait_pct, max: 100, title: `${Cat.label("data_wait")} (% of step time)`, xLabel: xl, highlight: hl, unit: "%" });
-  else $("chart-rank-wait").textContent = "No data-wait events recorded.";
+  renderRankParts(r, hl);
+  if (!r.ranks.length) { for (const id of ["chart-rank-steps", "chart-rank-wait"]) Plots.forget(id); $("chart-rank-steps").textContent = "No steps of this mode."; return; }
+  const top = Math.max(1, ...r.step_ms.flat().filter(v => v !== null));
+  const heat = (id, values, title, high, unit) => Plots.draw(id, { kind: "step_heatmap", title, rows: r.ranks, values, x0: r.first_step, dx: r.steps_per_column,
+                                                                    low: 0, high, unit, highlight: [...hl] })
+    .then(() => { $(id).dataset.cells = String(r.ranks.length * (values[0] || []).length); $(id).dataset.palette = "viridis"; });
+  heat("chart-rank-steps", r.step_ms, `mean step time (ms), ${r.steps_per_column} step${r.steps_per_column > 1 ? "s" : ""} per column`, top, "ms");
+  if (r.wait_pct) heat("chart-rank-wait", r.wait_pct, `${Cat.label("data_wait")} (% of step time)`, 100, "%");
+  else { Plots.forget("chart-rank-wait"); $("chart-rank-wait").textContent = "No data-wait events recorded."; }
+}
+
+// Per rank its mean step split into data wait, compute, exposed communication and the rest (the server's split),
+// and its step time: a straggler is the long bar, a communication-bound job the tall pink parts.
+function renderRankParts(r, hl) {
+  const keys = ["data_wait", "compute", "collective", "other"];
+  const rows = (r.parts || []).map(p => ({ name: p.rank, parts: p.parts_ms }));
+  const box = $("chart-rank-parts"), t = $("rank-parts"); t.textContent = "";
+  if (!rows.length) { Plots.forget("chart-rank-parts"); box.textContent = "No steps of this mode."; delete box.dataset.bars; return; }
+  box.dataset.bars = String(rows.length);
+  Plots.draw("chart-rank-parts", { kind: "bars", title: `${r.mode} steps: mean per step (ms)${hl.size ? " — ▶ named by a finding" : ""}`, stacked: true, y_label: "ms", height: 260,
+    categories: rows.map(x => (hl.has(x.name) ? "▶ " : "") + x.name),
+    series: keys.map(k => ({ name: Cat.label(k), color: Cat.colour(k) || undefined, values: rows.map(x => x.parts[k] || 0) })) });
+  t.appendChild(el("tr", {}, ...["Rank", "Steps", "p50", "p95", "mean", Cat.label("data_wait"), "compute", Cat.label("collective"), Cat.label("other")].map(h => el("th", {}, h))));
+  const ms = v => Cat.fmt(v, "ms");
+  for (const p of r.parts) {
+    t.appendChild(el("tr", { dataset: { rank: p.rank }, class: hl.has(p.rank) ? "straggler-row" : "" }, el("td", {}, p.rank), el("td", {}, p.steps.toLocaleString("en-US")),
+      el("td", {}, ms(p.p50_ms)), el("td", {}, ms(p.p95_ms)), el("td", {}, ms(p.mean_ms)),
+      ...keys.map(k => el("td", {}, ms(p.parts_ms[k])))));
+  }
+  const sources = new Set(r.parts.map(p => p.communication_from).filter(Boolean));
+  t.appendChild(el("caption", { class: "muted" }, sources.size ? `communication: the exposed part of DDP's gradient all-reduce (${[...sources].map(x => x === "timed" ? "timed on the host" : "DDP's sampled averages").join(", ")}), taken out of backward` : "no DDP gradient all-reduce recorded: communication is 0"));
+}
+
+// -- stacks --------------------------------------------------------------------------------------------------
+// The newest Python stacks of each rank's processes, as text (run data: textContent only, never HTML).
+async function renderStacks() {
+  if (!state.summary) { state.summary = await runApi("summary"); renderHeader(state.summary); }
+  const d = await runApi("stacks"), box = $("stacks"); box.textContent = "";
+  box.dataset.dumps = String(d.dumps.length);
+  if (!d.dumps.length) { box.appendChild(el("p", { class: "muted not-applicable" }, "No stack dump in this run: stacks are taken when the Hang rule sees a rank stop making progress.")); return; }
+  for (const dump of d.dumps) {
+    const lines = [];
+    for (const th of dump.threads) {
+      lines.push(`Thread ${th.name}${th.main ? " (main)" : ""}${th.daemon ? " (daemon)" : ""}:`);
+      for (const f of th.frames) lines.push(`  ${f.file}:${f.line} in ${f.function}` + (f.code ? `\n      ${f.code}` : ""));
+      if (th.frames_left_out) lines.push(`  … ${th.frames_left_out} frames left out`);
+    }
+    if (dump.threads_left_out) lines.push(`… ${dump.threads_left_out} threads left out`);
+    box.appendChild(el("div", { class: "stack-dump", dataset: { rank: `${dump.node}/${dump.rank}` } },
+      el("h3", {}, `${dump.node}/${dump.rank}`, el("span", { class: "muted" }, ` · pid ${dump.pid} · ${fmtUs(dump.at_us)} · ${dump.threads.length} thread${dump.threads.length === 1 ? "" : "s"}`)),
+      el("pre", { class: "stack-text" }, lines.join("\n"))));
+  }
 }
 
 // -- live ----------------------------------------------------------------------------------------------------
@@ -551,6 +690,8 @@ function onSamples(d) {
   const t = state.timeline;
   if (!t || state.view !== "nodes" || d.node !== t.node || state.from !== null) return;  // a zoomed view stays put
   if (!mergeRecent(t)) { loadTimeline(false).catch(showError); return; }  // a hole between the two: read it again
+  const g = nodeGroup(), e = extent();
+  if (e && Date.now() - g.touched > 5000) g.setExtent(e[0], e[1]);  // the whole run grows (not while the user zooms)
   drawTimeline();
 }
 
@@ -605,7 +746,8 @@ function onChanged() {
     state.refreshTimer = null; state.refreshedAt = Date.now();
     if (state.view === "nodes" && state.from === null) {  // the framework timeline and heatmap of the new data
       runApi("events", { node: state.node }).then(drawEvents).catch(showError);
-      runApi("heatmap", { node: state.node }).then(h => Charts.heatmap($("chart-heat"), { rows: h.names, values: h.values || [], max: 100, title: "utilization per core / GPU over the run (%)", xLabel: "time →" })).catch(showError);
+      loadTracks({}).catch(showError);
+      loadHeatmap().catch(showError);
     }
     if (state.view !== "overview") return;
     loadFindings();
@@ -622,16 +764,22 @@ document.addEventListener("visibilitychange", () => {
 window.addEventListener("DOMContentLoaded", async () => {
   for (const b of document.querySelectorAll("#tabs button")) b.addEventListener("click", () => { if (b.dataset.view !== "nodes") state.flagged = null; show(b.dataset.view); });
   $("node-pick").addEventListener("change", e => { state.node = e.target.value; state.cores.clear(); state.gpus.clear(); renderNodes().catch(showError); });
-  $("reset-zoom").addEventListener("click", () => { state.from = state.to = null; state.flagged = null; delete $("brush-list").dataset.brushed; charts.sync.x0 = charts.sync.x1 = null; writeHash(); loadTimeline(false).catch(showError); });
+  $("reset-zoom").addEventListener("click", () => {
+    state.from = state.to = null; state.flagged = null; delete $("brush-list").dataset.brushed; writeHash();
+    loadTimeline(true).then(() => { const e = extent(); if (e) nodeGroup().setExtent(e[0], e[1]); }).catch(showError);
+  });
   $("mode-pick").addEventListener("change", () => renderRanks().catch(showError));
+  $("steps-mode").addEventListener("change", () => drawSteps(recentSteps));
   $("profile-form").addEventListener("submit", submitProfiling);
   $("interval-form").addEventListener("submit", submitInterval);
   $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
-  setInterval(() => { if (state.view === "nodes") renderBadges(); tickDuration(); }, 1000);
+  setInterval(() => { if (state.view === "nodes") renderBadges(); if (state.view === "runs") tickRuns(); tickDuration(); }, 1000);
   window.addEventListener("hashchange", onHashChange);
   readHash();
   try {
     await Cat.load();
+    Draw.setCatalogue(Cat.doc);  // the report's renderer, with the same colours
+    Draw.setOptions({ eval: false, clock: true, border_left: 64 });  // no eval (this page's CSP), clock times, aligned axes
     const runs = await api("/api/runs");
     state.runs = runs;
     if (!state.run && runs.single && runs.runs.length) state.run = runs.runs[0].id;
