@@ -274,7 +274,9 @@ class Straggler(Rule):
     """For a job with several ranks, TRAIN steps only. Per rank and step, the time *outside* collective waits:
     the step minus its collectives where they are recorded per step (explicit torch.distributed calls), else
     the step minus its backward pass (DDP reduces gradients inside backward, so a fast rank's backward grows by
-    its wait and the straggler's does not). Per step number shared by at least two ranks, each rank's excess
+    its wait and the straggler's does not), and less the time the rank's training thread waited for a CPU (`runq_us`:
+    a rank slowed by a busy or limited CPU is the machine's, CPUContention's finding; `own_outside`). Per step
+    number shared by at least two ranks, each rank's excess
     over the median of the other ranks (of all ranks beyond 16); over every window of `window` consecutive shared
     steps, a rank whose mean excess is above `threshold` % of the median step and above `min_excess_ms` is a
     straggler. A node all of whose ranks are stragglers (with other nodes in the job) is named as the straggling
