@@ -1,6 +1,11 @@
 """A DDP job (gloo, CPU) where one rank may do extra work every step: the straggler the rule must name. Run by
-torchrun, never imported: `straggler_job.py OUT_DIR SLOW_RANK EXTRA_S STEPS [ONSET_STEP]` (SLOW_RANK -1: equal
-ranks; from ONSET_STEP on, default 0; rank 0 writes the onset's wall time to OUT_DIR/onset.json)."""
+torchrun, never imported: `straggler_job.py OUT_DIR SLOW_RANK EXTRA_S STEPS [ONSET_STEP [cpu [PROCS]]]` (SLOW_RANK -1:
+equal ranks; from ONSET_STEP on, default 0; rank 0 writes the onset's wall time to OUT_DIR/onset.json). With `cpu`
+each rank's work (the extra too) is CPU work, 10 ms a step of its thread's CPU clock: a busy or limited CPU
+stretches it, as it stretches real compute; with PROCS (a cgroup's `cgroup.procs`), rank 1 moves itself into that
+cgroup first thing (a CPU limit on rank 1 alone)."""
+
+import os
 
 import json
 import sys
@@ -14,8 +19,25 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 out, slow_rank, extra_s, steps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 onset = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+cpu_work = len(sys.argv) > 6 and sys.argv[6] == "cpu"
+limit_rank_1 = sys.argv[7] if len(sys.argv) > 7 else None
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+if limit_rank_1 and rank == 1:
+    with open(limit_rank_1, "w") as procs:
+        procs.write(str(os.getpid()))
+
+
+def work(seconds: float) -> None:
+    """`seconds` of this rank's own work: a sleep, or (`cpu`) that much of its thread's CPU time."""
+    if not cpu_work:
+        time.sleep(seconds)
+        return
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(steps * 2 * 8, 64), torch.randn(steps * 2 * 8, 1))
 loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=False))
@@ -26,8 +48,8 @@ for xb, yb in loader:
     if done == onset and rank == 0:
         json.dump({"onset": time.time()}, open(f"{out}/onset.json", "w"))
     if rank == slow_rank and done >= onset:
-        time.sleep(extra_s)  # this rank's extra work (its data, logging…): the others wait in the all-reduce
-    time.sleep(0.01)  # every rank's own forward-side work
+        work(extra_s)  # this rank's extra work (its data, logging…): the others wait in the all-reduce
+    work(0.01)  # every rank's own forward-side work
     opt.zero_grad()
     nn.functional.mse_loss(model(xb), yb).backward()
     opt.step()

@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+import pyarrow.compute as pc
+
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.frames import Chunk
+from stallwatch.analyze.rules.memory_growth import MemoryGrowth
 from stallwatch.records import STEP
 from stallwatch.torch.memory import StepMemory, cgroup_memory_limit
 from stallwatch.torch.steps import StepTracker, now_us
@@ -145,6 +149,45 @@ def test_memory_that_plateaus_after_warm_up_is_silent(tmp_path: Path):
     result = analysis.rule("MemoryGrowth")
     assert result.status == "ok" and result.datapoints >= 600 and not result.fired, result.details
     assert all(abs(g["rate_mb_per_1000"]) < 10 for g in result.details["series"].values()), result.details
+
+
+FLAT = PLATEAU.replace("if i < 100:", "if i < 0:")  # no warm-up cache either: flat from the start
+
+
+def _capture_left_out(analysis: RunAnalysis, first: int) -> dict:
+    (window,) = analysis.profiles("detailed")
+    assert window["first_step"] == first, window
+    (g,) = analysis.rule("MemoryGrowth").details["series"].values()
+    assert g["captures"] == 1 and g["left_out"] >= 3, g  # the capture's windows of steps and the first after it
+    return g
+
+
+def test_a_profiling_capture_is_not_read_as_a_leak(tmp_path: Path):
+    """A flat job with a torch.profiler capture of 100 steps late in its run: the memory the capture takes, and
+    the allocator keeps, is no growth of the job's. Read without the capture's event, the same steps fire."""
+    analysis, _ = _run(tmp_path, FLAT.format(steps=600), "--detailed-profiling", "350:100", "--rules-interval", "0")
+    result = analysis.rule("MemoryGrowth")
+    assert result.status == "ok" and not result.fired, result.details
+    g = _capture_left_out(analysis, 350)
+    assert abs(g["rate_mb_per_1000"]) < 10, g
+    events = analysis.run.framework()
+    unmarked = MemoryGrowth()
+    unmarked.update(Chunk({}, events.filter(pc.not_equal(events["kind"], "profiling")), analysis.run.info, final=True))
+    before = unmarked.result()  # what the rule read before captures were left out
+    assert before.fired, before.details["series"]
+
+
+def test_a_leak_with_a_profiling_capture_still_fires_at_its_rate(tmp_path: Path):
+    """The leak grows before, through and after the capture: it fires. For a while after the capture the leak's
+    tensors reuse what the profiler freed and RSS stands still (≈ 250 steps here), so the rate reads lower than the
+    leak's own (92 against ≈ 125 MB per 1,000 steps, measured): the run goes on long enough to outgrow it."""
+    analysis, _ = _run(tmp_path, LEAK.format(steps=1000, leak_note=""), "--detailed-profiling", "300:100",
+                       "--rules-interval", "0")
+    result = analysis.rule("MemoryGrowth")
+    assert result.fired, result.details
+    g = _capture_left_out(analysis, 300)
+    assert 50 < g["rate_mb_per_1000"] < 400, g  # 128 KiB of outputs a step and what they keep of the graph
+    assert g["late_rate_mb_per_1000"] > 100, g  # past the stretch RSS stood still: the leak's own rate
 
 
 def test_a_job_that_runs_out_of_address_space_is_said_to_have_run_out_of_memory(tmp_path: Path):

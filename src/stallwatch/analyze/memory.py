@@ -46,16 +46,19 @@ def memory_columns(cols: FrameworkColumns, fields: tuple[str, ...] = FIELDS) -> 
     return {name: cached[name] for name in fields}
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
+def theil_sen(x: np.ndarray, y: np.ndarray, segments: np.ndarray | None = None) -> float:
     """The median of the slopes between every pair of points (Theil–Sen): one outlier in three moves it not at
-    all, unlike a least-squares fit or a max − min. Points beyond MAX_PAIRS_POINTS are thinned evenly."""
+    all, unlike a least-squares fit or a max − min. Points beyond MAX_PAIRS_POINTS are thinned evenly. With
+    `segments` (a label per point), only pairs within one segment count: a one-time step between two segments
+    (the buffers a profiler capture leaves allocated) is no slope."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    seg = np.zeros(x.size, np.int64) if segments is None else np.asarray(segments, np.int64)
     if x.size > MAX_PAIRS_POINTS:
         keep = np.linspace(0, x.size - 1, MAX_PAIRS_POINTS).round().astype(np.int64)
-        x, y = x[keep], y[keep]
+        x, y, seg = x[keep], y[keep], seg[keep]
     i, j = np.triu_indices(x.size, 1)
     dx = x[j] - x[i]
-    ok = dx != 0
+    ok = (dx != 0) & (seg[i] == seg[j])
     if not ok.any():
         return 0.0
     return float(np.median((y[j] - y[i])[ok] / dx[ok]))

@@ -43,10 +43,11 @@ def test_planted_stalls_trigger_a_capture_that_covers_a_stalled_step(tmp_path):
     assert any(lo <= e["start_us"] and e["end_us"] <= hi for e in stalled), (window, len(stalled))
     assert [c.status for c in analysis.captures][:1] == ["stored"] and window["path"] in analysis.captures[0].windows
     html = (run / "report.html").read_text()
-    row = next(r for r in html.split("<tr>") if r.startswith(f"<td>{first['rule']}</td>"))
-    # (on a loaded machine MemoryGrowth may fire too, late, on the RSS a capture leaves: its capture, asked for as
-    # the job ends, is rightly shown as never stored — the gap is noted in docs/accuracy.md)
-    assert "Automatic captures" in html and "stored (" in row and "never stored" not in row
+    assert "Automatic captures" in html and "stored (" in html and "never stored" not in html
+    # the captures' memory (torch.profiler's events, the buffers the allocator keeps) is no leak of the job's: on a
+    # loaded machine MemoryGrowth fired on it once (docs/accuracy.md); its steps are now left out
+    memory = analysis.rule("MemoryGrowth")
+    assert not memory.fired and all(g["left_out"] >= 1 for g in memory.details["series"].values()), memory.details
 
 
 class _Result(SimpleNamespace):

@@ -13,7 +13,7 @@ from stallwatch.analyze.rules import input_stream, step_stream
 from stallwatch.analyze.judge.feed import iter_run, read_run
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.judge.runner import evaluate as run_rules
-from stallwatch.records import DATA_WAIT, EVAL, TRAIN
+from stallwatch.records import DATA_WAIT, EVAL, STEP, TRAIN
 from stallwatch.store.reader import open_run
 
 from ...run_builder import make_run
@@ -111,3 +111,44 @@ def test_gathered_waits_are_held_as_distinct_values_however_many_steps_fall_in_t
     values, counts = gather.distinct()
     assert values.tolist() == [1000, 1003] and counts.tolist() == [2_000_000, 2_000_000]
     assert gather.above(1000.5) == (2_000_000, 2_006_000_000)
+
+
+def _busy_run(tmp_path):
+    """Two ranks on a busy machine (each step's `runq_us`, and `wait_runq_us` measured in its opening wait): rank 0's
+    30 fetches were preempted for 50 ms (a wait for a CPU, not for data: not input-bound once discounted; 24 % of
+    its time waiting without), rank 1 sleeps 300 ms in 12 reads while its compute is preempted (stalls either way)."""
+    gen = FwGen()
+    preempted = set(range(60, 600, 18))
+    stalled = [100 + 40 * i for i in range(12)]
+    for rank in (0, 1):
+        t = T0
+        for i in range(600):
+            if rank == 0:
+                wait, runq, in_wait = (50_500, 50_000, 50_000) if i in preempted else (500, 0, 0)
+            else:
+                wait, runq, in_wait = (300 * MS if i in stalled else 500), 4 * MS, 0
+            dur = wait + 10 * MS
+            args = json.dumps({"runq_us": runq, "wait_runq_us": in_wait, "rss_kb": 1000})
+            gen.events("algo-1", rank, STEP, "train_step", TRAIN, i, t, t + dur, args)
+            gen.events("algo-1", rank, DATA_WAIT, "next_batch", TRAIN, i, t, t + wait)
+            t += dur + 100
+    make_run(tmp_path / "run", nodes=("algo-1",), seconds=240)
+    write_events(tmp_path / "run", gen.table())
+    return open_run(str(tmp_path / "run")), stalled
+
+
+def test_a_long_node_is_judged_on_the_steps_own_time_like_one_held(tmp_path, monkeypatch):
+    """The run-queue delay is taken out the same way streamed as held: the same entries byte for byte, the
+    preempted fetches no data wait, the slept reads still stalls."""
+    run, stalled = _busy_run(tmp_path)
+    memory = evaluate(InputBound, read_run(run, [InputBound]))
+    ranks = memory["Details"]["ranks"]
+    assert not ranks["algo-1/0/TRAIN"]["triggered"], ranks["algo-1/0/TRAIN"]
+    assert ranks["algo-1/1/TRAIN"]["cause"] == "stalls" and ranks["algo-1/1/TRAIN"]["stall_steps"] == stalled
+    monkeypatch.setattr(step_stream, "NODE_BYTES", 0)  # every rank streamed from its node's first chunk
+    monkeypatch.setattr(step_stream, "BLOCK_STEPS", 64)
+    monkeypatch.setattr(step_stream, "SPAN", 16)
+    reads = spy_replays(monkeypatch)
+    (streamed,) = [r.to_json() for r in run_rules([InputBound], iter_run(run, [InputBound], slice_us=5 * S))]
+    assert reads  # it was read again, block by block
+    assert json.dumps(streamed, sort_keys=True) == json.dumps(memory, sort_keys=True)

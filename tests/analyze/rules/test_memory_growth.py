@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from stallwatch.analyze.memory import memory_columns, theil_sen
@@ -81,6 +82,54 @@ def test_warm_up_that_plateaus_and_noise_stay_silent():
     flat = evaluate(MemoryGrowth, _run(_loop(lambda i: GB_KB, seed=5)))
     assert flat["RuleTriggered"] == 0
     assert abs(flat["Details"]["series"]["algo-1/0:rss_kb"]["rate_mb_per_1000"]) < 5
+
+
+def _captured(kb_of_step, windows=((150, 179), (300, 329), (450, 479)), inside_kb: int = 4 * 1024,
+              left_kb: int = 20 * 1024, layer: str = "detailed") -> FwGen:
+    """`_loop` with profiling captures over steps (first, last) of `windows` (time windows, as escalations': no step
+    numbers in their events): through each, RSS rises `inside_kb`, then steps up `left_kb` at its last step and
+    stays up (the profiler's buffers the allocator keeps), as torch.profiler captures did on a real job."""
+    def kb(i: int) -> float:
+        up = 0.0
+        for first, last in windows:
+            up += min(max(i - first, 0), last - first) * inside_kb / (last - first) + (left_kb if i >= last else 0)
+        return kb_of_step(i) + up
+
+    gen = _loop(kb)
+    for first, last in windows:
+        start, end = T0 + first * 11 * MS, T0 + last * 11 * MS + 10 * MS + 500  # its event comes when it stops
+        gen.events("algo-1", 0, "profiling", layer, GLOBAL, None, start, end,
+                   json.dumps({"window": f"{layer}-{start:016d}", "first_step": None, "last_step": None,
+                               "status": "complete"}))
+    return gen
+
+
+def test_the_memory_profiling_captures_leave_is_not_a_leak():
+    """The captures' steps and the first window after each are left out and the series is cut there: the steps up
+    are no slope. Without the captures' events the same steps fire (the false finding seen beside CPU hogs, where
+    the planted-stalls job of test_escalation.py was captured for three rules in turn)."""
+    flat = _captured(lambda i: GB_KB)
+    out = assert_chunk_invariant(MemoryGrowth, _run(flat))
+    g = MemoryGrowthDetails.from_json(out["Details"]).series["algo-1/0:rss_kb"]
+    assert out["RuleTriggered"] == 0 and g.captures == 3 and g.left_out == 3 * 3, g
+    assert abs(g.rate_mb_per_1000) < 5 and g.windows == 27 - 9
+    table = flat.table()
+    unmarked = table.filter(pc.not_equal(table["kind"], "profiling"))
+    before = evaluate(MemoryGrowth, whole(unmarked, run=_run(flat).run))  # what it read before
+    assert before["RuleTriggered"] == 1, before["Details"]["series"]
+    for layer in ("python", "memory"):
+        assert evaluate(MemoryGrowth, _run(_captured(lambda i: GB_KB, layer=layer)))["RuleTriggered"] == 0
+    timing = evaluate(MemoryGrowth, _run(_captured(lambda i: GB_KB, layer="dataloader")))  # no profiler memory
+    assert timing["Details"]["series"]["algo-1/0:rss_kb"]["left_out"] == 0
+
+
+def test_a_leak_across_captures_still_fires_at_its_rate():
+    """A leak grows between captures (and through them): the slope within each stretch is the leak's."""
+    out = assert_chunk_invariant(MemoryGrowth, _run(_captured(lambda i: 2 * GB_KB + 200 * i)))
+    g = MemoryGrowthDetails.from_json(out["Details"]).series["algo-1/0:rss_kb"]
+    assert out["RuleTriggered"] == 1 and g.captures == 3
+    assert g.rate_mb_per_1000 == pytest.approx(200 * 1000 / 1024, rel=0.05)
+    assert g.late_rate_mb_per_1000 == pytest.approx(200 * 1000 / 1024, rel=0.1)
 
 
 def test_a_cuda_leak_reaches_the_gpu_limit_within_the_runs_horizon():

@@ -220,7 +220,7 @@ class InputBound(Rule):
             dur = np.maximum(cols.end[rows] - cols.start[rows], 0)
             streamed = self._streamed.get((node, rank, mode))
             if streamed is not None:
-                streamed.add_steps(dur)
+                streamed.add_steps(contention.own_time(dur, contention.step_runq(cols, rows)))
                 continue
             r = self._ranks.setdefault((node, rank, mode), _Rank())
             r.step.extend(cols.step[rows])
@@ -355,7 +355,7 @@ class InputBound(Rule):
             assert self._replay is not None  # ranks are streamed only where the run can be read again
             piece_us = step_stream.PIECE_EVENTS * (last - first + 1) // max(events, 1)
             facts = input_stream.node_facts(node, streamed, spans, self._replay, self.params,
-                                            steps_of=_Rank.steps, new_rank=_Rank, piece_us=piece_us)
+                                            steps_of=_Rank.steps_and_runq, new_rank=_Rank, piece_us=piece_us)
             for key, f in facts.items():
                 self._judged[key] = self._entry(key, f)
         for key in [key for key in self._ranks if key[0] == node]:

@@ -7,7 +7,9 @@ recorded wait, and where each span of step numbers lies in time. Once the node i
 block of step numbers at a time, in step order (each block's steps with all their waits, settled as in memory): it
 slides the windows, counts the waits per bucket and gathers those where the median wait and the stall threshold
 should be (from the waits as recorded); where the settled waits put them elsewhere, a second read gathers there.
-The entry is the in-memory one byte for byte (`tests/analyze/rules/test_input_stream.py`)."""
+The entry is the in-memory one byte for byte (`tests/analyze/rules/test_input_stream.py`), judged like it on the steps'
+own time: each step's run-queue delay is taken out of its duration and its wait (analyze/contention.py), the
+duration buckets counted of own times, the stalls found by the least of their wait that was the loader's."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from stallwatch.analyze import contention
 from stallwatch.analyze.framework_frame import FrameworkColumns
 from stallwatch.analyze.rules.base import Replay
 from stallwatch.analyze.rules.input_facts import (
@@ -49,9 +52,10 @@ class StreamedRank:
 
     @classmethod
     def of(cls, r: Any) -> StreamedRank:
-        """A rank held in memory so far (`input_bound._Rank`), from now on streamed."""
+        """A rank held in memory so far (`input_bound._Rank`), from now on streamed: its steps' own times."""
         out = cls()
-        out.add_steps(r.dur.view())
+        dur = r.dur.view()
+        out.add_steps(contention.own_time(dur, r.runq.view()) if r.runq.n == len(dur) else dur)
         out.add_waits(r.wait.view())
         return out
 
@@ -60,6 +64,7 @@ class StreamedRank:
         self.raw.add(bucket_of(durs[durs > 0]))
 
     def add_steps(self, durs: np.ndarray) -> None:
+        """Steps' own times (their duration less their run-queue delay), as the judged steps will have them."""
         self.n += len(durs)
         self.durations.add(bucket_of(durs))
 
@@ -154,8 +159,10 @@ class _Scan:
                                     bucket_bounds(int(self.waits.buckets[-1]))[1],
                                     bucket_bounds(int(d_middle[0]))[0], bucket_bounds(int(d_middle[-1]))[1])
 
-    def take(self, number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray) -> None:
-        """The next steps in step order (a block's, settled)."""
+    def take(self, number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray,
+             floor: np.ndarray) -> None:
+        """The next steps in step order (a block's, settled: own times, waits, and the least of each wait that was
+        the loader's, `floor`, which stalls are judged on)."""
         pos = self.at + np.arange(len(number))
         self.at += len(number)
         self.wait_sum += int(wait.sum())
@@ -163,7 +170,7 @@ class _Scan:
         self.durs.add(dur)
         self.positive.add(bucket_of(wait[wait > 0]))
         late = pos >= self.warmup
-        lw = wait[late]
+        lw = floor[late]
         self.waits.add(wait[wait > 0])
         self.candidates.add(lw)
         if lw.size:
@@ -226,12 +233,12 @@ class _Scan:
         self.at = 0
         return True
 
-    def gather(self, wait: np.ndarray) -> None:
+    def gather(self, wait: np.ndarray, floor: np.ndarray) -> None:
         """The second read's steps (in the same order): the values of the gathered buckets."""
         pos = self.at + np.arange(len(wait))
         self.at += len(wait)
         self.waits.add(wait[wait > 0])
-        self.candidates.add(wait[pos >= self.warmup])
+        self.candidates.add(floor[pos >= self.warmup])
 
     def facts(self) -> RankFacts:
         n = self.s.n
@@ -268,33 +275,40 @@ def node_facts(node: str, streamed: dict[tuple[str, int, str], StreamedRank], sp
                piece_us: int) -> dict[tuple, RankFacts]:
     """The facts of a complete node's streamed ranks, read again twice a block of step numbers at a time (per
     phase; `spans`: where each span of numbers lies in time, per phase), in pieces of at most `piece_us`.
-    `steps_of(rank)` settles a block's `_Rank` (made by `new_rank()`) into its steps in step order."""
+    `steps_of(rank)` settles a block's `_Rank` (made by `new_rank()`) into its steps in step order, with their
+    run-queue delays (`input_bound._Rank.steps_and_runq`)."""
     scans = {key: _Scan(s, params["window"], params["patience"], float(params["threshold"]), MAX_NAMED)
              for key, s in streamed.items() if s.n}
     out: dict[tuple, RankFacts] = {}
     for mode in sorted({key[2] for key in scans}):
         keys = {key: scan for key, scan in scans.items() if key[2] == mode}
         plan = _plan(node, spans.get(mode, {}), len(keys), piece_us)
-        for number, start, dur, wait, key in _blocks(replay, plan, keys, steps_of, new_rank):
-            keys[key].take(number, start, dur, wait)
+        for number, start, dur, wait, floor, key in _blocks(replay, plan, keys, steps_of, new_rank):
+            keys[key].take(number, start, dur, wait, floor)
         again = {key: scan for key, scan in keys.items() if scan.settle()}
         if again:
-            for number, start, dur, wait, key in _blocks(replay, plan, again, steps_of, new_rank):
-                again[key].gather(wait)
+            for _, _, _, wait, floor, key in _blocks(replay, plan, again, steps_of, new_rank):
+                again[key].gather(wait, floor)
         for key, scan in keys.items():
             out[key] = scan.facts()
     return out
 
 
 def _blocks(replay: Replay, plan: list, keys: dict, steps_of: Callable[[Any], tuple],
-            new_rank: Callable[[], Any]) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple]]:
-    """Each block's steps of each key, settled, in step order."""
+            new_rank: Callable[[], Any]) -> Iterator[tuple[Any, ...]]:
+    """Each block's steps of each key, settled, in step order: (numbers, starts, own times, waits, the waits' part
+    that was the loader's, key), as `input_facts.rank_facts` judges them (a step without run-queue delay is its
+    own; so a block's steps settle alone)."""
     for lo, hi, pieces in _read(replay, plan, kinds=(STEP, DATA_WAIT)):
         ranks: dict[tuple, Any] = {}
         for cols in pieces:
             _add(cols, lo, hi, keys, ranks, new_rank)
         for key in sorted(ranks):
-            yield (*steps_of(ranks[key]), key)
+            number, start, dur, wait, runq, in_wait = steps_of(ranks[key])
+            floor = wait
+            if runq is not None and runq.any():
+                dur, wait, floor = contention.own_waits(dur, wait, runq, in_wait)
+            yield number, start, dur, wait, floor, key
 
 
 def _add(cols: FrameworkColumns, lo: int, hi: int, keys: dict, ranks: dict, new_rank: Callable[[], Any]) -> None:
@@ -310,3 +324,6 @@ def _add(cols: FrameworkColumns, lo: int, hi: int, keys: dict, ranks: dict, new_
             values = (cols.step[rows], cols.start[rows], dur) if kind == STEP else (cols.step[rows], dur)
             for attr, v in zip(attrs, values):
                 getattr(r, attr).extend(v)
+            if kind == STEP:
+                r.runq.extend(contention.step_runq(cols, rows))
+                r.in_wait.extend(contention.wait_runq(cols, rows))

@@ -28,6 +28,10 @@ CUDA_SNAPSHOT = "cuda_memory_snapshot"  # the kind of the event naming a kept CU
 MAX_SITES = 10
 MAX_ARGS_CHARS = 200_000  # a sites event larger than this is not read (a run directory is untrusted)
 JUDGED = (RSS, CUDA_ALLOC)  # reserved plateaus with the cache, peak only rises: neither says "leak" alone
+PROFILING = "profiling"  # the framework-event kind that marks a profiling window (torch/windows.py)
+# Captures whose profiler allocates in the job: torch.profiler keeps every event, cProfile/pyinstrument their
+# stats, tracemalloc its traces. The memory they take (and the allocator keeps) is not the job's growth.
+CAPTURE_LAYERS = ("detailed", "python", "memory")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class SeriesGrowth:
     rank: int
     metric: str
     steps: int  # steps with a reading
-    windows: int  # per-window medians judged (after patience)
+    windows: int  # per-window medians judged (after patience, profiling windows left out)
     since_step: int  # the first step judged
     last_step: int
     start_mb: float
@@ -84,6 +88,8 @@ class SeriesGrowth:
     step_s: float  # mean step time
     within_horizon: bool  # it reaches the limit before the run has run as many steps again
     triggered: bool
+    left_out: int = 0  # windows of steps left out: inside a profiling capture, or the first after one
+    captures: int = 0  # profiling captures that split the series (a step across one is not a slope)
 
     @property
     def key(self) -> str:
@@ -147,23 +153,27 @@ class _Series:
     """One (node, rank, mode, metric) series as window medians: a window's values are kept until it is full, then
     reduced to their median (the same whichever chunks brought them)."""
 
-    __slots__ = ("done", "last", "n", "open")
+    __slots__ = ("done", "last", "n", "open", "spans")
 
     def __init__(self) -> None:
         self.open: dict[int, list[int]] = {}
         self.done: dict[int, float] = {}
+        self.spans: dict[int, tuple[int, int]] = {}  # window -> (first start, last end) of its steps, µs
         self.n = 0
         self.last = (-1, 0)  # (end_us, KiB) of the latest step
 
-    def add(self, buckets: np.ndarray, values: np.ndarray, ends: np.ndarray, window: int) -> None:
+    def add(self, buckets: np.ndarray, values: np.ndarray, starts_us: np.ndarray, ends_us: np.ndarray,
+            window: int) -> None:
         self.n += int(values.size)
-        i = int(np.argmax(ends))
-        self.last = max(self.last, (int(ends[i]), int(values[i])))
+        i = int(np.argmax(ends_us))
+        self.last = max(self.last, (int(ends_us[i]), int(values[i])))
         order = np.argsort(buckets, kind="stable")
         by_bucket, vals = buckets[order], values[order]
+        t0, t1 = starts_us[order], ends_us[order]
         uniq, starts = np.unique(by_bucket, return_index=True)
         ends = np.append(starts[1:], by_bucket.size)
         for b, lo, hi in zip(uniq.tolist(), starts.tolist(), ends.tolist()):
+            self._span(b, int(t0[lo:hi].min()), int(t1[lo:hi].max()))
             if b in self.done:  # a window full already: a step seen twice, ignore
                 continue
             held = self.open.setdefault(b, [])
@@ -172,10 +182,16 @@ class _Series:
                 self.done[b] = float(statistics.median(held))
                 del self.open[b]
 
+    def _span(self, bucket: int, lo: int, hi: int) -> None:
+        had = self.spans.get(bucket)
+        self.spans[bucket] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
+
     def merge(self, other: _Series, window: int) -> None:
         self.n += other.n
         self.last = max(self.last, other.last)
         self.done.update(other.done)
+        for b, (lo, hi) in other.spans.items():
+            self._span(b, lo, hi)
         for b, vals in other.open.items():
             if b in self.done:
                 continue
@@ -234,6 +250,7 @@ class MemoryGrowth(Rule):
         self._limits: dict[tuple[str, int, str], int] = {}  # (node, rank, cgroup|gpu) -> bytes
         self._machine: dict[str, int] = {}  # node -> memory_total_bytes
         self._captures: dict[tuple[str, int, int], Capture] = {}
+        self._profiled: dict[tuple[str, int], set[tuple[int, int]]] = {}  # (node, rank) -> capture windows, µs
         self._snapshots: dict[tuple[str, int], str] = {}
         self._ooms: dict[tuple[str, int], tuple[int, str, dict[str, Any]]] = {}  # the job's allocation failures
         self._ends: dict[str, dict[str, Any]] = {}  # node -> how its job ended (signal, the OOM killer's count)
@@ -264,7 +281,13 @@ class MemoryGrowth(Rule):
                 if not ok.any():
                     continue
                 series = self._series.setdefault((node, rank, mode, metric), _Series())
-                series.add(cols.step[rows][ok] // window, values[ok], cols.end[rows][ok], window)
+                series.add(cols.step[rows][ok] // window, values[ok], cols.start[rows][ok], cols.end[rows][ok],
+                           window)
+        for (node, rank), rows in cols.groups(cols.kind_is(PROFILING), by_mode=False):
+            layers = cols.table["name"].take(rows).to_pylist()
+            held = self._profiled.setdefault((node, rank), set())
+            held.update((int(cols.start[i]), int(cols.end[i])) for i, layer in zip(rows.tolist(), layers)
+                        if layer in CAPTURE_LAYERS and cols.end[i] >= cols.start[i])
         for kind in (MEMORY_LIMIT, MEMORY_SITES, CUDA_SNAPSHOT, OOM):
             for (node, rank), rows in cols.groups(cols.kind_is(kind), by_mode=False):
                 for i in rows.tolist():
@@ -313,6 +336,9 @@ class MemoryGrowth(Rule):
                 mine[1] += t[1]
         self._limits.update({k: v for k, v in other._limits.items() if k[0] == node})
         self._captures.update({k: v for k, v in other._captures.items() if k[0] == node})
+        for k, v in other._profiled.items():
+            if k[0] == node:
+                self._profiled.setdefault(k, set()).update(v)
         self._snapshots.update({k: v for k, v in other._snapshots.items() if k[0] == node})
         self._ooms.update({k: v for k, v in other._ooms.items() if k[0] == node})
         if node in other._ends:
@@ -362,14 +388,17 @@ class MemoryGrowth(Rule):
     def _judge(self, node: str, rank: int, mode: str, metric: str, s: _Series) -> SeriesGrowth | None:
         window, patience = int(self.params["window"]), int(self.params["patience"])
         medians = s.medians()
-        buckets = sorted(b for b in medians if b * window >= patience)
+        after = sorted(b for b in medians if b * window >= patience)
+        buckets, segment, left_out, splits = _outside_captures(after, s.spans,
+                                                                sorted(self._profiled.get((node, rank), ())))
         if len(buckets) < int(self.params["min_windows"]):
             return None
         x = np.array([b * window + (window - 1) / 2.0 for b in buckets])
         y = np.array([medians[b] for b in buckets])  # KiB
-        rate = theil_sen(x, y) * 1000.0 / KB_PER_MB
+        seg = np.array(segment, np.int64)
+        rate = theil_sen(x, y, seg) * 1000.0 / KB_PER_MB
         half = len(buckets) // 2
-        late = theil_sen(x[half:], y[half:]) * 1000.0 / KB_PER_MB
+        late = theil_sen(x[half:], y[half:], seg[half:]) * 1000.0 / KB_PER_MB
         span = float(x[-1] - x[0])
         growth = rate * span / 1000.0
         steps, us = self._time.get((node, rank, mode), [0, 0])
@@ -389,7 +418,8 @@ class MemoryGrowth(Rule):
                             round(late, 3), round(growth, 3),
                             round(limit / 2**20, 3) if limit is not None else None, source,
                             round(to_limit, 1) if to_limit is not None else None,
-                            round(time_to, 3) if time_to is not None else None, round(step_s, 6), horizon, fires)
+                            round(time_to, 3) if time_to is not None else None, round(step_s, 6), horizon, fires,
+                            left_out, splits)
 
     def _death(self, judged: dict[str, SeriesGrowth]) -> MemoryDeath | None:
         """The job's death of memory, if it died of it: an allocation failure it recorded (host or CUDA), a kill by
@@ -456,6 +486,36 @@ class MemoryGrowth(Rule):
         found = [(v, src) for v, src in ((self._limits.get((node, rank, "cgroup")), "cgroup"),
                                          (self._machine.get(node), "machine")) if v]
         return min(found) if found else (None, None)
+
+
+def _outside_captures(buckets: list[int], spans: dict[int, tuple[int, int]],
+                      windows: list[tuple[int, int]]) -> tuple[list[int], list[int], int, int]:
+    """The windows of steps to judge, each with its segment (how many profiling captures ended before it), how many
+    were left out, and how many captures split the series. A window whose steps overlap a capture is left out (the
+    profiler's memory rises inside it), and so is the first one after it (its export, the allocator settling);
+    across a capture the series is cut in two, so the step up the profiler's kept buffers leave is no slope
+    while a leak's growth on either side still is."""
+    if not windows:
+        return buckets, [0] * len(buckets), 0, 0
+    ends = np.array(sorted(e for _, e in windows), np.int64)
+    kept: list[int] = []
+    segment: list[int] = []
+    left_out = 0
+    settled: set[int] = set()  # captures whose first window after has been left out
+    for b in buckets:
+        lo, hi = spans.get(b, (0, -1))
+        if hi < lo or any(lo <= e and w <= hi for w, e in windows):
+            left_out += 1  # no span known (a run before spans were kept cannot say) or inside a capture
+            continue
+        k = int(np.searchsorted(ends, lo, side="left"))  # captures ended before this window's first step
+        if k and k not in settled:
+            settled.add(k)
+            left_out += 1
+            continue
+        kept.append(b)
+        segment.append(k)
+    used = len(set(segment))
+    return kept, segment, left_out, max(used - 1, 0)
 
 
 def _capture(node: str, rank: int, start_us: int, data: dict[str, Any]) -> Capture | None:

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from stallwatch.analyze import contention
 from stallwatch.analyze.finding import LISTED_WINDOWS, Finding, Where, finding, over_all_steps
 from stallwatch.analyze.framework_frame import new_events
 from stallwatch.analyze.rules import straggler_excess
@@ -18,7 +19,7 @@ from stallwatch.analyze.rules.kit.appendable import Appendable
 from stallwatch.analyze.rules.kit.checks import check_counts, check_non_negative
 from stallwatch.analyze.rules.kit.details import DetailsRecord
 from stallwatch.analyze.rules.kit.stats import column_medians
-from stallwatch.analyze.rules.straggler_excess import _excess, _stake, _Summary
+from stallwatch.analyze.rules.straggler_excess import _excess, _stake, _Summary, own_outside
 from stallwatch.analyze.rules.straggler_replay import _Replayed
 from stallwatch.analyze.summary import JobSummary
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
@@ -70,6 +71,7 @@ class _Rank:
 
     def __init__(self, replayable: bool = False) -> None:
         self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
+        self.runq = Appendable(narrow=True)  # each step's run-queue delay (µs), beside its duration
         self.coll_step, self.coll = Appendable(narrow=True), Appendable(narrow=True)
         self.bwd_step, self.bwd = Appendable(narrow=True), Appendable(narrow=True)
         self.spans: dict[int, list[int]] | None = {} if replayable else None  # span -> [first, last start]
@@ -79,8 +81,8 @@ class _Rank:
 
     @property
     def nbytes(self) -> int:
-        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.coll_step, self.coll, self.bwd_step,
-                                            self.bwd))
+        return sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.runq, self.coll_step, self.coll,
+                                            self.bwd_step, self.bwd))
 
     @property
     def has_steps(self) -> bool:
@@ -90,7 +92,7 @@ class _Rank:
         """From now on only the step numbers (as runs): the columns are let go."""
         self.runs = {STEP: _numbers_as_runs(self.step.view()), COLLECTIVE: _numbers_as_runs(self.coll_step.view()),
                      BACKWARD: _numbers_as_runs(self.bwd_step.view())}
-        for name in ("step", "start", "dur", "coll_step", "coll", "bwd_step", "bwd"):
+        for name in ("step", "start", "dur", "runq", "coll_step", "coll", "bwd_step", "bwd"):
             setattr(self, name, Appendable(narrow=True))
 
     def add_numbers(self, kind: str, numbers: np.ndarray) -> None:
@@ -137,6 +139,7 @@ class _Steps:
     dur: np.ndarray  # µs
     coll: np.ndarray | None  # µs in collectives per step; None when they are recorded in too few of its steps
     bwd: np.ndarray | None  # µs in backward per step; likewise
+    runq: np.ndarray | None = None  # µs its training thread waited for a CPU per step; None when it never did
 
     def numbers(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """The step numbers of rows [lo, hi), int64."""
@@ -239,12 +242,14 @@ def _compact(r: _Rank) -> tuple[_Steps, np.ndarray, np.ndarray]:
     number, start, dur = number[order], start[order], dur[order]
     first = np.r_[True, number[1:] != number[:-1]]
     number, start, dur = number[first], start[first], dur[first]
+    runq = r.runq.view()[order][first] if r.runq.n == len(order) else None
 
     def per_step(steps: Appendable, times: Appendable) -> np.ndarray | None:
         covered = steps.n > 0 and len(np.intersect1d(number, steps.view())) >= COVERED * len(number)
         return _narrow(_per_step(number, steps.view(), times.view())) if covered else None
 
-    steps = _Steps(_runs(number), _narrow(dur), per_step(r.coll_step, r.coll), per_step(r.bwd_step, r.bwd))
+    steps = _Steps(_runs(number), _narrow(dur), per_step(r.coll_step, r.coll), per_step(r.bwd_step, r.bwd),
+                   _narrow(runq) if runq is not None and runq.any() else None)
     return steps, number.astype(np.int64), start.astype(np.int64)
 
 
@@ -256,7 +261,7 @@ def _summary(r: _Rank, steps: _Steps) -> _Summary:
 
 
 def _kept_bytes(steps: _Steps) -> int:
-    return sum(a.nbytes for a in (steps.runs, steps.dur, steps.coll, steps.bwd) if a is not None)
+    return sum(a.nbytes for a in (steps.runs, steps.dur, steps.coll, steps.bwd, steps.runq) if a is not None)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -269,7 +274,9 @@ class Straggler(Rule):
     """For a job with several ranks, TRAIN steps only. Per rank and step, the time *outside* collective waits:
     the step minus its collectives where they are recorded per step (explicit torch.distributed calls), else
     the step minus its backward pass (DDP reduces gradients inside backward, so a fast rank's backward grows by
-    its wait and the straggler's does not). Per step number shared by at least two ranks, each rank's excess
+    its wait and the straggler's does not), and less the time the rank's training thread waited for a CPU (`runq_us`:
+    a rank slowed by a busy or limited CPU is the machine's, CPUContention's finding; `own_outside`). Per step
+    number shared by at least two ranks, each rank's excess
     over the median of the other ranks (of all ranks beyond 16); over every window of `window` consecutive shared
     steps, a rank whose mean excess is above `threshold` % of the median step and above `min_excess_ms` is a
     straggler. A node all of whose ranks are stragglers (with other nodes in the job) is named as the straggling
@@ -376,6 +383,7 @@ class Straggler(Rule):
                 r.step.extend(cols.step[rows])
                 r.start.extend(cols.start[rows])
                 r.dur.extend(duration[rows])
+                r.runq.extend(contention.step_runq(cols, rows))
             r.widen(cols.step[rows], cols.start[rows])
         for kind, attr in ((COLLECTIVE, "coll"), (BACKWARD, "bwd")):
             for (node, rank), rows in cols.groups(cols.kind_is(kind) & train, by_mode=False):
@@ -603,7 +611,8 @@ def _basis(covered: list[tuple[bool, bool]]) -> str:
 
 
 def _outside(r: _Steps, basis: str, lo: int = 0, hi: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rows [lo, hi) of a rank, one per step number: (numbers, time outside waits, step duration)."""
+    """Rows [lo, hi) of a rank, one per step number: (numbers, time outside waits, step duration), both its own
+    (less its wait for a CPU: `own_outside`)."""
     rows = slice(lo, hi)
     dur = r.dur[rows].astype(np.int64)
     numbers = r.numbers(int(lo), int(hi) if hi is not None else None)
@@ -612,7 +621,9 @@ def _outside(r: _Steps, basis: str, lo: int = 0, hi: int | None = None) -> tuple
         dur_out = np.maximum(dur - subtract[rows].astype(np.int64), 0)
     else:
         dur_out = np.maximum(dur, 0)
-    return numbers, dur_out.astype(np.float64), dur.astype(np.float64)
+    runq = r.runq[rows] if r.runq is not None else None
+    out, own = own_outside(dur.astype(np.float64), dur_out.astype(np.float64), runq, basis)
+    return numbers, out, own
 
 
 def _per_step(number: np.ndarray, steps: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -34,6 +34,23 @@ def _stake(excess: np.ndarray, fired: np.ndarray) -> float:
     return float(np.sum(per_step[np.isfinite(per_step)]))
 
 
+def own_outside(dur: np.ndarray, outside: np.ndarray, runq: np.ndarray | None,
+                basis: str) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's time outside waits and its step, less the time its training thread waited for a CPU (`runq`, µs; the
+    machine's slowness is CPUContention's, not the rank's). A thread waiting in a collective sleeps, so with the
+    collectives taken out (or nothing) the delay falls outside them, whole; with the backward pass taken out
+    (DDP reduces inside it, computing too) it is spread over the step, the outside part losing its share."""
+    if runq is None:
+        return outside, dur
+    runq = np.minimum(runq.astype(np.float64), dur)
+    if basis == "backward":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lost = np.where(dur > 0, runq * outside / np.maximum(dur, 1.0), 0.0)
+    else:
+        lost = np.minimum(runq, outside)
+    return np.maximum(outside - np.round(lost), 0.0), dur - runq
+
+
 LEAVE_ONE_OUT_UP_TO = 16  # ranks: each is compared with the median of the *others* (with two ranks, the other one)
 
 

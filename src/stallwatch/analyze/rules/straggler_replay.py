@@ -8,11 +8,12 @@ from typing import Iterator
 
 import numpy as np
 
+from stallwatch.analyze import contention
 from stallwatch.analyze.framework_frame import FrameworkColumns, new_events
 from stallwatch.analyze.rules import straggler_excess
 from stallwatch.analyze.rules.base import Replay
 from stallwatch.analyze.rules.kit.stats import column_medians
-from stallwatch.analyze.rules.straggler_excess import LEAVE_ONE_OUT_UP_TO, _excess, _stake, _Summary
+from stallwatch.analyze.rules.straggler_excess import LEAVE_ONE_OUT_UP_TO, _excess, _stake, _Summary, own_outside
 from stallwatch.records import BACKWARD, COLLECTIVE, STEP, TRAIN
 
 REPLAY_CELLS = 1 << 23  # ranks × step numbers read again at once (16 bytes a cell: the block's two matrices)
@@ -38,6 +39,7 @@ class _Replayed:
             self.centers = np.full(len(self.numbers), np.nan) if len(ranks) > LEAVE_ONE_OUT_UP_TO else None
         else:
             self.numbers, self.starts, self.centers = of.numbers, of.starts, of.centers
+        self.basis = basis
         self.wait = {"collectives": COLLECTIVE, "backward": BACKWARD}.get(basis)
         by_node: dict[str, list[tuple[int, int]]] = {}
         for (node, rank), i in self.index.items():
@@ -118,7 +120,7 @@ class _Replayed:
         plan = self.plan()
         kinds = (STEP,) if self.wait is None else (STEP, self.wait)
         chunks = self.replay([piece for _, _, pieces in plan for piece in pieces], kinds=kinds,
-                             fields=("kind", "mode", "step", "end_us"))
+                             fields=("kind", "mode", "step", "end_us", "args"))  # args: each step's runq_us
         columns = _Columns(self, width)
         for lo, hi, pieces in plan:
             a, b = (int(x) for x in np.searchsorted(self.numbers, [lo, hi]))
@@ -203,9 +205,10 @@ class _Columns:
             return
         key = rank[kind] * len(g.numbers) + column[kind]
         start, dur = start[kind], duration[kind]
+        runq = contention.step_runq(cols, rows[kind])
         order = _by_key_then_start(key, start)
         first = order[np.r_[True, np.diff(key[order]) != 0]]  # each rank's first step of each number
-        mine, fs, fd = key[first], start[first], dur[first]  # sorted by rank, then column
+        mine, fs, fd, fq = key[first], start[first], dur[first], runq[first]  # sorted by rank, then column
         wait = np.zeros(len(mine), np.int64)
         if g.wait is not None:
             kind = cols.kind_is(g.wait)[rows]
@@ -216,8 +219,10 @@ class _Columns:
                 wait += np.bincount(pos[hit], weights=duration[kind][hit], minlength=len(mine)).astype(np.int64)
         fr, fc = np.divmod(mine, len(g.numbers))
         np.minimum.at(g.starts, fc, fs)
-        self.outside[fr, fc - self.base] = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
-        self.steps[fr, fc - self.base] = fd
+        outside = np.maximum(fd - wait, 0) if g.wait is not None else np.maximum(fd, 0)
+        out, own = own_outside(fd.astype(np.float64), outside.astype(np.float64), fq if fq.any() else None, g.basis)
+        self.outside[fr, fc - self.base] = out
+        self.steps[fr, fc - self.base] = own
 
     def emit(self, upto: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Hand out columns [emitted, upto), `width` at a time: the block's, or none (NaN) before it."""
