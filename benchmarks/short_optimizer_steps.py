@@ -172,6 +172,15 @@ def main() -> None:
     for v in variants[1:]:
         head += [f"{v} µs", f"{v} vs bare"]
     print(table(head, rows))
+    # Pair by pair (each round's variants ran next to each other): the machine's drift between rounds cancels.
+    pairs = []
+    for v in variants[1:]:
+        for i, what in enumerate(("wall", "main thread CPU")):
+            d = sorted(100 * (x[i] / b[i] - 1) for x, b in zip(got[v], got["bare"]))
+            pairs.append([v, what, f"{statistics.median(d):+.1f} %", f"{d[0]:+.1f} … {d[-1]:+.1f} %",
+                          f"{sum(1 for x in d if x > 0)} of {len(d)}"])
+    print()
+    print(table(["variant", "per step", "median of pairs", "range", "slower in"], pairs))
 
 
 if __name__ == "__main__":

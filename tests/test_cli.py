@@ -242,6 +242,40 @@ def test_rule_parameters_given_to_run_apply_at_the_end_and_summary_evaluates_aga
     bad = run_stallwatch("report", str(run), "--param", "StepOutlier.stddev=lots")
     assert bad.returncode == 2 and "StepOutlier.stddev='lots': must be a number" in bad.stderr, bad.stderr
 
+    # `rules RUN` evaluates again with the run's own parameters (it took the defaults: a second story), each one
+    # overridden by its own --param; every derived file follows (findings.json) or is said to be stale (report)
+    (run / "report.html").write_text("<html>the earlier story</html>")
+    (run / "rules" / "MaxInitializationTime.json").unlink()
+    p = run_stallwatch("rules", str(run), "--param", "StepOutlier.stddev=3.5")
+    assert p.returncode == 0, p.stderr
+    assert "threshold:0.02" in rule("MaxInitializationTime")["RuleParameters"]
+    assert rule("MaxInitializationTime")["RuleTriggered"] == 1
+    assert "stddev:3.5" in rule("StepOutlier")["RuleParameters"]
+    findings = json.loads((run / "findings.json").read_text())
+    assert "MaxInitializationTime" in {f["rule"] for f in findings["findings"]}
+    assert "report.html still show the earlier evaluation" in p.stderr
+    assert "MaxInitializationTime" in found()
+    # summary and report evaluating again (a --param of theirs) keep the run's other parameters
+    s = run_stallwatch("summary", str(run), "--json", "--param", "StepOutlier.stddev=4")
+    assert "MaxInitializationTime" in {f["rule"] for f in json.loads(s.stdout)["findings"]["findings"]}, s.stderr
+
+
+def test_a_runs_bad_rule_parameters_are_said_and_left_out_when_evaluated_again(run_stallwatch, tmp_path: Path):
+    """The run's config is data: a parameter in it that does not parse or names no rule is said once and left out;
+    the rules are evaluated with the run's good ones."""
+    run = tmp_path / "run"
+    make_run(run, nodes=("algo-1",))
+    cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
+    cfg["rule_params"] = ["StepOutlier.stddev=lots", "NoSuchRule.x=1", "MaxInitializationTime.threshold=0.02"]
+    (run / "config.json").write_text(json.dumps(cfg))
+    p = run_stallwatch("rules", str(run))
+    assert p.returncode == 0, p.stderr
+    assert "StepOutlier.stddev='lots'" in p.stderr and "NoSuchRule" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    doc = json.loads((run / "rules" / "MaxInitializationTime.json").read_text())
+    assert "threshold:0.02" in doc["RuleParameters"]
+    assert "lots" not in json.loads((run / "rules" / "StepOutlier.json").read_text())["RuleParameters"]
+
 
 def test_a_bad_custom_rule_in_a_config_file_leaves_the_built_in_rules_running(run_stallwatch, tmp_path):
     """A config file never stops a job: its bad custom rule is one line, the job and the built-in rules run."""

@@ -273,10 +273,15 @@ class RunAnalysis:
         self._given = list(results) if results is not None else None
 
     def evaluate_rules(self, rule_classes: Sequence[type[Rule]]) -> list[RuleResult]:
-        """Evaluate `rule_classes` over the whole run (an hour at a time), with this analysis's parameters."""
+        """Evaluate `rule_classes` over the whole run (an hour at a time), with the run's own rule parameters (its
+        `--param`s) overridden by this analysis's."""
         from stallwatch.analyze.judge.by_node import evaluate_run
+        from stallwatch.analyze.judge.params import run_rule_params
+        from stallwatch.analyze.rules.registry import builtin_rules
 
-        return evaluate_run(self.run, rule_classes, self._params, engine=self.engine, progress=self.rules_progress)
+        known = builtin_rules() + [r for r in [*self._extra_rules, *rule_classes] if r not in builtin_rules()]
+        params = run_rule_params(self.run.location, known, self._params)  # the run's own, unless given here
+        return evaluate_run(self.run, rule_classes, params, engine=self.engine, progress=self.rules_progress)
 
     def stored_rule_results(self) -> dict[str, RuleResult] | None:
         """rules/*.json as `stallwatch run` or `stallwatch rules` wrote them, once every node has finished (a

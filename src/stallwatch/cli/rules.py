@@ -10,12 +10,14 @@ from stallwatch.cli.opening import open_engine_or_say, open_with_rules
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary.
+    """Evaluate the rules on a run (finished or running), write rules/<RuleName>.json, print the summary. The
+    rules take the parameters the run was recorded with (`run --param`), each overridden by this `--param`.
     Custom rules run only when named here (`--custom-rule`): never because the run's config names them."""
     from stallwatch.analyze.rules.base import ParameterError
     from stallwatch.analyze.judge.by_node import evaluate_run
     from stallwatch.analyze.judge.feed import count_slices
     from stallwatch.analyze.judge.live import follow
+    from stallwatch.analyze.judge.params import run_rule_params
     from stallwatch.analyze.rules.registry import builtin_rules
     from stallwatch.present.progress import Progress
     from stallwatch.present.rules_table import rules_table
@@ -28,6 +30,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     try:
         known = builtin_rules() + [c for c in custom if c not in builtin_rules()]
         classes = [_rule_named(n, known) for n in args.rule] if args.rule else known
+        params = run_rule_params(run.location, known, params)  # the run's own `--param`s, unless given here
         if args.follow:
             if args.engine != "local":
                 raise ParameterError("--follow evaluates new data as it arrives, in this process: "

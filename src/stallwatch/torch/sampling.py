@@ -3,7 +3,8 @@ per step, see docs/benchmarks.md). Above `sample_steps_above_per_s` a rank's ste
 every PERIOD_S and only counted in between, with the per-step hooks off the classes (the job runs bare):
 
 - A stretch of timed steps starts at the first step boundary after each second of the wall clock (every rank
-  samples about the same step numbers, so Straggler can compare them) and ends at the first boundary TIMED_S on.
+  samples about the same step numbers, so Straggler can compare them) and ends at the first boundary TIMED_S on,
+  or sooner where TIMED_STEPS of the rank's paused steps take less (a loop of 30 µs steps: ~3 ms).
 - Counting is exact: a DataLoader's iterator counts its batches itself; explicit marks (`prof.step()`, Keras)
   add one each; in a loop delimited by `optimizer.step()` the optimizer's global hooks stay on, reduced to
   counting its first optimizer's steps (with a GradScaler, its `scaler.step(optimizer)` counts them, the updates it
@@ -28,6 +29,10 @@ from stallwatch.torch.steps import EXPLICIT, LOADER, OPTIMIZER_SOURCE, PAIRS, RA
 
 PERIOD_S = 1.0
 TIMED_S = 0.01  # 1 % of the time timed: at 20 µs steps (+15 µs each timed) about 0.75 % of the job
+# ... and at most about this many steps a stretch (at the rate the paused steps ran): a 30 µs loop's 10 ms held
+# 200–300 timed steps a second, each +50 % (job CPU +0.5–1 % of the 2 % allowed); 100 a second are plenty for
+# the rules' medians and shares (6,000 a minute), and every step is still counted.
+TIMED_STEPS = 100
 
 
 class StepSampling:
@@ -43,14 +48,15 @@ class StepSampling:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._last_us = 0
+        self._timed_s = TIMED_S  # this rank's stretch: TIMED_S, or TIMED_STEPS of its paused steps when shorter
         tracker.on_rate = self._rate
         tracker.on_pause = self._paused
         tracker.on_resume = self._resumed
         tracker.count_paused = hooks.count_paused  # type: ignore[attr-defined]
 
     def _rate(self, end_us: int) -> None:
-        """The training thread, every RATE_EVERY timed steps: start sampling when they came faster than the
-        threshold."""
+        """The training thread, at the first timed step and every RATE_EVERY after: start sampling when they came
+        faster than the threshold."""
         last, self._last_us = self._last_us, end_us
         if self.active or self._closed or not last or end_us <= last:
             return
@@ -96,6 +102,8 @@ class StepSampling:
     def _resumed(self, steps: int, paused_us: int) -> None:
         self.hooks.arm_optimizer()  # type: ignore[attr-defined]  # here: never while torch iterates them
         self.stretches += 1
+        if steps > 0 and paused_us > 0:
+            self._timed_s = min(TIMED_S, TIMED_STEPS * paused_us / steps / 1e6)
         if not self.active:
             return
         if steps * 1e6 < paused_us * self.above / 2 or not self._allowed():
@@ -120,7 +128,7 @@ class StepSampling:
                 waited = 0
                 if not self.active or self._closed:
                     break
-                tracker.pause_after_us = int((boundary + TIMED_S) * 1e6)
+                tracker.pause_after_us = int((boundary + self._timed_s) * 1e6)
                 self.hooks.arm()  # type: ignore[attr-defined]
                 tracker.rearmed = True  # after: a mark before the hooks are all back is counted, not timed
         except Exception as exc:  # never into the job; the hooks go back on, every step timed

@@ -694,7 +694,8 @@ class StepTracker:
         self.counts[mode] = number + 1
         self._last_end = end_us
         self._timed += 1
-        if not self._timed % RATE_EVERY and self.on_rate is not None:
+        # ... and of the first (its end starts the first span): sampling can start after RATE_EVERY steps, not 2×
+        if (self._timed == 1 or not self._timed % RATE_EVERY) and self.on_rate is not None:
             self.on_rate(end_us)
         if step.loader is not None and step.work:
             self._loader_modes[step.loader] = mode
