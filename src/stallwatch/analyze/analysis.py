@@ -27,6 +27,7 @@ from stallwatch.analyze import compare as _compare
 from stallwatch.analyze import cost as _cost
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
+from stallwatch.analyze import job_usage as _job_usage
 from stallwatch.analyze import loss as _loss
 from stallwatch.analyze import node_series as _node_series
 from stallwatch.analyze import node_tasks as _node_tasks
@@ -442,6 +443,10 @@ class RunAnalysis:
         """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics (from the
         finest rollup with `overview_from_rollups`: p50 / p95 then of 10 s means)."""
         return self._source.usage(node)
+
+    def job_usage(self, node: str) -> _job_usage.JobUsage | None:
+        """The job's own CPU (of the host's cores, in cores), RSS and loader workers beside the host's CPU."""
+        return _job_usage.job_usage(node, self.usage(node), self.node_record(node).cpu_cores_logical)
 
     def usage_level_us(self, node: str) -> int:
         """The rollup level whose bucket means give the node's utilization percentiles: the finest with at most
