@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from stallwatch.analyze import captures as _captures
 from stallwatch.analyze import compare as _compare
 from stallwatch.analyze import cost as _cost
+from stallwatch.analyze import finding_marks as _finding_marks
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import job_usage as _job_usage
@@ -559,6 +560,13 @@ class RunAnalysis:
         """Moments the rules flagged: the slowest outlier steps (and older results' last flagged windows)."""
         rules = self.rules_by_name
         return _timeline.outlier_markers(rules) + _timeline.last_window_markers(rules)
+
+    @cached_property
+    def finding_marks(self) -> tuple[list[Span], list[Marker]]:
+        """Where the top findings happened: their windows as spans, their steps as markers (steps only when the
+        step events are read anyway: not from rollups)."""
+        steps = None if self.overview_from_rollups else self.steps
+        return _finding_marks.finding_marks(self.findings.findings, steps)
 
     @cached_property
     def flag_totals(self) -> dict[str, int]:
