@@ -35,6 +35,7 @@ from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import overhead as _overhead
 from stallwatch.analyze import price as _price
+from stallwatch.analyze import python_profiles as _python_profiles
 from stallwatch.analyze import ranks as _ranks
 from stallwatch.analyze import sampled as _sampled
 from stallwatch.analyze import sources as _sources
@@ -381,6 +382,12 @@ class RunAnalysis:
     def escalations(self) -> list[dict[str, Any]]:
         """The automatic captures firing rules asked for: rule, start_us/end_us, layers, evidence."""
         return run_files.read_escalations(self.run.location)
+
+    @cached_property
+    def python_functions(self) -> list[_python_profiles.WindowFunctions]:
+        """Each Python-profiling window with its most expensive functions (from the summary stored with it)."""
+        windows = self.profiles("python")
+        return _python_profiles.window_functions(windows, self.run.functions()) if windows else []
 
     @cached_property
     def captures(self) -> list[_captures.Capture]:
