@@ -31,7 +31,7 @@ def _python_window(root: Path, *, rows: list[dict] | None, start_us: int, pstats
         files.append(layout.FUNCTIONS_PARQUET)
     record = {"layer": "python", "start_us": start_us, "end_us": start_us + 2 * S, "node": "algo-1", "rank": 0,
               "window": window, "files": files, "summary_error": None if rows is not None else "making it failed",
-              "first_step": 10, "last_step": 12, "range": "10:3", "mode": "TRAIN", "profiler": "cProfile",
+              "first_step": 10, "last_step": 12, "range": "10:3", "mode": "TRAIN", "profiler": "cprofile",  # as the collector writes it
               "status": "complete"}
     loc.write_atomic(f"{d}/{layout.WINDOW_JSON}", json.dumps(record).encode())
     return d
@@ -40,7 +40,8 @@ def _python_window(root: Path, *, rows: list[dict] | None, start_us: int, pstats
 def _rows(n: int) -> list[dict]:
     rows = [{"function": f"fn{i}", "file": f"/home/me/project/pkg/mod{i}.py", "line": i + 1, "calls": 10 * i,
              "self_us": 1000.0 * i, "total_us": 5000.0 * i} for i in range(n)]
-    rows.append({"function": HOSTILE, "file": "/x/y/z.py", "line": 3, "calls": 1, "self_us": 500.0, "total_us": 1.0})
+    rows.append({"function": "<built-in method time.sleep>", "file": "~", "line": 0, "calls": 1, "self_us": 20_500.0,
+                 "total_us": 20_500.0})
     return rows
 
 
@@ -56,6 +57,7 @@ def test_a_python_windows_top_functions_are_listed(tmp_path: Path):
     assert table.rows[0] == ["fn29", "pkg/mod29.py:30", 290, 29.0, 145.0]  # most own time first
     assert [r[3] for r in table.rows] == sorted((r[3] for r in table.rows), reverse=True)
     assert "steps 10–12" in table.caption
+    assert ["<built-in method time.sleep>", "built-in", 1, 20.5, 20.5] in table.rows
     (failed,) = [b for b in section.blocks if isinstance(b, NotApplicable)]
     assert "no function summary was stored with it (making it failed)" in failed.reason
 

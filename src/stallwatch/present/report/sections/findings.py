@@ -49,6 +49,7 @@ PYTHON_TEXT = ("What the Python profiler saw in each Python-profiling window: th
                "themselves (own time), with the time of what they called (cumulative) and their calls (for "
                "pyinstrument: the frames it sampled). The full profile is stored in the window's directory, to open "
                "with snakeviz or pyinstrument.")
+PROFILERS = {"cprofile": "cProfile", "pyinstrument": "pyinstrument"}  # as the profilers spell themselves
 MAX_WINDOWS = 6  # windows whose functions are listed: a run with many windows lists the first ones
 
 
@@ -63,7 +64,7 @@ def python_blocks(windows: list[WindowFunctions], captures: list[Capture]) -> li
                  and w.last_step != w.first_step else f"step {w.first_step}" if w.first_step is not None
                  else f"from {format_us(w.start_us)}")
         by = f", the capture {asked[w.path]} asked for" if w.path in asked else ""
-        caption = f"{w.profiler} on {w.node} rank {w.rank}, {steps}{by}: `{w.path}`"
+        caption = f"{PROFILERS.get(w.profiler, w.profiler)} on {w.node} rank {w.rank}, {steps}{by}: `{w.path}`"
         if not w.top:
             why = f" ({w.summary_error})" if w.summary_error else ""
             blocks.append(NotApplicable(f"{caption}: no function summary was stored with it{why}."))
@@ -80,6 +81,8 @@ def python_blocks(windows: list[WindowFunctions], captures: list[Capture]) -> li
 
 def _where(file: str, line: int) -> str:
     """A function's file as its last two path parts and line: enough to find it, short enough for the table."""
+    if file in ("~", ""):  # cProfile's file of a built-in (C) function
+        return "built-in"
     parts = file.replace("\\", "/").rstrip("/").split("/")
     short = "/".join(parts[-2:]) if len(parts) > 2 else file
     return f"{short}:{line}" if line else short
