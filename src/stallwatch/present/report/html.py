@@ -59,9 +59,9 @@ code { font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; 
 .caption { font-weight: 600; margin: 16px 0 6px; }
 .table-wrap { overflow-x: auto; margin: 6px 0 14px; }
 table { border-collapse: collapse; font-size: 14px; }
-th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
+th, td { padding: 5px 8px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
 th { background: var(--bg-alt); font-weight: 600; }
-td.long { min-width: 26ch; }
+td.long { min-width: 22ch; }
 td { overflow-wrap: break-word; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.num { white-space: nowrap; }  /* a number never breaks; its header may wrap */
