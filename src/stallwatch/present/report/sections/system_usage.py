@@ -64,9 +64,6 @@ def build(analysis: RunAnalysis) -> list[Section]:
     jobs = {node: analysis.job_usage(node) for node in nodes}
     blocks: list[Block] = [v for node in nodes if (v := node_verdict(node, details, jobs[node])) is not None]
     blocks.append(Paragraph(INTRO))
-    own = job_table([j for j in jobs.values() if j is not None])
-    if own is not None:
-        blocks += [Paragraph(JOB_INTRO), own]
     rows = []
     for node in nodes:
         for metric in METRICS:
@@ -75,6 +72,9 @@ def build(analysis: RunAnalysis) -> list[Section]:
                 scale = MB if metric == "Network" else 1.0
                 rows.append([node, metric, UNITS[metric], *(_num(v, scale) for v in _values(stats))])
     blocks.append(Table(["node", "metric", "unit", *STATS], rows))
+    own = job_table([j for j in jobs.values() if j is not None])
+    if own is not None:  # whose CPU it was, right under the host's
+        blocks += [Paragraph(JOB_INTRO), own]
     devices = details.devices
     # each value in the unit that reads (1.2 kB/s, 35 MB/s), not all in MB/s (0.0012 MB/s)
     rates = [[node, RATES[metric], *(format_value(v, "B/s") for v in _values(stats))]
