@@ -52,7 +52,7 @@ def job_line(job: JobUsage) -> str:
 
     cpu = job.job_cpu
     of = f"the host's {job.cores} cores" if job.cores else "the host's cores"
-    text = (f"  {job.node}: the job's own processes used {cpu.mean_pct:.0f}% of {of} on average"
+    text = (f"{job.node}: the job's own processes used {cpu.mean_pct:.0f}% of {of} on average"
             f"{cores(cpu.mean_cores)}, p95 {cpu.p95_pct:.0f}%{cores(cpu.p95_cores)}")
     if job.host_cpu is not None:
         text += f"; the host's CPUs (every process) {job.host_cpu.mean_pct:.0f}%"
@@ -67,7 +67,8 @@ def job_line(job: JobUsage) -> str:
                                                               f" using {busy.mean_pct:.0f}%{cores(busy.mean_cores)}"))
     elif job.workers_max == 0:
         parts.append("no loader workers")
-    return "; ".join(parts)
+    return textwrap.fill("; ".join(parts), 110, initial_indent="  ", subsequent_indent="    ",
+                         break_on_hyphens=False)
 
 
 GPU_PHASES_NOTE = ("On a GPU these phases are host time: a call returns once its kernels are queued, and the GPU's "

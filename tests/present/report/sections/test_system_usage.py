@@ -138,7 +138,8 @@ def test_the_terminal_summary_says_whose_cpu_it_is(tmp_path: Path):
     from stallwatch.present.summary import summary_text
 
     text = summary_text(RunAnalysis(open_run(str(_busy_host_run(tmp_path / "run", job_pct=21.0)))))
-    line = next(x for x in text.splitlines() if "the job's own processes" in x)
+    start = text.index("  algo-1: the job's own processes")
+    line = " ".join(text[start:text.index("\n\n", start)].split())  # wrapped for the terminal: one paragraph
     assert "used 21% of the host's 8 cores on average (1.7 cores)" in line
     assert "busy mostly with other work, not the job" in line
     assert "RSS up to 2 GB" in line and "2 loader worker(s) using 10% (0.8 cores)" in line
