@@ -41,7 +41,8 @@ header p { margin: 0; color: var(--muted); }
 .page { display: flex; align-items: flex-start; }
 nav { position: sticky; top: 0; flex: 0 0 220px; max-height: 100vh; overflow-y: auto; padding: 20px 12px 20px 20px;
       border-right: 1px solid var(--line); font-size: 14px; }
-nav h2 { font-size: 13px; text-transform: uppercase; letter-spacing: .05em; color: var(--muted); margin: 0 0 8px; }
+nav h2 { font-size: 13px; text-transform: uppercase; letter-spacing: .05em; color: var(--muted); margin: 0 0 8px;
+         padding: 0; border: 0; }
 nav ol, nav ul { margin: 0; padding-left: 18px; }
 nav li { margin: 3px 0; }
 nav a { color: var(--accent); text-decoration: none; }
@@ -70,7 +71,7 @@ td.num { white-space: nowrap; }  /* a number never breaks; its header may wrap *
   .page { display: block; }
   nav { position: static; max-height: none; border-right: 0; border-bottom: 1px solid var(--line);
         padding: 12px 20px; columns: 2 220px; column-gap: 32px; }
-  nav ol { break-inside: auto; }
+  nav li { break-inside: avoid; }  /* a section and its subsections in one column */
   main { padding: 8px 20px 60px; }
   header { padding: 20px 20px 14px; }
 }
