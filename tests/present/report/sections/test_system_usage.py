@@ -143,3 +143,16 @@ def test_the_terminal_summary_says_whose_cpu_it_is(tmp_path: Path):
     assert "used 21% of the host's 8 cores on average (1.7 cores)" in line
     assert "busy mostly with other work, not the job" in line
     assert "RSS up to 2 GB" in line and "2 loader worker(s) using 10% (0.8 cores)" in line
+
+
+def test_a_gpu_node_held_back_by_busy_cpus_says_whose_they_were():
+    from stallwatch.analyze.job_usage import JobUsage, Share
+
+    details = OverallSystemUsageDetails.from_json({"CPU": {"n1": _stats(90)}, "GPU": {"n1": _stats(50)}})
+    others = JobUsage("n1", 8, Share(88.0, 90.0, 93.0, 7.0, 7.2), Share(20.0, 25.0, 30.0, 1.6, 2.0))
+    v = node_verdict("n1", details, others)
+    assert v is not None and v.level == ISSUE and "likely because of CPU bottlenecks" in v.text
+    assert v.text.endswith("The job's own processes used 20 % of the host's cores on average (1.6 cores); other "
+                           "work on node n1 used about 68 % more.")
+    busy = JobUsage("n1", 8, Share(88.0, 90.0, 93.0, 7.0, 7.2), Share(80.0, 85.0, 90.0, 6.4, 6.8))
+    assert node_verdict("n1", details, busy).text.endswith("used 80 % of the host's cores on average (6.4 cores).")
