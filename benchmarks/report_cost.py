@@ -14,7 +14,7 @@ Each measurement runs in a fresh process; peak memory is that process's VmHWM (p
   rules         (--with-rules) evaluating the eleven rules over the run, which `stallwatch report` does first on
                 a run without stored results
 The report process also times each section and the final rendering, and the file's size is split into
-Bokeh's inline JavaScript and the rest (charts' data, tables, text).
+the inline JavaScript (BokehJS and draw.js), the charts' specs (JSON) and the rest (tables, text).
 
 Run: python benchmarks/report_cost.py [--data DIR] [--repeat 1] [--with-rules]
 """
@@ -63,7 +63,7 @@ def with_stored_rules(run_dir: Path) -> float:
 
 def child_report(run_dir: str, out: str) -> dict[str, Any]:
     from stallwatch.present.report import TITLE, subtitle
-    from stallwatch.present.report.context import ReportContext
+    from stallwatch.analyze.analysis import RunAnalysis as ReportContext
     from stallwatch.present.report.html import render
     from stallwatch.present.report.sections import section_modules
     from stallwatch.store.location import RunLocation
@@ -82,8 +82,8 @@ def child_report(run_dir: str, out: str) -> dict[str, Any]:
     per_section.append(["render + write", time.perf_counter() - a])
     total = time.perf_counter() - t0
     blocks = re.findall(r"<script[^>]*>.*?</script>", html.decode("utf-8"), flags=re.S)
-    library = sum(len(b) for b in blocks if "/* BEGIN bokeh" in b[:200])
-    charts = sum(len(b) for b in blocks if "Bokeh.safely" in b[:200])
+    library = sum(len(b) for b in blocks if "const Draw" in b)  # BokehJS + draw.js, one script
+    charts = sum(len(b) for b in blocks if 'id="stallwatch-charts"' in b[:200])  # the specs, as JSON
     return {"total_s": total, "bytes": len(html), "bokeh_js_bytes": library, "chart_bytes": charts,
             "sections": per_section, "rss_peak": peak_rss()}
 
@@ -161,8 +161,8 @@ def main() -> None:
     print(table(["what", "time", "peak memory", "file", f"<= {TARGET_S:.0f} s, <= 10 MB?"], rows))
     print()
     print(table(["section", "time"], [[name, f"{s:.2f} s"] for name, s in report["sections"]]))
-    print(f"\nfile: {report['bytes'] / MB:.2f} MB: Bokeh's inline JavaScript {report['bokeh_js_bytes'] / MB:.2f} MB, "
-          f"the charts' models and data {report['chart_bytes'] / MB:.2f} MB, the rest (text, tables, styles) "
+    print(f"\nfile: {report['bytes'] / MB:.2f} MB: BokehJS and draw.js {report['bokeh_js_bytes'] / MB:.2f} MB, "
+          f"the charts' specs {report['chart_bytes'] / MB:.2f} MB, the rest (text, tables, styles) "
           f"{(report['bytes'] - report['bokeh_js_bytes'] - report['chart_bytes']) / MB:.2f} MB; baseline read "
           f"{baseline['snapshots']:,} snapshots and {baseline['events']:,} events")
 

@@ -1,13 +1,13 @@
-"""Notebook views built from generated runs (a path, a Path or a Run), their Bokeh models and numbers, and a real
-notebook executed by a Jupyter kernel (nbclient + ipykernel) rendering them inline."""
+"""Notebook views built from generated runs (a path, a Path or a Run), their chart specs and numbers, and a real
+notebook executed by a Jupyter kernel (nbclient + ipykernel) rendering them inline (the report's draw.js)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from bokeh.models import GlyphRenderer, GridPlot, Image, Model, Quad
 
 from stallwatch.notebook import Heatmap, MetricsHistogram, StepHistogram, Timeline
+from stallwatch.present import charts
 from stallwatch.store.reader import open_run
 from tests.analyze.rules._gen import make_node, plant_cpu_bottleneck
 from tests.present.generated_run import S, training_run, write_run
@@ -20,15 +20,15 @@ def run_dir(tmp_path_factory):
     return training_run(tmp_path_factory.mktemp("nb") / "run", frames=[a, b], ranks=2, slow={100: 2 * S})
 
 
-def _glyphs(model, kind):
-    figs = [c[0] for c in model.children] if isinstance(model, GridPlot) else \
-        getattr(model, "children", None) or [model]
-    return [r for f in figs for r in f.renderers if isinstance(r, GlyphRenderer) and isinstance(r.glyph, kind)]
+def _specs(model, kind):
+    """The specs of `kind` a view draws (a grid's children)."""
+    specs = model.children if isinstance(model, charts.GridSpec) else [model]
+    return [s for s in specs if isinstance(s, kind)]
 
 
 def test_metrics_histogram_shares_sum_to_100(run_dir):
     view = MetricsHistogram(str(run_dir), select_dimensions=["CPU", "GPU"])
-    assert isinstance(view.figure, Model)
+    assert isinstance(view.figure, charts.ChartSpec)
     assert set(view.histograms) == {("algo-1", "CPU"), ("algo-1", "GPU"), ("algo-2", "CPU"), ("algo-2", "GPU")}
     cpu = view.histograms[("algo-1", "CPU")]
     assert [h.name for h in cpu] == ["cpu total", "cpu0", "cpu1", "cpu2", "cpu3"]
@@ -37,7 +37,7 @@ def test_metrics_histogram_shares_sum_to_100(run_dir):
     # cpu2 was saturated (95 %) for 1200 of 2400 snapshots: half its samples in the 94-96 % bin
     cpu2 = next(h for h in cpu if h.name == "cpu2")
     assert cpu2.counts[np.searchsorted(cpu2.edges, 95.0, side="right") - 1] == pytest.approx(50.0)
-    assert len(_glyphs(view.figure, Quad)) == 2 * (5 + 2)
+    assert sum(len(h.series) for h in _specs(view.figure, charts.HistogramSpec)) == 2 * (5 + 2)
 
 
 def test_metrics_histogram_select_events(run_dir):
@@ -71,7 +71,7 @@ def test_heatmap_rows_and_selection(run_dir):
     view = Heatmap(run_dir)
     assert set(view.rows) == {"algo-1", "algo-2"}
     assert view.rows["algo-1"].names == ["gpu0", "gpu1", "cpu0", "cpu1", "cpu2", "cpu3"]
-    assert len(_glyphs(view.figure, Image)) == 2
+    assert len(_specs(view.figure, charts.HeatmapSpec)) == 2
     picked = Heatmap(run_dir, select_dimensions=["CPU", "GPU", "I/O"], select_events=["total", "gpu1"],
                      nodes=["algo-1"], plot_height=450)
     assert picked.rows["algo-1"].names == ["cpu total", "gpu1", "cpu total I/O wait"]  # in the order asked
@@ -107,13 +107,12 @@ def test_views_render_inline_in_a_jupyter_kernel(run_dir):
     nbclient.NotebookClient(nb, timeout=240, kernel_name="python3").execute()
     outputs = [c.outputs for c in nb.cells]
     assert all(o.output_type != "error" for cell in outputs for o in cell)
-    first = [o for o in outputs[1] if o.output_type == "display_data"]
-    # BokehJS is loaded inline with the first view (no network), then each view is one Bokeh document
-    assert any("application/javascript" in o.data and "Bokeh" in o.data["application/javascript"] for o in first)
+    # each view is one self-contained page (BokehJS, draw.js and its spec inline: no network) in an iframe
     for cell in outputs[1:]:
-        shown = [o for o in cell if o.output_type == "display_data"
-                 and "application/vnd.bokehjs_exec.v0+json" in o.data]
+        shown = [o for o in cell if o.output_type == "execute_result" and "text/html" in o.data]
         assert len(shown) == 1
+        page = shown[0].data["text/html"]
+        assert page.startswith("<iframe") and "Draw.render" in page and "stallwatch-charts" in page
 
 
 def test_step_histogram_reads_one_node_and_one_slice_at_a_time(run_dir, monkeypatch):

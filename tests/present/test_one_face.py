@@ -1,7 +1,7 @@
 """The report and the dashboard as one face, on one real run (a small PyTorch CPU training job under
 `stallwatch run`, its report written at the end, the run served by a real dashboard, the page in Chromium):
-every phase has one colour, the catalogue's, in every chart of the report (read from its embedded Bokeh
-documents) and of the dashboard; the dashboard formats numbers as the report's code does; and
+every phase has one colour, the catalogue's, in every chart of the report (as draw.js drew them: each chart's
+data-series) and of the dashboard; the dashboard formats numbers as the report's code does; and
 `stallwatch summary --json` prints the document the dashboard's API serves."""
 
 from __future__ import annotations
@@ -67,63 +67,48 @@ def served(real_run: Path) -> Iterator[Dashboard]:
 # -- the report's charts ------------------------------------------------------------------------------------
 
 
-def _bokeh_objects(report: str) -> dict[str, dict[str, Any]]:
-    """Every Bokeh model of the report's embedded documents, by id (references resolved through this)."""
-    out: dict[str, dict[str, Any]] = {}
-
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            if value.get("type") == "object" and "id" in value and "name" in value:
-                out.setdefault(value["id"], value)
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-
-    for literal in re.findall(r"const docs_json = '(.*?)';\n", report, re.S):  # a JS string of JSON
-        walk(json.loads(re.sub(r"\\(.)", r"\1", literal)))
-    assert out, "no Bokeh document in the report"
-    return out
+def _embedded(report: str) -> dict[str, Any]:
+    """The report's one JSON script: the catalogue and every chart's spec."""
+    text = report[report.index('id="stallwatch-charts">') + len('id="stallwatch-charts">'):]
+    return json.loads(text[:text.index("</script>")])
 
 
-def _value(attr: Any) -> Any:
-    return attr.get("value") if isinstance(attr, dict) and attr.get("type") == "value" else attr
-
-
-def report_colours(report: str) -> dict[str, set[str]]:
-    """Legend label -> the fill (or line) colours of the glyphs it names, over every chart of the report."""
-    objects = _bokeh_objects(report)
-
-    def resolve(ref: Any) -> dict[str, Any]:
-        return objects.get(ref.get("id"), ref) if isinstance(ref, dict) else {}
-
+@pytest.fixture(scope="module")
+def report_colours(browser: Any, real_run: Path) -> dict[str, set[str]]:
+    """Legend label / phase -> the colours draw.js drew it in, over every chart of the report opened in
+    Chromium (each chart's data-series), with no console error."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    try:
+        pg = context.new_page()
+        errors: list[str] = []
+        pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto((real_run / "report.html").resolve().as_uri())
+        pg.wait_for_function("() => [...document.querySelectorAll('[data-chart]')].every(e => e.dataset.series)")
+        series = pg.evaluate("() => [...document.querySelectorAll('[data-chart]')].map(e => e.dataset.series)")
+        assert errors == []
+    finally:
+        context.close()
     found: dict[str, set[str]] = {}
-    for obj in objects.values():
-        if obj["name"] != "LegendItem":
-            continue
-        label = _value(obj["attributes"].get("label"))
-        for ref in obj["attributes"].get("renderers") or []:
-            glyph = resolve(resolve(ref).get("attributes", {}).get("glyph"))
-            attrs = glyph.get("attributes", {})
-            colour = _value(attrs.get("fill_color")) or _value(attrs.get("line_color"))
-            if isinstance(label, str) and isinstance(colour, str):
-                found.setdefault(label, set()).add(colour.lower())
+    for one in series:
+        for label, colour in json.loads(one).items():
+            found.setdefault(label, set()).add(colour.lower())
     return found
 
 
-def test_every_phase_has_its_one_colour_in_every_chart_of_the_report(real_run: Path):
-    found = report_colours((real_run / "report.html").read_text(encoding="utf-8"))
+def test_every_phase_has_its_one_colour_in_every_chart_of_the_report(real_run: Path,
+                                                                       report_colours: dict[str, set[str]]):
+    found = report_colours
     phases = {label: colours for label, colours in found.items() if catalogue.phase(label) is not None}
     # the job's parts and the steps' parts are drawn (pies of where the time went)
     assert {"Training loop", "forward", "backward", "optimizer step", "waiting for data"} <= set(phases), found
     for label, colours in phases.items():
         assert colours == {catalogue.colour(label).lower()}, (label, colours)
     assert all(label.strip() for label in found), "a slice or line without a name"
-    # the heatmaps' colour scale is the catalogue's (the dashboard's too: test below)
-    mappers = [o for o in _bokeh_objects((real_run / "report.html").read_text(encoding="utf-8")).values()
-               if o["name"] == "LinearColorMapper"]
-    assert mappers and all(tuple(_value(m["attributes"]["palette"])) == catalogue.HEAT_PALETTE for m in mappers)
+    # the heatmaps' colour scale is the catalogue's (the dashboard's too: test below), carried to draw.js
+    embedded = _embedded((real_run / "report.html").read_text(encoding="utf-8"))
+    assert tuple(embedded["catalogue"]["heat_palette"]) == catalogue.HEAT_PALETTE
+    assert any(c["kind"] in ("heatmap", "step_heatmap") for c in embedded["charts"])
 
 
 # -- the dashboard ------------------------------------------------------------------------------------------
@@ -141,9 +126,9 @@ def page(browser: Any, served: Dashboard) -> Iterator[Any]:
     context.close()
 
 
-def test_the_dashboard_draws_each_phase_in_the_reports_colour(page: Any, served: Dashboard, real_run: Path):
-    report = {label: colours for label, colours in
-              report_colours((real_run / "report.html").read_text(encoding="utf-8")).items()}
+def test_the_dashboard_draws_each_phase_in_the_reports_colour(report_colours: dict[str, set[str]], page: Any,
+                                                              served: Dashboard, real_run: Path):
+    report = report_colours
     SCREENS.mkdir(parents=True, exist_ok=True)
     page.goto(served.link("#run=real&view=overview"))
     page.wait_for_selector("#phase-pie svg")

@@ -1,7 +1,7 @@
 """Notebook views of a run, as in the deep-profiling blog post: MetricsHistogram, StepHistogram, Heatmap and
-Timeline. Each takes a Run (or a run's path or URI), builds its Bokeh model (`.figure`) at once, and renders
-inline when it is the last expression of a Jupyter cell (or on `.show()`); BokehJS is inlined, so it works
-offline.
+Timeline. Each takes a Run (or a run's path or URI), builds its chart spec (`.figure`, the report's kind) at once, and
+renders inline when it is the last expression of a Jupyter cell (or on `.show()`), drawn by the report's
+draw.js with BokehJS inlined, so it works offline.
 
     from stallwatch.notebook import Heatmap, MetricsHistogram, StepHistogram, Timeline
     MetricsHistogram("stallwatch-runs/<run-id>", select_dimensions=["CPU", "GPU"])
@@ -10,9 +10,11 @@ offline.
 
 from __future__ import annotations
 
+import html
 import re
+from collections.abc import Iterable, Sequence
 from os import PathLike
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from stallwatch.analyze import heatmap as _heatmap
 from stallwatch.analyze import timeline as _timeline
@@ -26,9 +28,6 @@ from stallwatch.records import TRAIN
 from stallwatch.store.reader import Run
 
 __all__ = ["Heatmap", "MetricsHistogram", "StepHistogram", "Timeline", "findings"]
-
-_notebook_ready = False
-
 
 RunLike = Run | str | PathLike[str] | RunAnalysis
 
@@ -65,37 +64,52 @@ def _selected(device: str, events: Sequence[str] | None) -> bool:
 
 
 class _View:
-    """A built Bokeh model and how to show it."""
+    """A built chart spec and how to show it: the report's page (BokehJS, draw.js, the spec), in an iframe in
+    Jupyter, as a file in a browser elsewhere."""
 
     figure: Any = None
 
+    def html(self) -> str:
+        """A self-contained page drawing this view."""
+        from stallwatch.present import drawpage
+
+        return (f'<!DOCTYPE html><html><head><meta charset="utf-8"></head><body style="margin:0">'
+                f"{drawpage.chart_div(0)}{drawpage.page_scripts([self.figure.to_json()])}</body></html>")
+
+    def _repr_html_(self) -> str:
+        height = _height(self.figure)
+        return (f'<iframe style="width:100%;border:0" height="{height}" '
+                f'srcdoc="{html.escape(self.html(), quote=True)}"></iframe>')
+
     def show(self) -> None:
-        """Render the view: inline in Jupyter, otherwise as Bokeh's `show` does (an HTML file in a browser)."""
-        from bokeh.io import show
+        """Render the view: inline in Jupyter, otherwise a page opened in the browser."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import HTML, display
+        except ImportError:
+            get_ipython = None  # type: ignore[assignment]
+        if get_ipython is not None and get_ipython() is not None:
+            display(HTML(self._repr_html_()))
+            return
+        import tempfile
+        import webbrowser
 
-        _enable_notebook()
-        show(self.figure)
-
-    def _ipython_display_(self) -> None:
-        self.show()
+        with tempfile.NamedTemporaryFile("w", suffix=".html", delete=False, encoding="utf-8") as f:
+            f.write(self.html())
+        webbrowser.open(f"file://{f.name}")
 
 
-def _enable_notebook() -> None:
-    """output_notebook() once per kernel, with BokehJS inlined (no network); nothing outside IPython."""
-    global _notebook_ready
-    if _notebook_ready:
-        return
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    if get_ipython() is None:
-        return
-    from bokeh.io import output_notebook
-    from bokeh.resources import INLINE
-
-    output_notebook(resources=INLINE, hide_banner=True)
-    _notebook_ready = True
+def _height(spec: Any) -> int:
+    """About how tall the drawn view is, for its iframe."""
+    if isinstance(spec, charts.GridSpec):
+        per_row = [max((_height(c) for c in spec.children[i:i + spec.ncols]), default=0)
+                   for i in range(0, len(spec.children), spec.ncols)]
+        return sum(per_row) + 20
+    if isinstance(spec, charts.TimeSpec):
+        return sum(p.height or spec.panel_height or 200 for p in spec.panels) + 140
+    if isinstance(spec, charts.HeatmapSpec):
+        return spec.height or int(min(900, max(160, 60 + 12 * len(spec.rows))))
+    return (spec.height or 300) + 20
 
 
 class MetricsHistogram(_View):
@@ -108,8 +122,6 @@ class MetricsHistogram(_View):
                  select_dimensions: Sequence[str] = ("CPU", "GPU", "GPU memory", "I/O"),
                  select_events: Sequence[str] | None = None, nodes: Iterable[str] | None = None,
                  bins: int = 50, plot_height: int = 260) -> None:
-        from bokeh.layouts import gridplot
-
         ctx = _context(run)
         self.histograms: dict[tuple[str, str], list[Hist]] = {}
         figures = []
@@ -124,7 +136,7 @@ class MetricsHistogram(_View):
                                                     y_label="% of samples", height=plot_height))
         if not figures:
             raise ValueError("nothing to show: no recorded metric matches the selected dimensions and events")
-        self.figure = figures[0] if len(figures) == 1 else gridplot(figures, ncols=2, sizing_mode="stretch_width")
+        self.figure = figures[0] if len(figures) == 1 else charts.grid(figures, ncols=2)
 
 
 class StepHistogram(_View):
@@ -152,10 +164,7 @@ class Heatmap(_View):
     def __init__(self, run: RunLike,
                  select_dimensions: Sequence[str] = ("GPU", "CPU"), select_events: Sequence[str] | None = None,
                  nodes: Iterable[str] | None = None, plot_height: int | None = None, buckets: int = 1000) -> None:
-        from bokeh.models import DataRange1d
-
         ctx = _context(run)
-        x_range = DataRange1d(range_padding=0)
         figures = []
         self.rows: dict[str, HeatRows] = {}
         for node in _nodes(ctx, nodes):
@@ -166,7 +175,7 @@ class Heatmap(_View):
             if heat is None:
                 continue
             self.rows[node] = heat
-            figures.append(charts.heatmap(heat, title=f"{node}: utilization", height=plot_height, x_range=x_range))
+            figures.append(charts.heatmap(heat, title=f"{node}: utilization", height=plot_height))
         if not figures:
             raise ValueError("nothing to show: no recorded device matches the selected dimensions and events")
         self.figure = figures[0] if len(figures) == 1 else stack(figures)

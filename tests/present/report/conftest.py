@@ -29,15 +29,19 @@ class OpenedReport:
     dialogs: list[str] = field(default_factory=list)  # alert()/confirm()/prompt(): only injected code makes one
 
     def roots(self) -> int:
-        return self.page.locator("div[data-root-id]").count()
+        """Charts in the page (one <div data-chart> each, filled by draw.js)."""
+        return self.page.locator("div[data-chart]").count()
 
     def canvases(self) -> int:
-        return self.page.locator("div[data-root-id] canvas").count()
+        return self.page.locator("div[data-chart] canvas").count()
 
     def drawn_roots(self) -> int:
-        """Bokeh roots (one per chart) that hold a canvas: the chart was drawn."""
-        roots = self.page.locator("div[data-root-id]")
-        return sum(1 for i in range(roots.count()) if roots.nth(i).locator("canvas").count() > 0)
+        """Charts drawn: a canvas, or the one line draw.js writes for a spec with nothing to draw (a pie of
+        one slice is a sentence); a chart that failed ("could not be drawn") is not drawn."""
+        charts = self.page.locator("div[data-chart]")  # locators reach into BokehJS's shadow roots
+        return sum(1 for i in range(charts.count()) if charts.nth(i).locator("canvas").count() > 0
+                   or (charts.nth(i).locator("p.na").count() > 0
+                       and "could not be drawn" not in charts.nth(i).inner_text()))
 
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(exist_ok=True)
@@ -73,7 +77,7 @@ def open_report(browser: Any) -> Iterator[Callable[[Path], OpenedReport]]:
         context.route("**/*", route)
         page.goto(Path(path).resolve().as_uri())
         start = time.monotonic()
-        while time.monotonic() < start + RENDER_TIMEOUT_S:  # Bokeh draws after load: until every root has a canvas
+        while time.monotonic() < start + RENDER_TIMEOUT_S:  # draw.js draws after load: until every chart is drawn
             roots = opened.roots()
             if (roots or time.monotonic() > start + 5) and opened.drawn_roots() == roots:
                 break

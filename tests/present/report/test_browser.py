@@ -56,7 +56,7 @@ def test_a_full_report_renders_in_chromium(two_node_run: Planted, open_report):
     page = opened.page
     # my sections drew their charts: the summary's pie, per-device bars, the framework's pies, operator pies
     for sid in ("summary", "system-usage", "framework", "cpu-operators", "gpu-operators"):
-        charts = page.locator(f"section[id='{sid}'] div[data-root-id]")
+        charts = page.locator(f"section[id='{sid}'] div[data-chart]")
         assert charts.count() > 0 and all(charts.nth(i).locator("canvas").count() for i in range(charts.count())), sid
     assert page.locator("section[id='rules'] .verdict.warn").count() >= 2  # CPUBottleneck and StepOutlier fired
     rules_text = page.locator("section[id='rules']").inner_text()
@@ -68,7 +68,7 @@ def test_the_charts_answer_the_mouse(two_node_run: Planted, open_report):
     """Hover shows a wedge's values; clicking a legend entry hides its wedge (the pixels under it change)."""
     opened = open_report(Path(build_report(str(two_node_run.root))))
     page = opened.page
-    canvas = page.locator("section[id='summary'] div[data-root-id] canvas").first
+    canvas = page.locator("section[id='summary'] div[data-chart] canvas").first
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     assert box is not None
@@ -105,7 +105,7 @@ def test_names_are_shown_as_text_never_run(hostile_run: Planted, open_report):
     assert page.get_by_role("cell", name=IMG, exact=True).count() >= 2  # the node, in the usage tables
     assert SCRIPT in page.locator("section[id='summary']").inner_text()  # the command
     # inside Bokeh too: the operator's wedge (the largest, clockwise from twelve) shows the name as text
-    pie = page.locator("section[id='cpu-operators'] div[data-root-id] canvas").first
+    pie = page.locator("section[id='cpu-operators'] div[data-chart] canvas").first
     pie.scroll_into_view_if_needed()
     box = pie.bounding_box()
     assert box is not None

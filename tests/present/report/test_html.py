@@ -1,15 +1,16 @@
 """The renderer on its own: sections in, one HTML document out — every text escaped, numbers formatted, the
-contents list, verdict levels, Bokeh inline and nothing that points at the network."""
+contents list, verdict levels, BokehJS and draw.js inline with the charts' data as JSON a run's strings cannot
+close, and nothing that points at the network."""
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 
 import pytest
-from bokeh.models import ColumnDataSource, HoverTool
-from bokeh.plotting import figure
 
+from stallwatch.present import charts
 from stallwatch.present.report.html import format_number, render
 from stallwatch.present.report.model import (
     GOOD,
@@ -60,12 +61,8 @@ def _parse(doc: str) -> _Refs:
     return p
 
 
-def _pie_with(name: str):
-    p = figure(title=name, width=300, height=300)
-    source = ColumnDataSource({"label": [name], "x": [0], "y": [0]})
-    p.scatter("x", "y", source=source, legend_label=name)
-    p.add_tools(HoverTool(tooltips=[("", "@label")]))
-    return p
+def _pie_with(name: str) -> charts.PieSpec:
+    return charts.PieSpec(title=name, slices=[charts.Slice(name, 2.0), charts.Slice("rest", 1.0)])
 
 
 def _sections() -> list[Section]:
@@ -84,13 +81,17 @@ def _sections() -> list[Section]:
     ]
 
 
-def test_every_text_is_escaped_and_bokeh_data_too():
+def test_every_text_is_escaped_and_chart_data_too():
     doc = render(_sections(), title=f"Report {SCRIPT}", subtitle=SCRIPT)
-    assert SCRIPT not in doc  # not in the page, not in Bokeh's embedded JSON either
+    assert SCRIPT not in doc  # not in the page, not in the charts' embedded JSON either
+    assert "<!--" not in doc[doc.index("<main>"):]  # nor anything that changes how a script is parsed
+    data = doc[doc.index('id="stallwatch-charts">') + 23:]
+    data = data[:data.index("</script>")]
+    assert json.loads(data)["charts"][0]["title"] == SCRIPT  # carried whole, as data: draw.js draws it as text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in doc
     assert 'onmouseover="alert(1)' not in doc  # an id cannot leave its attribute
     main = doc[doc.index("<main>"):doc.index("</main>")]
-    assert "<script" not in main and "<img" not in main  # the only scripts are Bokeh's, in <head> and at the end
+    assert "<script" not in main and "<img" not in main  # the only scripts are the charts', after <main>
     assert all(a.get("src") is None for t, a in _parse(doc).tags if t == "script")
 
 
@@ -134,11 +135,11 @@ def test_format_number(value, text):
     assert format_number(value) == text
 
 
-def test_a_chart_bokeh_refuses_is_left_out_and_the_others_are_drawn():
-    sections = [Section("a", "A", [Chart(_pie_with("fine"), "first"), Chart("not a Bokeh model", "broken"),
+def test_a_chart_that_cannot_be_carried_is_left_out_and_the_others_are_drawn():
+    sections = [Section("a", "A", [Chart(_pie_with("fine"), "first"), Chart("not a chart spec", "broken"),
                                    Chart(_pie_with("also fine"), "third")])]
     doc = render(sections, title="Report", subtitle="")
-    assert doc.count("data-root-id") == 2
+    assert doc.count("data-chart=") == 2
     assert "This chart could not be drawn" in doc
 
 

@@ -26,7 +26,7 @@ def test_the_placeholder_becomes_the_report_without_a_click(two_node_run: Plante
     assert opened.errors == [] and opened.dialogs == [] and opened.refused == []
     assert re.search(rf"reloads itself every {RELOAD_S} s", page.locator("main").inner_text())
     build_report(str(two_node_run.root), target)  # what the detached `stallwatch report` does, atomically
-    page.wait_for_selector("div[data-root-id] canvas", timeout=60_000)
+    page.wait_for_selector("div[data-chart] canvas", timeout=60_000)
     assert page.title() == "stallwatch profiling report"
     assert page.locator("section[id='summary']").count() == 1
     assert opened.errors == [] and opened.dialogs == []

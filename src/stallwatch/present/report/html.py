@@ -1,4 +1,4 @@
-"""The report's sections as one self-contained HTML file: Bokeh's JavaScript, the styles and every chart's
+"""The report's sections as one self-contained HTML file: BokehJS, draw.js, the styles and every chart's
 data inline, so the file opens from disk with no network. Every text is escaped here, and only here."""
 
 from __future__ import annotations
@@ -199,60 +199,31 @@ def _contents(sections: Sequence[Section]) -> str:
     return "".join(out)
 
 
-def _one_document(models: list[Any]) -> None:
-    """Every chart a root of one Bokeh document, added while the document is frozen: Bokeh re-walks all of a
-    document's models after each root added outside a freeze, which is quadratic (minutes for a report with
-    dozens of charts)."""
-    from bokeh.document import Document
+def _charts(sections: Sequence[Section]) -> tuple[str, dict[int, str]]:
+    """The scripts that draw every chart in the browser (BokehJS, draw.js, the catalogue and the specs as one
+    JSON script) and one <div> per chart. Names travel as JSON data and are drawn as text, never markup; a
+    spec that cannot be serialized costs only its own chart."""
+    from stallwatch.present import drawpage
 
-    if any(m.document is not None for m in models):
-        return  # already placed (components() handles documents of its own)
-    doc = Document()
-    with doc.models.freeze():
-        for m in models:
-            doc.add_root(m)
-
-
-def _charts(sections: Sequence[Section]) -> tuple[str, str, dict[int, str]]:
-    """Bokeh's JS/CSS (only the bundles the charts need, inline) and one <div> per chart, with the one
-    <script> that fills them. Bokeh stores every string HTML-escaped in its JSON, and draws titles, labels
-    and legends on canvas, so names reach the page as text only."""
-    charts = [b for s in sections for b in s.blocks if isinstance(b, Chart)]
-    if not charts:
-        return "", "", {}
-    from bokeh.embed import components
-    from bokeh.embed.bundle import bundle_for_objs_and_resources
-    from bokeh.resources import INLINE
-
-    models = [c.model for c in charts]
-    try:
-        _one_document(models)
-        script, divs = components(models)
-        placed = {id(c): d for c, d in zip(charts, divs)}
-    except Exception:  # one chart Bokeh refuses must not cost the others: embedded one by one, it is left out
-        scripts, placed, models = [], {}, []
-        for c in charts:
-            try:
-                one_script, one_div = components(c.model)
-            except Exception as exc:
-                logger.warning("report: a chart (%s) could not be drawn: %s: %s", c.caption or "untitled",
-                               type(exc).__name__, exc)
-                placed[id(c)] = f'<p class="na">This chart could not be drawn ({escape(type(exc).__name__)}).</p>'
-                continue
-            scripts.append(one_script)
-            placed[id(c)] = one_div
-            models.append(c.model)
-        script = "\n".join(scripts)
-    if not models:
-        return "", "", placed
-    js, css = bundle_for_objs_and_resources(models, INLINE)
-    return js + css, script, placed
+    specs: list[dict[str, Any]] = []
+    placed: dict[int, str] = {}
+    for c in (b for s in sections for b in s.blocks if isinstance(b, Chart)):
+        try:
+            spec = c.model.to_json()
+        except Exception as exc:  # noqa: BLE001 — one chart that cannot be carried must not cost the others
+            logger.warning("report: a chart (%s) could not be drawn: %s: %s", c.caption or "untitled",
+                           type(exc).__name__, exc)
+            placed[id(c)] = f'<p class="na">This chart could not be drawn ({escape(type(exc).__name__)}).</p>'
+            continue
+        placed[id(c)] = drawpage.chart_div(len(specs))
+        specs.append(spec)
+    return drawpage.page_scripts(specs), placed
 
 
 def render(sections: Sequence[Section], *, title: str, subtitle: str = "") -> str:
     """One HTML document holding `sections` in order, a contents list linking to their anchors, and every
     chart interactive (hover, zoom, legends that hide series), with nothing loaded from the network."""
-    resources, script, divs = _charts(sections)
+    script, divs = _charts(sections)
     body = []
     for s in sections:
         tag = "h3" if s.level > 2 else "h2"
@@ -266,7 +237,6 @@ def render(sections: Sequence[Section], *, title: str, subtitle: str = "") -> st
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{escape(title)}</title>
 <style>{STYLE}</style>
-{resources}
 </head>
 <body>
 <header><h1>{escape(title)}</h1>{sub}</header>

@@ -32,7 +32,7 @@ class Table:
 
 @dataclass(frozen=True)
 class Chart:
-    """One Bokeh model (figure, layout, …) rendered inline; `caption` above it."""
+    """One chart spec (`present.charts`: drawn in the browser by draw.js); `caption` above it."""
     model: Any
     caption: str = ""
 

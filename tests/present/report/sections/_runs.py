@@ -5,6 +5,7 @@ results evaluated on the run as `stallwatch rules` would (small patience and win
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -192,16 +193,43 @@ def rows_by(t: Any, *keys: str) -> dict[tuple, dict[str, Any]]:
     return out
 
 
-def sources(model: Any) -> list[Any]:
-    """Every ColumnDataSource a Bokeh model (figure or layout) draws from."""
-    from bokeh.models import ColumnDataSource
+@dataclass
+class Drawn:
+    """One set of columns a chart spec draws as one glyph (the test's view of a spec's data)."""
+    data: dict[str, Any]
 
-    return [m for m in model.references() if isinstance(m, ColumnDataSource)]
+
+def _drawn(spec: Any) -> list[tuple[str, Drawn]]:
+    """(glyph, columns) of everything a chart spec draws, grids included."""
+    from stallwatch.present import charts
+
+    if isinstance(spec, charts.GridSpec):
+        return [d for c in spec.children for d in _drawn(c)]
+    if isinstance(spec, charts.HistogramSpec):
+        return ([("Quad", Drawn({"left": s.left, "right": s.right, "top": s.top, "series": [s.name] * len(s.left)}))
+                 for s in spec.series] +
+                [("Scatter", Drawn({"x": list(m.x), "name": list(m.text), "series": [m.name] * len(m.x)}))
+                 for m in spec.markers])
+    if isinstance(spec, charts.BoxSpec):
+        return [("VBar", Drawn({"label": list(spec.categories), **{k: list(getattr(spec, k)) for k in
+                                ("lower", "p25", "p50", "p75", "upper", "p95", "max")}}))]
+    if isinstance(spec, charts.BarsSpec):
+        return ([("VBar", Drawn({"x": list(spec.categories), "top": list(s.values), **spec.tips})) for s in spec.series]
+                + [("Scatter", Drawn({"x": list(spec.categories), "y": list(s.values)})) for s in spec.points])
+    if isinstance(spec, charts.PieSpec):
+        return [("Wedge", Drawn({"label": [s.label], "value": [s.value]})) for s in spec.slices]
+    if isinstance(spec, charts.TimeSpec):
+        return [("Line", Drawn({"x": line.x, "y": line.y, "name": line.name})) for p in spec.panels for line in p.lines]
+    if isinstance(spec, charts.HeatmapSpec):
+        return [("Image", Drawn({"image": [spec.values]}))]
+    raise TypeError(f"not a chart spec: {type(spec).__name__}")
+
+
+def sources(model: Any) -> list[Any]:
+    """Every set of columns a chart spec draws."""
+    return [d for _, d in _drawn(model)]
 
 
 def glyph_sources(model: Any, glyph: str) -> list[Any]:
-    """The data sources of the renderers drawing `glyph` ("Quad", "VBar", "Scatter", "Wedge")."""
-    from bokeh.models import GlyphRenderer
-
-    return [r.data_source for r in model.references() if isinstance(r, GlyphRenderer)
-            and type(r.glyph).__name__ == glyph]
+    """The columns a chart spec draws as `glyph` ("Quad", "VBar", "Scatter", "Wedge", "Line")."""
+    return [d for g, d in _drawn(model) if g == glyph]

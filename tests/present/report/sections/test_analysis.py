@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from bokeh.embed import json_item
 
 from stallwatch.present.report.model import WARN, Chart, NotApplicable, Paragraph, Table, Verdict
 from stallwatch.present.report.sections import (
@@ -89,7 +88,7 @@ def test_the_subsections_are_level_three_with_distinct_ids(any_run):
 def test_every_chart_serializes_and_stays_small(any_run):
     for module in SUBSECTIONS:
         for chart in blocks_of(module.build(any_run), Chart):
-            text = json.dumps(json_item(chart.model))
+            text = json.dumps(chart.model.to_json())
             assert len(text) < 60_000, (module.__name__, chart.caption, len(text))
             for src in _runs.sources(chart.model):  # aggregates: bins, boxes, slices, listed outliers
                 assert all(len(v) <= 200 for v in src.data.values()), (module.__name__, chart.caption)

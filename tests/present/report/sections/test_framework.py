@@ -32,7 +32,7 @@ def _text(section) -> str:
 
 
 def _wedges(chart: Chart) -> dict[str, float]:
-    return {r.data_source.data["label"][0]: r.data_source.data["value"][0] for r in chart.model.renderers}
+    return {s.label: s.value for s in chart.model.slices}
 
 
 def test_time_breakdowns_collectives_and_ranks(tmp_path: Path):
@@ -42,10 +42,10 @@ def test_time_breakdowns_collectives_and_ranks(tmp_path: Path):
     assert f"took {calls * 0.006:,.1f} s in all ranks together, over {calls:,} calls" in text  # 6 ms each
     assert "backward pass" in text  # backward is 50 % of a training step, forward 30 %: backward leads
     phases = next(b for b in main.blocks if isinstance(b, Chart) and "TRAIN/EVAL" in b.caption)
-    assert [f.title.text for f in phases.model.children] == ["The training loop's time: steps and between them"]
+    assert [f.title for f in phases.model.children] == ["The training loop's time: steps and between them"]
     # per mode, each part is a share of that mode's step time, and says so; no pie of the general events
     parts = next(b for b in main.blocks if isinstance(b, Chart) and "each mode's steps" in b.caption)
-    assert [f.title.text for f in parts.model.children] == ["TRAIN steps' time", "EVAL steps' time"]
+    assert [f.title for f in parts.model.children] == ["TRAIN steps' time", "EVAL steps' time"]
     assert "Of the 12,000 timed TRAIN steps' 1,291.5 s: backward 48 %, forward 29 %" in text
     assert "Of the 800 timed EVAL steps' 40.0 s: forward 72 %" in text
     assert not any(isinstance(b, Chart) and b.caption == "General framework events" for b in main.blocks)
@@ -154,5 +154,5 @@ def test_a_share_says_of_what_and_one_slice_is_a_sentence_not_a_pie(tmp_path: Pa
     assert "Of the 50 timed TRAIN steps' 20.0 s: backward 90 %, waiting for data 4 %, the loop's own code 4 %, " \
            "optimizer step 2 %." in text
     charts = [b for b in main.blocks if isinstance(b, Chart)]
-    assert [[f.title.text for f in c.model.children] for c in charts] == [["TRAIN steps' time"]]
+    assert [[f.title for f in c.model.children] for c in charts] == [["TRAIN steps' time"]]
     assert "61 %" not in text

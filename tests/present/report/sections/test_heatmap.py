@@ -1,10 +1,9 @@
 """Utilization heatmap: per node every GPU then every core a row, the planted CPU bottleneck visible as an idle
-GPU row next to a saturated core row, gaps as no-data cells, and the size kept within the cell budget."""
+GPU row next to a saturated core row, gaps as cells without colour, and the size kept within the cell budget."""
 
 from __future__ import annotations
 
 import numpy as np
-from bokeh.models import GlyphRenderer, GridPlot, Image
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present import charts
@@ -15,10 +14,8 @@ from tests.analyze.rules._gen import INTERVAL_US, START_US, make_node, plant_cpu
 from tests.present.generated_run import write_run
 
 
-def _images(chart: Chart) -> list:
-    figs = [c[0] for c in chart.model.children] if isinstance(chart.model, GridPlot) else [chart.model]
-    return [(f, next(r for r in f.renderers if isinstance(r, GlyphRenderer) and isinstance(r.glyph, Image)))
-            for f in figs]
+def _images(chart: Chart) -> list[charts.HeatmapSpec]:
+    return list(chart.model.children) if isinstance(chart.model, charts.GridSpec) else [chart.model]
 
 
 def test_rows_and_planted_bottleneck(tmp_path):
@@ -29,20 +26,19 @@ def test_rows_and_planted_bottleneck(tmp_path):
     assert sec.id == "heatmap" and sec.title == "Utilization heatmap"
     chart = next(b for b in sec.blocks if isinstance(b, Chart))
     shown = _images(chart)
-    assert [f.title.text.split(":")[0] for f, _ in shown] == ["algo-1", "algo-2"]
-    fig, image = shown[0]
-    assert fig.x_range is shown[1][0].x_range
-    names = [fig.yaxis.major_label_overrides[k] for k in sorted(fig.yaxis.major_label_overrides)]
-    assert names == ["gpu0", "gpu1", "gpu2"] + [f"cpu{i}" for i in range(6)]
-    cells = image.data_source.data["image"][0]
-    assert cells.shape[0] == 9 and cells.dtype == np.uint8
-    width_ms = image.glyph.dw / cells.shape[1]
-    col = lambda i: int((START_US + i * INTERVAL_US - START_US) / 1000 // width_ms)  # noqa: E731
+    assert [f.title.split(":")[0] for f in shown] == ["algo-1", "algo-2"]
+    assert isinstance(chart.model, charts.GridSpec) and chart.model.share_x  # one time axis for both
+    image = shown[0]
+    assert image.rows == ["gpu0", "gpu1", "gpu2"] + [f"cpu{i}" for i in range(6)]
+    cells = np.asarray(image.to_json()["values"], dtype=np.float64)  # as carried: null (a gap) -> NaN
+    assert cells.shape[0] == 9
+    col = lambda i: int(((START_US + i * INTERVAL_US) / 1000 - image.x0) // image.dx)
     inside = slice(col(1050), col(1550))
-    assert np.all(cells[2, inside] == 5)      # gpu2 idle
-    assert np.all(cells[3 + 4, inside] == 95)  # cpu4 saturated
+    assert np.allclose(cells[2, inside], 5, atol=0.01)      # gpu2 idle
+    assert np.allclose(cells[3 + 4, inside], 95, atol=0.01)  # cpu4 saturated
     assert np.all(cells[1, inside] >= 70)     # gpu1 busy as usual
-    assert np.all(cells[0, col(2020):col(2280)] == charts.NO_DATA)
+    assert np.all(np.isnan(cells[0, col(2020):col(2280)]))  # a gap: no snapshot, no colour
+    assert not np.isnan(cells[1:, :]).any()  # every other cell had a snapshot and is coloured
 
 
 def test_cpu_only_node_and_note(tmp_path):
@@ -50,8 +46,8 @@ def test_cpu_only_node_and_note(tmp_path):
     (sec,) = heatmap.build(RunAnalysis(open_run(str(tmp_path / "run"))))
     notes = " ".join(b.text for b in sec.blocks if isinstance(b, Paragraph))
     assert "No GPU recorded on algo-1" in notes
-    (fig, image), _ = _images(next(b for b in sec.blocks if isinstance(b, Chart)))
-    assert image.data_source.data["image"][0].shape[0] == 4
+    image, _ = _images(next(b for b in sec.blocks if isinstance(b, Chart)))
+    assert np.asarray(image.values).shape[0] == 4
 
 
 def test_no_rows_is_not_applicable(tmp_path):
@@ -75,5 +71,5 @@ def test_a_fleet_draws_the_nodes_that_matter_first_and_says_so(tmp_path, monkeyp
     assert analysis.drawn_nodes() == ["algo-9", "algo-1", "algo-2"]
     (sec,) = heatmap.build(analysis)
     shown = _images(next(b for b in sec.blocks if isinstance(b, Chart)))
-    assert [f.title.text.split(":")[0] for f, _ in shown] == ["algo-9", "algo-1", "algo-2"]
+    assert [f.title.split(":")[0] for f in shown] == ["algo-9", "algo-1", "algo-2"]
     assert any(isinstance(b, Paragraph) and b.text.startswith("3 of the 5 nodes are drawn") for b in sec.blocks)

@@ -67,5 +67,5 @@ def test_the_section_renders_in_chromium(leak, open_report):
     opened = open_report(Path(build_report(str(root))))
     assert opened.errors == []
     section = opened.page.locator("section[id='memory']")
-    assert section.locator("div[data-root-id] canvas").count() > 0
+    assert section.locator("div[data-chart] canvas").count() > 0
     assert "job/train.py:42" in section.inner_text() and "tensors kept" in section.inner_text()

@@ -45,7 +45,7 @@ def test_the_loop_is_first_step_start_to_last_step_end(tmp_path: Path):
     assert rows["Training loop"] == f"{100 * (last_end - LOOP_START_US) / 1e6 / total:.1f} %"
     assert rows["Finalization"] == f"{100 * (job_end - last_end) / 1e6 / total:.1f} %"
     (pie,) = [b for b in section.blocks if isinstance(b, Chart)]
-    wedges = {r.data_source.data["label"][0]: r.data_source.data["value"][0] for r in pie.model.renderers}
+    wedges = {s.label: s.value for s in pie.model.slices}
     assert wedges == pytest.approx({"Initialization": 60.0, "Training loop": (last_end - LOOP_START_US) / 1e6,
                                     "Finalization": (job_end - last_end) / 1e6})
     assert [b for b in section.blocks if isinstance(b, Verdict)][0].level == GOOD  # the loop took 58 %

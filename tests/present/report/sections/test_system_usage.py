@@ -47,7 +47,7 @@ def test_the_table_holds_the_rules_numbers(tmp_path: Path):
     assert {r[1] for r in rates.rows} == {"disk read", "disk write", "network received", "network sent"}
     charts = [b for b in section.blocks if isinstance(b, Chart)]
     assert len(charts) == 2
-    assert list(charts[0].model.x_range.factors) == ["cpu0", "cpu1", "cpu2", "cpu3", "gpu0", "gpu1", "gpu0 mem",
+    assert list(charts[0].model.categories) == ["cpu0", "cpu1", "cpu2", "cpu3", "gpu0", "gpu1", "gpu0 mem",
                                                      "gpu1 mem"]
     verdicts = [b for b in section.blocks if isinstance(b, Verdict)]
     assert [v.level for v in verdicts] == [GOOD, GOOD]  # generated GPUs run at 80 %: well utilized

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from bokeh.models import GlyphRenderer, GridPlot, HBar, Line, Scatter, VStrip
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.timeline import TIMELINE_METRICS, WINDOW_RULES
@@ -22,18 +21,12 @@ def _ctx(path) -> RunAnalysis:
 
 
 def _figures(chart: Chart) -> list:
-    """The metric panels (without the flagged track on top)."""
-    model = chart.model
-    figs = [c[0] for c in model.children] if isinstance(model, GridPlot) else [model]
-    return [f for f in figs if f.title.text != "Flagged by the rules"]
+    """The metric panels (the flagged track on top is drawn from the spec's flags and markers)."""
+    return list(chart.model.panels)
 
 
-def _track(chart: Chart):
-    return next(c[0] for c in chart.model.children if c[0].title.text == "Flagged by the rules")
-
-
-def _lines(fig) -> dict[str, GlyphRenderer]:
-    return {r.name: r for r in fig.renderers if isinstance(r, GlyphRenderer) and isinstance(r.glyph, Line)}
+def _lines(panel) -> dict[str, dict]:
+    return {line.name: {"x": line.x, "y": line.y} for line in panel.lines}
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +39,10 @@ def test_panels_per_metric_one_line_per_node(section):
     assert section.id == "timeline" and section.title == "Timeline"
     chart = next(b for b in section.blocks if isinstance(b, Chart))
     figs = _figures(chart)
-    assert [f.title.text for f in figs] == [m.title for m in TIMELINE_METRICS]
+    assert [f.title for f in figs] == [m.title for m in TIMELINE_METRICS]
     for f in figs:
         assert set(_lines(f)) == {"algo-1", "algo-2"}
-    gpu = _lines(figs[1])["algo-1"].data_source.data
+    gpu = _lines(figs[1])["algo-1"]
     # GPU utilization of algo-1 is the mean of its 4 GPUs: one idles (5 %) during the bottleneck, others ~80 %
     t = START_US + 800 * INTERVAL_US
     during = gpu["y"][np.abs(gpu["x"] - t / 1000) < 60_000]
@@ -58,7 +51,7 @@ def test_panels_per_metric_one_line_per_node(section):
 
 def test_one_snapshot_spike_survives(section):
     chart = next(b for b in section.blocks if isinstance(b, Chart))
-    mem = _lines(_figures(chart)[3])["algo-1"].data_source.data
+    mem = _lines(_figures(chart)[3])["algo-1"]
     # mean of 4 GPUs' memory: 3 at ~40 %, one at 99 % for a single snapshot -> ~55 %
     assert mem["y"].max() > 50
     assert mem["x"][np.argmax(mem["y"])] == (START_US + 2222 * INTERVAL_US) / 1000
@@ -66,8 +59,7 @@ def test_one_snapshot_spike_survives(section):
 
 def test_phases_shaded_and_merged(section):
     chart = next(b for b in section.blocks if isinstance(b, Chart))
-    strips = {r.data_source.data["text"][0].split(" ")[0]: r.data_source.data
-              for r in _figures(chart)[0].renderers if isinstance(r.glyph, VStrip)}
+    strips = {r.text[0].split(" ")[0]: {"x0": r.x0} for r in [*chart.model.spans, *chart.model.flags]}
     assert {"Initialization:", "Training", "Evaluation", "Finalization:", "CPU"} <= set(strips)
     train = strips["Training"]
     assert len(train["x0"]) == 2  # two training stretches around the evaluation pass, not one strip per step
@@ -76,11 +68,9 @@ def test_phases_shaded_and_merged(section):
 
 def test_markers_drawn_and_listed(section):
     chart = next(b for b in section.blocks if isinstance(b, Chart))
-    track = _track(chart)
-    marks = [r for r in track.renderers if isinstance(r.glyph, Scatter)]
-    assert marks and any("step 2000" in t for r in marks for t in r.data_source.data["text"])
-    bars = [r for r in track.renderers if isinstance(r.glyph, HBar)]
-    labels = [y for r in bars if not (y := r.data_source.data["y"][0]).startswith("Finding ")]  # the rules' own
+    marks = chart.model.markers
+    assert marks and any("step 2000" in t for r in marks for t in r.text)
+    labels = [r.label for r in chart.model.flags if not r.label.startswith("Finding ")]  # the rules' own
     windows = {label for _, label in WINDOW_RULES}
     assert labels[0] == "CPU bottleneck" and set(labels[1:]) <= windows
     table = next(b for b in section.blocks if isinstance(b, Table))
@@ -97,7 +87,7 @@ def test_cpu_only_run_without_framework(tmp_path):
     write_run(tmp_path / "run", [make_node("algo-1", 400, 4, 0)])
     (sec,) = timeline.build(_ctx(tmp_path / "run"))
     chart = next(b for b in sec.blocks if isinstance(b, Chart))
-    titles = [f.title.text for f in _figures(chart)]
+    titles = [f.title for f in _figures(chart)]
     assert "GPU utilization (mean of the node's GPUs)" not in titles and "CPU utilization (all cores)" in titles
     text = " ".join(b.text for b in sec.blocks if isinstance(b, Paragraph))
     assert "Not recorded on any node: GPU utilization" in text

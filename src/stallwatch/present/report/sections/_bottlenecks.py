@@ -7,11 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bokeh.layouts import row
-
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.rules.bottleneck import BottleneckDetails, BottleneckNode, BottleneckRange
+from stallwatch.present.charts import row
 from stallwatch.present.report.model import Chart, Paragraph, Section, Table
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import (

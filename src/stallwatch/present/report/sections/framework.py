@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bokeh.layouts import row
 
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
@@ -16,6 +15,7 @@ from stallwatch.analyze.rules.communication import CALLS, MEASURED, SAMPLED, SYN
 from stallwatch.analyze.framework_frame import mode_order
 from stallwatch.analyze.rules.framework_metrics import OTHER, Operator, OverallFrameworkMetricsDetails
 from stallwatch.present.report.breakdowns import pie
+from stallwatch.present.charts import row
 from stallwatch.present.report.model import INFO, WARN, Block, Chart, NotApplicable, Paragraph, Section, Table, Verdict
 from stallwatch.records import BACKWARD, COLLECTIVE, DATA_WAIT, FORWARD, OPTIMIZER
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.layouts import gridplot
-from bokeh.models import DataRange1d
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.series import HeatRows
@@ -15,7 +13,7 @@ from stallwatch.present import charts
 from stallwatch.present.report.model import Chart, NotApplicable, Paragraph, Section
 
 INTRO = ("Every GPU and every CPU core of a node is a row; the x-axis is the duration of the job and the colour "
-         "is the mean utilization in each time bucket (yellow: fully busy, purple: idle, grey: no data). It makes "
+         "is the mean utilization in each time bucket (yellow: fully busy, purple: idle, blank: no snapshot). It makes "
          "CPU bottlenecks easy to spot: GPUs that drop to low utilization while one or more cores are at their "
          "maximum are waiting for data that the CPUs prepare too slowly (for example too heavy preprocessing). "
          "Scroll to zoom, hover for a row's value.")
@@ -23,14 +21,13 @@ INTRO = ("Every GPU and every CPU core of a node is a row; the x-axis is the dur
 
 def figures(rows: dict[str, HeatRows]) -> list[Any]:
     """One heatmap per node, sharing one time axis."""
-    x_range = DataRange1d(range_padding=0)
-    return [charts.heatmap(r, title=f"{node}: utilization per GPU and CPU core", x_range=x_range)
+    return [charts.heatmap(r, title=f"{node}: utilization per GPU and CPU core")
             for node, r in rows.items()]
 
 
 def stack(figs: list[Any]) -> Any:
-    """Figures one under the other with one toolbar (their time axes are shared already)."""
-    return gridplot([[f] for f in figs], merge_tools=True, toolbar_location="right", sizing_mode="stretch_width")
+    """Heatmaps one under the other, sharing one time axis."""
+    return charts.grid(figs, ncols=1, share_x=True)
 
 
 def build(analysis: RunAnalysis) -> list[Section]:

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.models import HoverTool, Span
-from bokeh.plotting import figure
+import numpy as np
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.memory import CUDA_ALLOC, CUDA_PEAK, CUDA_RESERVED, LABELS, RSS, MemorySeries, memory_timeline
 from stallwatch.analyze.rules.memory_growth import MemoryGrowthDetails
-from stallwatch.present.charts import palette
+from stallwatch.present.charts import Line, PanelSpec, TimeSpec
 from stallwatch.present.report.model import GOOD, ISSUE, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections._loop import num, rule_view
 from stallwatch.records import STEP
 
 RULE = "MemoryGrowth"
 TITLE = "Memory per step"
-TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 SITES = 5
 
 
@@ -86,17 +84,12 @@ def build(analysis: RunAnalysis) -> list[Section]:
     return [sec]
 
 
-def _chart(title: str, series: list[MemorySeries], limits: list[tuple[Any, Any]]) -> Any:
-    fig = figure(title=title, height=300, sizing_mode="stretch_width", tools=TOOLS, x_axis_label="step",
-                 y_axis_label="MB")
-    lines = []
-    for s, color in zip(series, palette(len(series))):
-        name = f"{s.node}/{s.rank} {LABELS.get(s.metric, s.metric)}"
-        lines.append(fig.line(s.steps, s.mb, color=color, line_width=2, legend_label=name))
+def _chart(title: str, series: list[MemorySeries], limits: list[tuple[Any, Any]]) -> TimeSpec:
+    """Each rank's memory against its step numbers, the limit it heads for as a dashed line."""
+    lines = [Line(f"{s.node}/{s.rank} {LABELS.get(s.metric, s.metric)}", np.asarray(s.steps, dtype=np.float64),
+                  np.asarray(s.mb, dtype=np.float64)) for s in series]
+    panel = PanelSpec(title, "MB", lines, height=300)
     for mb, source in limits:
-        fig.add_layout(Span(location=mb, dimension="width", line_color="#d62728", line_dash="dashed"))
-        fig.title.text = f"{title} (dashed: the {source} limit, {num(mb, 0)} MB)"
-    fig.add_tools(HoverTool(renderers=lines, tooltips=[("step", "@x{0}"), ("MB", "@y{0.0}")]))
-    fig.legend.click_policy = "hide"
-    fig.legend.location = "top_left"
-    return fig
+        panel.hlines.append({"y": float(mb), "label": f"the {source} limit"})
+        panel.title = f"{title} (dashed: the {source} limit, {num(mb, 0)} MB)"
+    return TimeSpec(panels=[panel], x_type="linear", x_label="step")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.layouts import gridplot
 
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.nodes import STEP, USAGE
@@ -64,8 +63,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
             shown = [n for n in nodes if n in values]
             bars.append(charts.bars(shown, [values[n] for n in shown], title=f"{col.label}: median per node",
                                     y_label=col.unit, highlight=comparison.odd_nodes(col)))
-    model = bars[0] if len(bars) == 1 else gridplot(bars, ncols=len(bars), sizing_mode="stretch_width",
-                                                     toolbar_location=None)
+    model = bars[0] if len(bars) == 1 else charts.grid(bars)
     section.blocks.append(Chart(model, "Medians per node (a node that stands out in red)"))
     return [section]
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.layouts import row
-
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.step_outlier import StepOutlierDetails, StepSeries
 from stallwatch.analyze.steps import NodeSteps
+from stallwatch.present.charts import row
 from stallwatch.present.report.model import GOOD, INFO, WARN, Chart, Paragraph, Section, Table, Verdict
 from stallwatch.present.report.sections import _loop_charts as charts
 from stallwatch.present.report.sections._loop import duration, num, rule_view, when
