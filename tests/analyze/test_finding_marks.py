@@ -42,12 +42,13 @@ def test_windows_become_spans_and_steps_markers_at_their_starts(analysis: RunAna
 
 
 def test_only_the_top_findings_are_marked_and_steps_need_the_events(analysis: RunAnalysis):
-    found = [_finding(f"Rule{i}", Where(windows=[(i * 10, i * 10 + 5)], steps=[1])) for i in range(5)]
+    found = [_finding(f"Rule{i}", Where(windows=[(i * 10, i * 10 + 5)] if i % 2 else [], steps=[1]))
+             for i in range(5)]
     spans, markers = finding_marks(found, analysis.steps, top=2)
-    assert [s.label for s in spans] == ["Finding 1: Rule0", "Finding 2: Rule1"]
-    assert [m.label for m in markers] == ["Finding 1: Rule0", "Finding 2: Rule1"]
+    assert [s.label for s in spans] == ["Finding 2: Rule1"]  # its windows, not its steps too
+    assert [m.label for m in markers] == ["Finding 1: Rule0"]  # no windows: its steps
     spans, markers = finding_marks(found, None, top=2)
-    assert len(spans) == 2 and markers == []
+    assert len(spans) == 1 and markers == []
 
 
 def test_the_runs_own_findings_are_marked(analysis: RunAnalysis):
@@ -57,6 +58,6 @@ def test_the_runs_own_findings_are_marked(analysis: RunAnalysis):
                                                                       for i, f in enumerate(top, 1)
                                                                       if f.where.windows or f.where.steps}
     outliers = next(f for f in top if f.rule == "StepOutlier")
-    marked = [m for m in markers if m.label.endswith("StepOutlier")]
-    assert len(marked) == min(20, len(set(outliers.where.steps)))
-    assert np.all(np.diff([m.at_us for m in marked]) > 0)
+    marked = [s for s in spans if s.label.endswith("StepOutlier")]
+    assert len(marked) == min(20, len(set(map(tuple, outliers.where.windows))))
+    assert np.all(np.diff([s.start_us for s in marked]) >= 0)

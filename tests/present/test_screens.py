@@ -155,11 +155,14 @@ def _dashboard_ids(served: Dashboard, runs: dict[str, Path]) -> dict[str, str]:
 
 
 def _settle_report(page: Any) -> None:
-    """Until every chart is drawn (a Bokeh root holds a canvas, or the renderer marked it with data-points)."""
+    """Until every chart is drawn: draw.js marks each chart element with data-points, or leaves a line saying
+    why it drew nothing (an embedded Bokeh document, before it, has a root with children)."""
     start = time.monotonic()
     while time.monotonic() < start + RENDER_TIMEOUT_S:
-        left = page.evaluate("""() => [...document.querySelectorAll('div[data-root-id]')]
-                                  .filter(r => !r.children.length && !r.shadowRoot && !r.dataset.points).length""")
+        left = page.evaluate("""() => [...document.querySelectorAll('[data-chart]')]
+                                  .filter(c => !c.dataset.points && !c.textContent.trim()).length
+                                + [...document.querySelectorAll('div[data-root-id]')]
+                                  .filter(r => !r.children.length && !r.shadowRoot).length""")
         if left == 0:
             break
         page.wait_for_timeout(200)

@@ -26,8 +26,8 @@ def label(rank: int, finding: Finding) -> str:
 
 def finding_marks(findings: Sequence[Finding], steps: FrameworkColumns | None,
                   top: int = TOP) -> tuple[list[Span], list[Marker]]:
-    """The first `top` findings' windows (spans) and steps (markers at each step's earliest start on the ranks
-    the finding names, or on any rank when it names none). `steps`: the step events; None leaves steps out (a
+    """The first `top` findings' windows (spans), or, for a finding without windows, its steps (markers at each
+    step's earliest start on the ranks the finding names, or on any rank when it names none). `steps`: the step events; None leaves steps out (a
     run read from rollups)."""
     spans: list[Span] = []
     markers: list[Marker] = []
@@ -36,7 +36,7 @@ def finding_marks(findings: Sequence[Finding], steps: FrameworkColumns | None,
         for a, b in list(dict.fromkeys(map(tuple, f.where.windows)))[:MAX_WINDOWS]:
             spans.append(Span(int(a), max(int(b), int(a) + 1), name,
                               f"{f.title}: {format_us(int(a))} → {format_us(int(b))}"))
-        if steps is not None and f.where.steps:
+        if steps is not None and f.where.steps and not f.where.windows:  # windows say it already: one mark each
             for n, at in _step_starts(steps, f.where.steps[:MAX_STEPS], f.where.ranks).items():
                 markers.append(Marker(at, name, f"{f.title}: step {n}"))
     return spans, markers

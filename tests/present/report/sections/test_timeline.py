@@ -128,7 +128,7 @@ def test_the_top_findings_are_marked_where_they_happened(tmp_path):
     for i, f in enumerate(top, 1):
         label = f"Finding {i}: {f.rule}"
         assert label in rows, (label, list(rows))
-        shown = len(set(map(tuple, f.where.windows))) + len(set(f.where.steps[:20]))
+        shown = len(set(map(tuple, f.where.windows))) or len(set(f.where.steps[:20]))
         assert rows[label][1] == shown
     assert [r for r in rows if r.startswith("Finding ")] == [f"Finding {i}: {f.rule}" for i, f in enumerate(top, 1)]
     assert any(isinstance(b, Paragraph) and b.text.startswith('"Finding 1"') for b in section.blocks)

@@ -26,7 +26,8 @@ NO_TIMES = ("The flagged track shows the CPU and I/O bottleneck ranges (the firs
 
 
 FINDINGS_TEXT = ("\"Finding 1\", \"Finding 2\"…: where the findings of \"What to fix first\" happened, in their "
-                 "order there — their time windows shaded, their steps marked (the first 20 of each).")
+                 "order there — their time windows shaded (the first 20), or, for a finding without windows, its steps "
+                 "marked (the first 20).")
 
 
 def build(analysis: RunAnalysis) -> list[Section]:
