@@ -101,7 +101,7 @@ def job_table(jobs: list[JobUsage]) -> Table | None:
         return None
 
     def pct(share: Share | None) -> tuple[Any, Any]:
-        return (None, None) if share is None else (share.mean_pct, share.p95_pct)
+        return (None, None) if share is None else (round(share.mean_pct), round(share.p95_pct))  # whole %
 
     def cores(share: Share | None) -> str:
         if share is None or share.mean_cores is None or share.p95_cores is None:
