@@ -12,6 +12,10 @@ from stallwatch import records as r
 from stallwatch.analyze.usage import UsageStat
 
 OTHERS_SHARE = 0.5  # the job used less than half of what the host's CPUs did: the rest was other work
+BUSY_HOST = 25.0  # % of the host: below it the host was not busy, whoever used it
+# Snapshots of the job's processes needed to say anything: a process's first reading has no CPU yet (no interval
+# to measure), so a job seen twice reads "0 %" whatever it did.
+MIN_SNAPSHOTS = 4
 
 
 def _label(device: str, metric: str) -> str:
@@ -56,15 +60,16 @@ class JobUsage:
     @property
     def mostly_others(self) -> bool:
         """The host's CPUs were busy mostly with work other than the job's."""
-        return (self.host_cpu is not None and self.host_cpu.mean_pct > 0
+        return (self.host_cpu is not None and self.host_cpu.mean_pct >= BUSY_HOST
                 and self.job_cpu.mean_pct < OTHERS_SHARE * self.host_cpu.mean_pct)
 
 
 def job_usage(node: str, stats: Sequence[UsageStat], cores: int | None) -> JobUsage | None:
-    """From the node's usage statistics (`RunAnalysis.usage`); None when the sampler saw no job processes."""
+    """From the node's usage statistics (`RunAnalysis.usage`); None when the sampler saw no job processes, or saw
+    them too rarely to measure their CPU."""
     by = {s.label: s for s in stats if s.node == node and s.count}
     job = by.get(JOB_CPU)
-    if job is None:
+    if job is None or job.count < MIN_SNAPSHOTS:
         return None
     rss, workers, wcpu = by.get(JOB_RSS), by.get(WORKERS), by.get(WORKERS_CPU)
     job_share = _share(job, cores)

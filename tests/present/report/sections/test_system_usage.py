@@ -156,3 +156,18 @@ def test_a_gpu_node_held_back_by_busy_cpus_says_whose_they_were():
                            "work on node n1 used about 68 % more.")
     busy = JobUsage("n1", 8, Share(88.0, 90.0, 93.0, 7.0, 7.2), Share(80.0, 85.0, 90.0, 6.4, 6.8))
     assert node_verdict("n1", details, busy).text.endswith("used 80 % of the host's cores on average (6.4 cores).")
+
+
+def test_too_few_snapshots_or_an_idle_host_say_nothing_of_whose_cpu():
+    from stallwatch.analyze.job_usage import MIN_SNAPSHOTS, job_usage
+    from stallwatch.analyze.usage import UsageStat
+
+    def stats(count: int, host: float) -> list[UsageStat]:
+        return [UsageStat("n1", "CPU total", "%", host, host, host, host, count),
+                UsageStat("n1", "Job CPU", "%", 2.0, 2.0, 2.0, 2.0, count)]
+
+    assert job_usage("n1", stats(MIN_SNAPSHOTS - 1, 60.0), 4) is None  # a job seen twice reads 0 %: not measured
+    seen = job_usage("n1", stats(MIN_SNAPSHOTS, 60.0), 4)
+    assert seen is not None and seen.mostly_others
+    quiet = job_usage("n1", stats(MIN_SNAPSHOTS, 10.0), 4)
+    assert quiet is not None and not quiet.mostly_others  # a host at 10 % was not busy, whoever used it
