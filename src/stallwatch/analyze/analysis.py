@@ -25,8 +25,10 @@ import pyarrow.compute as pc
 from stallwatch.analyze import captures as _captures
 from stallwatch.analyze import compare as _compare
 from stallwatch.analyze import cost as _cost
+from stallwatch.analyze import finding_marks as _finding_marks
 from stallwatch.analyze import findings as _findings
 from stallwatch.analyze import heatmap as _heatmap
+from stallwatch.analyze import job_usage as _job_usage
 from stallwatch.analyze import loss as _loss
 from stallwatch.analyze import memory_window as _memory_window
 from stallwatch.analyze import node_series as _node_series
@@ -34,6 +36,7 @@ from stallwatch.analyze import node_tasks as _node_tasks
 from stallwatch.analyze import nodes as _nodes
 from stallwatch.analyze import overhead as _overhead
 from stallwatch.analyze import price as _price
+from stallwatch.analyze import python_profiles as _python_profiles
 from stallwatch.analyze import rank_parts as _rank_parts
 from stallwatch.analyze import rank_tracks as _rank_tracks
 from stallwatch.analyze import ranks as _ranks
@@ -401,6 +404,12 @@ class RunAnalysis:
         return run_files.read_escalations(self.run.location)
 
     @cached_property
+    def python_functions(self) -> list[_python_profiles.WindowFunctions]:
+        """Each Python-profiling window with its most expensive functions (from the summary stored with it)."""
+        windows = self.profiles("python")
+        return _python_profiles.window_functions(windows, self.run.functions()) if windows else []
+
+    @cached_property
     def captures(self) -> list[_captures.Capture]:
         """The automatic captures with their fate: stored, lost (never written: the job ended first) or pending."""
         if not self.escalations:
@@ -462,6 +471,10 @@ class RunAnalysis:
         """The terminal's per-node utilization statistics (mean, p50, p95, max) of the usual metrics (from the
         finest rollup with `overview_from_rollups`: p50 / p95 then of 10 s means)."""
         return self._source.usage(node)
+
+    def job_usage(self, node: str) -> _job_usage.JobUsage | None:
+        """The job's own CPU (of the host's cores, in cores), RSS and loader workers beside the host's CPU."""
+        return _job_usage.job_usage(node, self.usage(node), self.node_record(node).cpu_cores_logical)
 
     def usage_level_us(self, node: str) -> int:
         """The rollup level whose bucket means give the node's utilization percentiles: the finest with at most
@@ -574,6 +587,13 @@ class RunAnalysis:
         """Moments the rules flagged: the slowest outlier steps (and older results' last flagged windows)."""
         rules = self.rules_by_name
         return _timeline.outlier_markers(rules) + _timeline.last_window_markers(rules)
+
+    @cached_property
+    def finding_marks(self) -> tuple[list[Span], list[Marker]]:
+        """Where the top findings happened: their windows as spans, their steps as markers (steps only when the
+        step events are read anyway: not from rollups)."""
+        steps = None if self.overview_from_rollups else self.steps
+        return _finding_marks.finding_marks(self.findings.findings, steps)
 
     @cached_property
     def flag_totals(self) -> dict[str, int]:

@@ -35,6 +35,7 @@ USAGE_ROWS = (
     _row(r.PROC, r.PROC_CPU_UTIL),
     _row(r.PROC, r.PROC_RSS_BYTES),
     _row(r.PROC, r.WORKERS_ALIVE),
+    _row(r.PROC, r.WORKERS_CPU_UTIL),
 )
 
 

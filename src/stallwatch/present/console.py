@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.findings import Finding, Findings, share_text
+from stallwatch.analyze.job_usage import JobUsage
 from stallwatch.analyze.steps import PHASES, StepStat
 from stallwatch.analyze.usage import NodeSpan, UsageStat
 from stallwatch.records import FORWARD
@@ -44,6 +45,32 @@ def usage_table(stats: Sequence[UsageStat]) -> str:
     return table(["node", "metric", "mean", "p50", "p95", "max"], rows, "llrrrr")
 
 
+def job_line(job: JobUsage) -> str:
+    """Whose CPU it was, in a line: the job's own processes beside the host's CPUs, its RSS, its workers."""
+    def cores(v: float | None) -> str:
+        return "" if v is None else f" ({v:.1f} cores)"
+
+    cpu = job.job_cpu
+    of = f"the host's {job.cores} cores" if job.cores else "the host's cores"
+    text = (f"{job.node}: the job's own processes used {cpu.mean_pct:.0f}% of {of} on average"
+            f"{cores(cpu.mean_cores)}, p95 {cpu.p95_pct:.0f}%{cores(cpu.p95_cores)}")
+    if job.host_cpu is not None:
+        text += f"; the host's CPUs (every process) {job.host_cpu.mean_pct:.0f}%"
+        if job.mostly_others:
+            text += ": busy mostly with other work, not the job"
+    parts = [text]
+    if job.rss_max_bytes is not None:
+        parts.append(f"RSS up to {format_value(job.rss_max_bytes, 'B')}")
+    if job.workers_max:
+        busy = job.workers_cpu
+        parts.append(f"{job.workers_max} loader worker(s)" + ("" if busy is None else
+                                                              f" using {busy.mean_pct:.0f}%{cores(busy.mean_cores)}"))
+    elif job.workers_max == 0:
+        parts.append("no loader workers")
+    return textwrap.fill("; ".join(parts), 110, initial_indent="  ", subsequent_indent="    ",
+                         break_on_hyphens=False)
+
+
 GPU_PHASES_NOTE = ("On a GPU these phases are host time: a call returns once its kernels are queued, and the GPU's "
                    "work shows where the loop waits for it (\"other\" after a `loss.item()`, or the call that found "
                    "the queue full); the steps' durations are right either way. The GPU's own split: "
@@ -76,7 +103,8 @@ def steps_table(stats: Sequence[StepStat], *, gpu: bool = False) -> str:
 def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
                 spans: Sequence[NodeSpan], stats: Sequence[UsageStat], sample_interval_ms: float | None = None,
                 steps: Sequence[StepStat] = (), windows: Sequence[dict] = (), exit_signal: str | None = None,
-                interrupted: bool = False, notes: Sequence[str] = (), gpu: bool = False) -> str:
+                interrupted: bool = False, notes: Sequence[str] = (), gpu: bool = False,
+                jobs: Sequence[JobUsage] = ()) -> str:
     how = ", ".join(filter(None, [exit_signal, "interrupted" if interrupted else None]))
     lines = [
         f"stallwatch: run {run_uri}",
@@ -89,6 +117,7 @@ def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
         lines.append(f"  {s.node}: {s.snapshots} system snapshots{every}")
     if stats:
         lines += ["", usage_table(stats)]
+        lines += [job_line(j) for j in jobs]
     else:
         lines.append("  no system samples were stored")
     if steps:

@@ -39,14 +39,15 @@ header { padding: 28px 40px 18px; border-bottom: 1px solid var(--line); backgrou
 header h1 { margin: 0 0 4px; font-size: 26px; }
 header p { margin: 0; color: var(--muted); }
 .page { display: flex; align-items: flex-start; }
-nav { position: sticky; top: 0; flex: 0 0 250px; max-height: 100vh; overflow-y: auto; padding: 20px 16px 20px 24px;
+nav { position: sticky; top: 0; flex: 0 0 220px; max-height: 100vh; overflow-y: auto; padding: 20px 12px 20px 20px;
       border-right: 1px solid var(--line); font-size: 14px; }
-nav h2 { font-size: 13px; text-transform: uppercase; letter-spacing: .05em; color: var(--muted); margin: 0 0 8px; }
+nav h2 { font-size: 13px; text-transform: uppercase; letter-spacing: .05em; color: var(--muted); margin: 0 0 8px;
+         padding: 0; border: 0; }
 nav ol, nav ul { margin: 0; padding-left: 18px; }
 nav li { margin: 3px 0; }
 nav a { color: var(--accent); text-decoration: none; }
 nav a:hover { text-decoration: underline; }
-main { flex: 1 1 auto; min-width: 0; padding: 8px 40px 60px; max-width: 1320px; }
+main { flex: 1 1 auto; min-width: 0; padding: 8px 28px 60px; max-width: 1600px; }
 section { margin: 0 0 8px; }
 h2 { font-size: 22px; margin: 32px 0 10px; padding-top: 8px; border-top: 1px solid var(--line); }
 h3 { font-size: 18px; margin: 24px 0 8px; }
@@ -59,12 +60,23 @@ code { font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; 
 .caption { font-weight: 600; margin: 16px 0 6px; }
 .table-wrap { overflow-x: auto; margin: 6px 0 14px; }
 table { border-collapse: collapse; font-size: 14px; }
-th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
+th, td { padding: 5px 8px; border-bottom: 1px solid var(--line); text-align: left; vertical-align: top; }
 th { background: var(--bg-alt); font-weight: 600; }
-td.long { min-width: 26ch; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.long { min-width: 22ch; }
+td { overflow-wrap: break-word; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { white-space: nowrap; }  /* a number never breaks; its header may wrap */
+/* narrower windows: the contents above the page, so the sections get the whole width */
+@media (max-width: 1200px) {
+  .page { display: block; }
+  nav { position: static; max-height: none; border-right: 0; border-bottom: 1px solid var(--line);
+        padding: 12px 20px; columns: 2 220px; column-gap: 32px; }
+  nav li { break-inside: avoid; }  /* a section and its subsections in one column */
+  main { padding: 8px 20px 60px; }
+  header { padding: 20px 20px 14px; }
+}
 tbody tr:nth-child(even) td { background: #fafbfc; }
-.chart { margin: 6px 0 16px; }
+.chart { margin: 6px 0 16px; max-width: 100%; overflow-x: auto; }  /* a wide figure scrolls in its box */
 footer { color: var(--muted); font-size: 13px; margin-top: 40px; }
 """ + "".join(f".verdict.{level} {{ border-color: {colour}; background: {tint}; }}\n"  # the dashboard's too
               for level, (colour, tint) in catalogue.LEVELS.items())

@@ -44,7 +44,7 @@ def test_the_loaders_table_holds_their_settings_events(gpu):
     stored = [json.loads(a) for a in _events(gpu, "dataloader")["args"].to_pylist()]
     assert len(loaders.rows) == len(stored) == 2
     for row in rows_by(loaders, "Rank").values():
-        assert row["num_workers"] == 1 and row["pin_memory"] is False and row["prefetch_factor"] == 2
+        assert row["Workers"] == 1 and row["Pin memory"] is False and row["Prefetch"] == 2
         assert row["Batch size"] == stored[0]["batch_size"] and row["Iterators"] == 1
 
 

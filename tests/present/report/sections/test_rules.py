@@ -41,11 +41,11 @@ def test_sorted_by_times_triggered_with_the_headline(root: Path):
     assert paragraph.text.endswith("During your training job, the Beta rule was the most frequently triggered. It "
                                    "processed 2,111 datapoints and was triggered 15 times.")
     table = next(b for b in section.blocks if isinstance(b, Table))
-    assert table.columns == ["rule", "description", "recommendation", "times triggered", "datapoints", "parameters"]
+    assert table.columns == ["rule", "description", "recommendation", "fired", "data points", "parameters"]
     assert [r[0] for r in table.rows] == ["Beta", "Alpha", "Delta", "Gamma"]
     ordered = by_times_fired([RuleResult.from_json(r) for r in results.values()])  # the console's order
     assert [r.name for r in ordered] == [r[0] for r in table.rows]
-    assert table.rows[0][1:] == ["Beta checks.", "Fix Beta.", 15, 2111, "threshold:\u00a03\nmode:\u00a0None"]
+    assert table.rows[0][1:] == ["Beta checks.", "Fix Beta.", 15, 2111, "threshold: 3\nmode: None"]
     verdicts = [b for b in section.blocks if isinstance(b, Verdict)]
     assert [(v.level, v.text) for v in verdicts] == [(WARN, "Beta was triggered 15 times: Fix Beta."),
                                                     (WARN, "Alpha was triggered 2 times: Fix Alpha."),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
@@ -92,3 +94,80 @@ def test_one_saturated_core_tempers_underutilized():
     assert v is not None and v.level == WARN and "However, core cpu1 was saturated (95th percentile 97 %)" in v.text
     no_totals = OverallSystemUsageDetails.from_json({"devices": devices})
     assert node_verdict("n1", no_totals) is None  # no totals, no verdict
+
+
+# -- whose CPU it is: the job's own processes beside the host -------------------------------------------------
+
+
+def _busy_host_run(root: Path, *, job_pct: float, workers: int = 2) -> Path:
+    """A CPU-only node whose CPUs are busy (85 % host-wide); the job's own processes use `job_pct` of them."""
+    from tests.analyze.rules._gen import make_node
+    from tests.present.generated_run import write_run
+
+    frame = make_node("algo-1", 400, cores=8, gpus=0, cpu_util=85.0)
+    n = len(frame)
+    frame.columns["proc/cpu_util"] = np.full(n, job_pct)
+    frame.columns["proc/rss_bytes"] = np.linspace(1e9, 2e9, n)
+    frame.columns["proc/workers_alive"] = np.full(n, float(workers))
+    frame.columns["proc/workers_cpu_util"] = np.full(n, job_pct / 2)
+    return write_run(root, [frame])
+
+
+def test_a_host_busy_with_other_work_is_not_the_job_using_its_cpus(tmp_path: Path):
+    ctx, section = _build(_busy_host_run(tmp_path / "run", job_pct=21.0))
+    (verdict,) = [b for b in section.blocks if isinstance(b, Verdict)]
+    assert "well utilized" not in verdict.text and verdict.level == WARN, verdict
+    assert "other work on the host" in verdict.text and "used 21 % of the host's cores" in verdict.text
+    assert "(1.7 cores)" in verdict.text  # 21 % of 8 cores
+    table = next(b for b in section.blocks if isinstance(b, Table) and b.caption.startswith("The job's own"))
+    ((node, host_mean, host_p95, job_mean, job_p95, cores, rss, workers, workers_cores),) = table.rows
+    assert node == "algo-1" and 80 < host_mean < 90 and job_mean == pytest.approx(21.0)
+    assert cores == "1.7 / 1.7" and rss == "2 GB" and workers == 2 and workers_cores == "0.8 / 0.8"
+
+
+def test_a_job_that_uses_the_cpus_is_told_so(tmp_path: Path):
+    _, section = _build(_busy_host_run(tmp_path / "run", job_pct=80.0, workers=0))
+    (verdict,) = [b for b in section.blocks if isinstance(b, Verdict)]
+    assert verdict.level == GOOD and "well utilized by the job" in verdict.text
+    assert "used 80 % of the host's cores on average (6.4 cores)." in verdict.text
+    table = next(b for b in section.blocks if isinstance(b, Table) and b.caption.startswith("The job's own"))
+    assert table.rows[0][7:] == [0, "–"]  # no loader workers: no workers' CPU
+
+
+def test_the_terminal_summary_says_whose_cpu_it_is(tmp_path: Path):
+    from stallwatch.present.summary import summary_text
+
+    text = summary_text(RunAnalysis(open_run(str(_busy_host_run(tmp_path / "run", job_pct=21.0)))))
+    start = text.index("  algo-1: the job's own processes")
+    line = " ".join(text[start:text.index("\n\n", start)].split())  # wrapped for the terminal: one paragraph
+    assert "used 21% of the host's 8 cores on average (1.7 cores)" in line
+    assert "busy mostly with other work, not the job" in line
+    assert "RSS up to 2 GB" in line and "2 loader worker(s) using 10% (0.8 cores)" in line
+
+
+def test_a_gpu_node_held_back_by_busy_cpus_says_whose_they_were():
+    from stallwatch.analyze.job_usage import JobUsage, Share
+
+    details = OverallSystemUsageDetails.from_json({"CPU": {"n1": _stats(90)}, "GPU": {"n1": _stats(50)}})
+    others = JobUsage("n1", 8, Share(88.0, 90.0, 93.0, 7.0, 7.2), Share(20.0, 25.0, 30.0, 1.6, 2.0))
+    v = node_verdict("n1", details, others)
+    assert v is not None and v.level == ISSUE and "likely because of CPU bottlenecks" in v.text
+    assert v.text.endswith("The job's own processes used 20 % of the host's cores on average (1.6 cores); other "
+                           "work on node n1 used about 68 % more.")
+    busy = JobUsage("n1", 8, Share(88.0, 90.0, 93.0, 7.0, 7.2), Share(80.0, 85.0, 90.0, 6.4, 6.8))
+    assert node_verdict("n1", details, busy).text.endswith("used 80 % of the host's cores on average (6.4 cores).")
+
+
+def test_too_few_snapshots_or_an_idle_host_say_nothing_of_whose_cpu():
+    from stallwatch.analyze.job_usage import MIN_SNAPSHOTS, job_usage
+    from stallwatch.analyze.usage import UsageStat
+
+    def stats(count: int, host: float) -> list[UsageStat]:
+        return [UsageStat("n1", "CPU total", "%", host, host, host, host, count),
+                UsageStat("n1", "Job CPU", "%", 2.0, 2.0, 2.0, 2.0, count)]
+
+    assert job_usage("n1", stats(MIN_SNAPSHOTS - 1, 60.0), 4) is None  # a job seen twice reads 0 %: not measured
+    seen = job_usage("n1", stats(MIN_SNAPSHOTS, 60.0), 4)
+    assert seen is not None and seen.mostly_others
+    quiet = job_usage("n1", stats(MIN_SNAPSHOTS, 10.0), 4)
+    assert quiet is not None and not quiet.mostly_others  # a host at 10 % was not busy, whoever used it

@@ -70,7 +70,7 @@ def test_markers_drawn_and_listed(section):
     chart = next(b for b in section.blocks if isinstance(b, Chart))
     marks = chart.model.markers
     assert marks and any("step 2000" in t for r in marks for t in r.text)
-    labels = [r.label for r in chart.model.flags]
+    labels = [r.label for r in chart.model.flags if not r.label.startswith("Finding ")]  # the rules' own
     windows = {label for _, label in WINDOW_RULES}
     assert labels[0] == "CPU bottleneck" and set(labels[1:]) <= windows
     table = next(b for b in section.blocks if isinstance(b, Table))
@@ -115,3 +115,20 @@ def test_a_fleet_draws_lines_of_the_nodes_that_matter_first_and_says_so(busy_run
     assert all(set(_lines(f)) == {"algo-1"} for f in _figures(chart))
     text = " ".join(b.text for b in sec.blocks if isinstance(b, Paragraph))
     assert "Lines of 1 of the 2 nodes are drawn" in text
+
+
+def test_the_top_findings_are_marked_where_they_happened(tmp_path):
+    from tests.present.report._full_runs import full_run
+
+    ctx = _ctx(full_run(tmp_path / "run", nodes=("algo-1", "algo-2"), ranks=2).root)
+    (section,) = timeline.build(ctx)
+    table = next(b for b in section.blocks if isinstance(b, Table) and b.caption == "What is shaded and flagged")
+    rows = {r[0]: r for r in table.rows}
+    top = ctx.findings.findings[:3]
+    for i, f in enumerate(top, 1):
+        label = f"Finding {i}: {f.rule}"
+        assert label in rows, (label, list(rows))
+        shown = len(set(map(tuple, f.where.windows))) or len(set(f.where.steps[:20]))
+        assert rows[label][1] == shown
+    assert [r for r in rows if r.startswith("Finding ")] == [f"Finding {i}: {f.rule}" for i, f in enumerate(top, 1)]
+    assert any(isinstance(b, Paragraph) and b.text.startswith('"Finding 1"') for b in section.blocks)

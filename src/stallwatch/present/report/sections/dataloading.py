@@ -94,12 +94,24 @@ def _advice(analysis: RunAnalysis, nodes: dict[str, LoaderNode], d: DataloaderDe
 
 
 def _loaders_table(loaders: list[LoaderSettings], total: int) -> Table:
-    rows = [[e.node, e.rank, e.dataset, e.created_at, e.mode, e.batch_size, e.num_workers, e.pin_memory,
+    rows = [[e.node, e.rank, e.dataset, _short_path(e.created_at), e.mode, e.batch_size, e.num_workers, e.pin_memory,
              e.prefetch_factor, e.persistent_workers, e.iterators] for e in loaders]
     more = f" (the first {len(loaders)} of {total})" if total > len(loaders) else ""
-    return Table(["Node", "Rank", "Dataset", "Built at", "Loop", "Batch size", "num_workers", "pin_memory",
-                  "prefetch_factor", "persistent_workers", "Iterators"], rows,
-                 caption=f"The data loaders and their settings{more} (Loop: the mode of the steps that waited for it)")
+    # DataLoader's own argument names, shortened so the table fits its box (the caption names them)
+    return Table(["Node", "Rank", "Dataset", "Built at", "Loop", "Batch size", "Workers", "Pin memory", "Prefetch",
+                  "Persistent", "Iterators"], rows,
+                 caption=f"The data loaders and their settings{more} (Loop: the mode of the steps that waited for it; "
+                         "Workers, Pin memory, Prefetch, Persistent: `num_workers`, `pin_memory`, `prefetch_factor`, "
+                         "`persistent_workers`)")
+
+
+def _short_path(where: Any) -> Any:
+    """`file:line` as its last two path parts (`torch/train.py:16`): enough to find the loader, narrow enough for
+    the table (the whole path of a job deep in a checkout widened it past the page)."""
+    if not isinstance(where, str):
+        return where
+    parts = where.replace("\\", "/").split("/")
+    return "…/" + "/".join(parts[-2:]) if len(parts) > 3 else where
 
 
 def _timing(t: WaitHistogram) -> list[Any]:

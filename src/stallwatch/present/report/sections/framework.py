@@ -204,13 +204,16 @@ def _gradient_sync(analysis: RunAnalysis) -> list[Block]:
         text += (f": {top.bandwidth_gbps:,.2f} Gb/s over the exposed time." if top.bandwidth_gbps else ".")
     text += (f" The {COMMUNICATION_RULE} rule {'fired' if result.fired else 'did not fire'} (threshold "
              f"{d.threshold:g} % of step time).")
+    text += (" In the table: the steps reduced; the exposed time (not hidden behind backward) of a typical step "
+             "(p50) and on average, its share of a typical step and its total; the time held up beyond it; MB "
+             "reduced a step and the effective bandwidth; DDP's own timing of the whole all-reduce and the share "
+             "of it hidden.")
     rows = [[r.key, r.steps, r.synced_steps, r.exposed_ms, r.mean_exposed_ms, r.share, r.comm_s, r.wait_s,
              None if r.bytes_per_step is None else r.bytes_per_step / 1e6, r.bandwidth_gbps, r.total_ms,
              r.hidden_pct, r.source] for r in d.ranks]
     return [Paragraph(text),
-            Table(["node/rank", "train steps", "steps reduced", "exposed, typical step (ms)", "exposed, mean (ms)",
-                   "typical % of step", "typical total (s)", "held up beyond it (s)", "MB per step", "effective Gb/s",
-                   "all-reduce per step, DDP (ms)", "hidden (%)", "source"], rows,
+            Table(["node/rank", "train steps", "reduced", "exposed p50 (ms)", "exposed mean (ms)", "% of step",
+                   "total (s)", "held up (s)", "MB/step", "Gb/s", "DDP all-reduce (ms)", "hidden %", "source"], rows,
                   "Gradient all-reduce per step (DDP)")]
 
 

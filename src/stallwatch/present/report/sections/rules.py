@@ -39,10 +39,9 @@ def build(analysis: RunAnalysis) -> list[Section]:
         if r.status == ERROR:
             blocks.append(Verdict(f"{r.name} could not be evaluated: {r.message}", ISSUE))
     rows = [[r.name, r.description, r.recommendation, r.triggered, r.datapoints,
-             "\n".join(f"{k}:\u00a0{v}" for k, v in r.parameters.items())]  # one parameter a line, unbroken
+             "\n".join(f"{k}: {v}" for k, v in r.parameters.items())]  # one parameter a line
             for r in ordered if r.status == OK]
-    blocks.append(Table(["rule", "description", "recommendation", "times triggered", "datapoints", "parameters"],
-                        rows))
+    blocks.append(Table(["rule", "description", "recommendation", "fired", "data points", "parameters"], rows))
     for reason, names in not_applicable_groups([r for r in ordered if r.status == NOT_APPLICABLE]).items():
         blocks.append(NotApplicable(f"Not applicable: {', '.join(names)} — {reason}"))
     return [Section(SECTION_ID, TITLE, blocks)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from stallwatch import catalogue
 from stallwatch.analyze.analysis import RunAnalysis
+from stallwatch.analyze.job_usage import JobUsage, Share
 from stallwatch.analyze.rules.system_usage import OverallSystemUsageDetails, UsageStats
 from stallwatch.present.report.breakdowns import device_bars
 from stallwatch.present.report.model import (
@@ -60,7 +61,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
         return [Section(SECTION_ID, TITLE, [NotApplicable(f"No system usage statistics: {why}.")])]
     details = OverallSystemUsageDetails.from_json(result.details)
     nodes = sorted({n for m in METRICS for n in details.metric(m)} | set(details.devices))
-    blocks: list[Block] = [v for node in nodes if (v := node_verdict(node, details)) is not None]
+    jobs = {node: analysis.job_usage(node) for node in nodes}
+    blocks: list[Block] = [v for node in nodes if (v := node_verdict(node, details, jobs[node])) is not None]
     blocks.append(Paragraph(INTRO))
     rows = []
     for node in nodes:
@@ -70,6 +72,9 @@ def build(analysis: RunAnalysis) -> list[Section]:
                 scale = MB if metric == "Network" else 1.0
                 rows.append([node, metric, UNITS[metric], *(_num(v, scale) for v in _values(stats))])
     blocks.append(Table(["node", "metric", "unit", *STATS], rows))
+    own = job_table([j for j in jobs.values() if j is not None])
+    if own is not None:  # whose CPU it was, right under the host's
+        blocks += [Paragraph(JOB_INTRO), own]
     devices = details.devices
     # each value in the unit that reads (1.2 kB/s, 35 MB/s), not all in MB/s (0.0012 MB/s)
     rates = [[node, RATES[metric], *(format_value(v, "B/s") for v in _values(stats))]
@@ -84,6 +89,45 @@ def build(analysis: RunAnalysis) -> list[Section]:
     return [Section(SECTION_ID, TITLE, blocks)]
 
 
+JOB_INTRO = ("The host's CPU above counts every process on the node. The job's own processes (its main processes "
+             "and their data-loader workers, as the sampler found them) used this much of it: a host busy with "
+             "other work is not the job using its CPUs. CPU is % of all the host's cores; in cores, how many of "
+             "them it kept busy.")
+
+
+def job_table(jobs: list[JobUsage]) -> Table | None:
+    """Per node, the job's CPU beside the host's, its memory (RSS) and its loader workers."""
+    if not jobs:
+        return None
+
+    def pct(share: Share | None) -> tuple[Any, Any]:
+        return (None, None) if share is None else (round(share.mean_pct), round(share.p95_pct))  # whole %
+
+    def cores(share: Share | None) -> str:
+        if share is None or share.mean_cores is None or share.p95_cores is None:
+            return "–"
+        return f"{share.mean_cores:.1f} / {share.p95_cores:.1f}"
+
+    rows = [[j.node, *pct(j.host_cpu), *pct(j.job_cpu), cores(j.job_cpu),
+             format_value(j.rss_max_bytes, "B") if j.rss_max_bytes is not None else "–",
+             j.workers_max if j.workers_max is not None else "–",
+             cores(j.workers_cpu) if j.workers_cpu is not None else "–"] for j in jobs]
+    return Table(["node", "host CPU mean %", "host CPU p95 %", "job CPU mean %", "job CPU p95 %",
+                  "job cores mean / p95", "job RSS max", "loader workers", "workers' cores mean / p95"],
+                 rows, "The job's own processes beside the host")
+
+
+def _job_text(node: str, job: JobUsage | None) -> str:
+    """Whose CPU it is: the job's processes' share of the host's, in words."""
+    if job is None:
+        return ""
+    in_cores = f" ({job.job_cpu.mean_cores:.1f} cores)" if job.job_cpu.mean_cores is not None else ""
+    text = f" The job's own processes used {job.job_cpu.mean_pct:.0f} % of the host's cores on average{in_cores}"
+    if job.mostly_others and job.others_pct is not None:
+        return text + f"; other work on node {node} used about {job.others_pct:.0f} % more."
+    return text + "."
+
+
 def _values(stats: UsageStats) -> tuple[float | None, ...]:
     """The statistics in STATS' order."""
     return stats.max, stats.p99, stats.p95, stats.p50, stats.min
@@ -93,9 +137,17 @@ def _num(value: Any, scale: float = 1.0) -> float | None:
     return None if value is None else float(value) / scale
 
 
-def node_verdict(node: str, details: OverallSystemUsageDetails) -> Verdict | None:
+def node_verdict(node: str, details: OverallSystemUsageDetails, job: JobUsage | None = None) -> Verdict | None:
     """The seeds' per-node verdict, from the 95th and 50th percentiles of total CPU and (mean) GPU utilization;
-    a CPU-only node is judged on its CPUs alone."""
+    a CPU-only node is judged on its CPUs alone. With the job's own usage, it says whose CPU it was: a host busy
+    with other work is not the job using its CPUs."""
+    verdict = _host_verdict(node, details, job)
+    if verdict is None or job is None:
+        return verdict
+    return Verdict(verdict.text + _job_text(node, job), verdict.level)
+
+
+def _host_verdict(node: str, details: OverallSystemUsageDetails, job: JobUsage | None) -> Verdict | None:
     cpu = details.cpu.get(node)
     gpu = details.gpu.get(node)
     if gpu:
@@ -118,9 +170,14 @@ def node_verdict(node: str, details: OverallSystemUsageDetails) -> Verdict | Non
         cpu_text = f", the median total CPU utilization {cpu.p50:.0f} %" if cpu and cpu.p50 is not None else ""
         return Verdict(f"The median total GPU utilization on node {node} is {g50:.0f} %{cpu_text}.", INFO)
     if cpu and cpu.p95 is not None:
+        if cpu.p95 > BUSY and job is not None and job.mostly_others:
+            return Verdict(f"The 95th percentile of the total CPU utilization on node {node} (every process on the "
+                           f"host) is {cpu.p95:.0f} %, but the CPUs were busy mostly with other work on the host, not "
+                           "with the job.", WARN)
         if cpu.p95 > BUSY:
             return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is {cpu.p95:.0f} %: "
-                           f"the CPUs on node {node} are well utilized.", GOOD)
+                           f"the CPUs on node {node} are well utilized{' by the job' if job is not None else ''}.",
+                           GOOD)
         return Verdict(f"The 95th percentile of the total CPU utilization on node {node} is only {cpu.p95:.0f} %: "
                        f"node {node} is underutilized; a smaller instance would do.{_one_busy_core(node, details)}",
                        WARN)
@@ -130,8 +187,8 @@ def node_verdict(node: str, details: OverallSystemUsageDetails) -> Verdict | Non
 def _one_busy_core(node: str, details: OverallSystemUsageDetails) -> str:
     """When the total is low but one core is saturated, the job is limited by one process (often the main one
     preparing batches): a smaller instance would not help, more data-loader workers might."""
-    cores = [(d, m[CPU_UTIL].p95) for d, m in (details.devices.get(node) or {}).items()
-             if d.startswith("cpu") and d[3:].isdigit() and CPU_UTIL in m and m[CPU_UTIL].p95 is not None]
+    cores = [(d, p95) for d, m in (details.devices.get(node) or {}).items()
+             if d.startswith("cpu") and d[3:].isdigit() and CPU_UTIL in m and (p95 := m[CPU_UTIL].p95) is not None]
     if len(cores) < 2:
         return ""
     device, p95 = max(cores, key=lambda c: c[1])

@@ -25,6 +25,11 @@ NO_TIMES = ("The flagged track shows the CPU and I/O bottleneck ranges (the firs
             "MaxInitializationTime is the initialization phase.")
 
 
+FINDINGS_TEXT = ("\"Finding 1\", \"Finding 2\"…: where the findings of \"What to fix first\" happened, in their "
+                 "order there — their time windows shaded (the first 20), or, for a finding without windows, its steps "
+                 "marked (the first 20).")
+
+
 def build(analysis: RunAnalysis) -> list[Section]:
     section = Section("timeline", "Timeline", [Paragraph(INTRO)])
     drawn = analysis.drawn_nodes()
@@ -33,7 +38,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
         section.blocks.append(NotApplicable("No node recorded system metrics, so there is no timeline to show."))
         return [section]
     spans = analysis.phase_spans
-    flags, markers = analysis.flagged_spans, analysis.flagged_markers
+    found_spans, found_markers = analysis.finding_marks  # where the top findings happened, first in the legend
+    flags, markers = found_spans + analysis.flagged_spans, found_markers + analysis.flagged_markers
     missing = [m.title for m in TIMELINE_METRICS if m.title not in {p.title for p in shown}]
     text = "" if not missing else f" Not recorded on any node: {', '.join(missing)}."
     if not spans:
@@ -50,6 +56,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
     if rows:
         section.blocks.append(Table(["Overlay", "Shown", "Reported", "First", "Last"], rows,
                                     "What is shaded and flagged"))
+    if found_spans or found_markers:
+        section.blocks.append(Paragraph(FINDINGS_TEXT))
     section.blocks.append(Paragraph(NO_TIMES))
     return [section]
 
