@@ -31,12 +31,6 @@ DDP_JOB = Path(__file__).resolve().parents[1] / "torch" / "ddp_job.py"
 RENDER_TIMEOUT_S = 30.0
 VIEW_TIMEOUT_S = 10.0
 pytestmark = pytest.mark.timeout(900)  # three runs (two of them real jobs), 26 pages, on two cores
-REPORTJS = "needs the BokehJS renderer (branch reportjs)"
-# Known in the dashboard's own code (present/dashboard, branch dashface): the Runs view's table does not wrap its
-# "Top finding" column, so with a long finding it and the page are wider than the window at 1440 and 1024 px.
-DASHFACE = "the dashboard's Runs table is wider than the page (present/dashboard, branch dashface)"
-KNOWN_WIDE_TABLES = {"runs-table"}
-KNOWN_WIDE_PAGES = ("runs-",)
 
 # What overflows, what charts hold, which colour each series got: read in the page, one evaluation per look.
 PROBE = """() => {
@@ -205,32 +199,21 @@ def test_every_page_was_shot(looked: dict[str, dict[str, Any]], runs: dict[str, 
 
 
 def test_no_table_is_wider_than_its_box(looked: dict[str, dict[str, Any]]) -> None:
-    assert _too_wide(looked, known=False) == {}
+    assert _too_wide(looked) == {}
 
 
 def test_nothing_is_wider_than_the_viewport(looked: dict[str, dict[str, Any]]) -> None:
-    assert _past_viewport(looked, known=False) == {}
+    assert _past_viewport(looked) == {}
 
 
-@pytest.mark.xfail(reason=DASHFACE)  # not strict: a short top finding (a quiet machine's) fits
-def test_the_runs_view_fits_its_page(looked: dict[str, dict[str, Any]]) -> None:
-    """Known, in the dashboard's own code: once fixed there, drop KNOWN_WIDE_* and this test's xfail."""
-    assert _too_wide(looked, known=True) == {} and _past_viewport(looked, known=True) == {}
+def _too_wide(looked: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pages whose tables are wider than their box."""
+    return {name: seen["wide"] for name, seen in looked.items() if seen["wide"]}
 
 
-def _too_wide(looked: dict[str, dict[str, Any]], *, known: bool) -> dict[str, Any]:
-    """Pages whose tables are wider than their box: those in KNOWN (`known`) or the others."""
-    out = {}
-    for name, seen in looked.items():
-        wide = [w for w in seen["wide"] if (w["table"] in KNOWN_WIDE_TABLES) == known]
-        if wide:
-            out[name] = wide
-    return out
-
-
-def _past_viewport(looked: dict[str, dict[str, Any]], *, known: bool) -> dict[str, Any]:
+def _past_viewport(looked: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {name: (seen["page"], seen["viewport"]) for name, seen in looked.items()
-            if seen["page"] > seen["viewport"] + 1 and name.startswith(KNOWN_WIDE_PAGES) == known}
+            if seen["page"] > seen["viewport"] + 1}
 
 
 def test_no_console_error(looked: dict[str, dict[str, Any]]) -> None:
@@ -248,8 +231,7 @@ def test_one_colour_per_series_on_each_dashboard_page(looked: dict[str, dict[str
 
 def test_the_reports_charts(looked: dict[str, dict[str, Any]]) -> None:
     reports = {n: s for n, s in looked.items() if s["report"]}
-    if not any(s["charts"] for s in reports.values()):
-        pytest.skip(REPORTJS)
+    assert all(s["charts"] for s in reports.values()), "a report drew no chart"
     _charts_have_data(reports)
     _one_colour_per_series(reports)
 

@@ -120,10 +120,13 @@ async function renderRuns() {
       el("td", running ? { class: "live-duration", dataset: { start: String(r.start_us) } } : {}, running ? fmtDur(runningFor(r.start_us)) : fmtDur(r.duration_s)),
       el("td", { class: "text" }, r.nodes.join(", ")),
       el("td", { class: "text" }, sev ? el("span", { class: "severity " + sev }, sev) : ""),
-      el("td", { class: "text wrap" }, r.top_finding || (r.verdict ? "–" : ""))));
+      el("td", { class: "text wrap" }, r.top_finding || (r.verdict ? "–" : "– (rules not evaluated yet)"))));
   }
   if (!doc.runs.length) t.appendChild(el("tr", {}, el("td", {}, "No runs here yet.")));
 }
+
+// "1 violation", "2 violations".
+function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
 
 // How long a running job has run, by the server's clock (the page's, corrected by the live stream's skew).
 function runningFor(startUs) { return Math.max(0, (Date.now() * 1000 + state.clockSkew - startUs) / 1e6); }
@@ -251,7 +254,7 @@ function renderFindings(f) {
     const label = r.triggered ? "fired" : (r.status === "not_applicable" || r.status === "no_data" ? "not applicable" : r.status || "ok");
     rules.appendChild(el("details", { dataset: { rule: r.name } },
       el("summary", {}, el("span", { class: "rule-state " + (r.triggered ? "fired" : label === "ok" ? "ok" : "") }, label), r.name,
-        el("span", { class: "muted" }, ` — ${r.violations ?? 0} violations of ${r.datapoints ?? 0} datapoints`)),
+        el("span", { class: "muted" }, ` — ${plural(r.violations ?? 0, "violation")} of ${plural(r.datapoints ?? 0, "datapoint")}`)),
       el("p", {}, r.description || ""), el("p", {}, el("b", {}, "Recommendation: "), r.recommendation || ""),
       r.message ? el("p", { class: "muted" }, r.message) : null,
       el("p", {}, el("b", {}, "Criteria: "), Object.entries(r.parameters).map(([k, v]) => `${k}=${Cat.value(k, v)}`).join(", ")),
