@@ -52,15 +52,8 @@ const Cat = (() => {
   }
   const title = (device, name, fallback) => { const m = metric(device, name); return m ? m.title : fallback; };
 
-  // Three significant digits, never scientific, thousands separated, no trailing zeros (units.number).
-  function number(x) {
-    if (x === null || x === undefined || !Number.isFinite(x)) return "–";
-    if (x === 0) return "0";
-    const a = Math.abs(x), decimals = a >= 100 ? 0 : Math.max(0, 2 - Math.floor(Math.log10(a)));
-    let text = x.toLocaleString("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
-    if (text.includes(".")) text = text.replace(/0+$/, "").replace(/\.$/, "");
-    return text === "-0" || text === "" ? "0" : text;
-  }
+  // Three significant digits, never scientific, thousands separated (units.number): the charts' own (draw.js).
+  const number = x => Draw.number(x);
   // A value stored in `unit` as a person reads it (units.format_value): "1.2 kB/s", "350 ms", "93.2 %".
   function fmt(value, unit) {
     if (typeof value !== "number" || !Number.isFinite(value)) return "–";
