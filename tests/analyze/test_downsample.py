@@ -133,3 +133,19 @@ def test_jittered_snapshots_leave_no_empty_bucket():
     assert not np.isnan(b.mean).any()
     ts_gap = np.r_[ts[:20], ts[20:] + 5_000_000]  # a real gap of ten intervals stays one
     assert np.isnan(minmax_matrix(ts_gap, np.ones((40, 1), np.float32), 600).mean).any()
+
+
+def test_snapshots_a_hair_apart_from_the_interval_leave_no_empty_bucket():
+    """Eight snapshots 499–503 ms apart (a real 2-rank run's): a grid of about the spacing put two in one bucket
+    and none in the next, drawn as two gaps in a job's heatmap."""
+    ts = np.cumsum(np.r_[0, [500, 499, 500, 499, 503, 496, 500]]).astype(np.int64) * 1000
+    b = minmax_matrix(ts, np.ones((8, 2), np.float32), 200)
+    assert not np.isnan(b.mean).any()
+
+
+def test_an_interval_change_leaves_no_stripes():
+    """100 ms, then 1 s for the last third of the snapshots: the slower part is not striped with empty buckets
+    (it read as lost data)."""
+    ts = np.r_[np.arange(600) * 100_000, 60_000_000 + np.arange(1, 301) * 1_000_000].astype(np.int64)
+    b = minmax_matrix(ts, np.ones((900, 1), np.float32), 1500)
+    assert not np.isnan(b.mean).any()

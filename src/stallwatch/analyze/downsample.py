@@ -78,12 +78,14 @@ def minmax_matrix(ts: np.ndarray, matrix: np.ndarray, buckets: int) -> Buckets:
         empty = np.empty((0, k), dtype=np.float32)
         return Buckets(np.empty(0, dtype=np.int64), empty, empty, empty, 1)
     if n > 1:
-        # Wider than the spacing of nearly every pair of snapshots (a sampler's ticks jitter by milliseconds; a
-        # grid of exactly the median spacing left jittered buckets empty, drawn as gaps), never past 1.5 of it.
+        # Buckets at least as wide as the spacing of nearly every pair of snapshots (rounded down, so the grid's
+        # width is never under it): a sampler's ticks jitter, and a grid of about the spacing left some buckets
+        # empty and others with two snapshots, drawn as gaps where the sampler ran. After an interval change the
+        # slower spacing rules, so its half of the run is not striped either.
         d = np.diff(ts)
-        step = int(min(np.percentile(d, 95) * 1.05, np.median(d) * 1.5))
+        step = max(1, int(np.percentile(d, 95) * 1.05))
         span = int(ts[-1]) - int(ts[0]) + 1
-        buckets = max(1, min(buckets, -(-span // max(step, 1))))
+        buckets = max(1, min(buckets, span // step))
     t0, width, starts = _grid(ts, buckets)
     slots = (ts[starts] - t0) // width
     total = int((int(ts[-1]) - t0) // width) + 1

@@ -140,16 +140,15 @@ const Draw = (() => {
   const hover = (renderers, tooltips, formatters) =>
     new Bokeh.HoverTool({ renderers, tooltips, formatters: formatters || {} });
   // Times read 05:23:02 with the date under the first tick (Bokeh's Python default, which BokehJS lacks).
+  // Clock times that never repeat at any zoom (05:23:02, 05:23:02.500), the date once under the first tick.
   function timeFormatter() {
     const D = o => new Bokeh.DatetimeTickFormatter({ boundary_scaling: false, ...o });
-    const empty = { seconds: "", minsec: "", minutes: "", hourmin: "", hours: "", days: "", months: "", years: "" };
-    const day = D({ ...empty, microseconds: "%b %d, %Y", milliseconds: "%b %d, %Y", hide_repeats: true, context: null });
-    const date = D({ microseconds: "%T", milliseconds: "%T", seconds: "%b %d, %Y", minsec: "%b %d, %Y",
-                     minutes: "%b %d, %Y", hourmin: "%b %d, %Y", hours: "%b %d, %Y", days: "%Y", months: "", years: "",
-                     hide_repeats: true, context_which: "all", context: day });
-    return D({ microseconds: "%fus", milliseconds: "%3Nms", seconds: "%T", minsec: "%T", minutes: "%H:%M",
-               hourmin: "%H:%M", hours: "%H:%M", days: "%b %d", months: "%b %Y", years: "%Y",
-               strip_leading_zeros: ["microseconds", "milliseconds", "seconds"], context_which: "all", context: date });
+    const day = "%b %d, %Y";
+    const date = D({ microseconds: day, milliseconds: day, seconds: day, minsec: day, minutes: day, hourmin: day,
+                     hours: day, days: "%Y", months: "", years: "" });
+    return D({ microseconds: "%H:%M:%S.%6N", milliseconds: "%H:%M:%S.%3N", seconds: "%H:%M:%S", minsec: "%H:%M:%S",
+               minutes: "%H:%M", hourmin: "%H:%M", hours: "%H:%M", days: "%b %d", months: "%b %Y", years: "%Y",
+               context_which: "start", context: date });
   }
   const timeAxis = p => { p.xaxis.formatter = timeFormatter(); };
   const plainY = p => { p.yaxis.formatter = new Bokeh.NumeralTickFormatter({ format: "0,0.[00]" }); };
