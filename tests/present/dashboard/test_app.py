@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from stallwatch.store import run_files
 from stallwatch.store.location import RunLocation
 from tests.present.dashboard.conftest import Dashboard, request
@@ -190,3 +192,20 @@ def test_page_is_static_with_a_strict_policy(dashboard: Dashboard) -> None:
     assert status == 200 and b"innerHTML" not in js and b"eval(" not in js
     summary = dashboard.json("/api/run/run-xss/summary")
     assert IMG in summary["command"]  # the payload travels as data; the page puts it in textContent
+
+
+def test_two_runs_compared_as_the_compare_command_says(dashboard: Dashboard) -> None:
+    from stallwatch.analyze.analysis import RunAnalysis
+    from stallwatch.store.reader import Run
+
+    doc = dashboard.json("/api/run/run-a/compare?baseline=run-b")
+    assert doc["schema"].startswith("stallwatch.dashboard.compare/")
+    assert (doc["baseline_id"], doc["run_id"]) == ("run-b", "run-a")
+    root = dashboard.root
+    expected = RunAnalysis(Run(str(root / "run-a"))).compare_to(RunAnalysis(Run(str(root / "run-b"))))
+    assert doc["p50_change_pct"] == pytest.approx(expected.slower_pct())
+    assert doc["findings"]["appeared"] == expected.findings_appeared
+    status, _, body = dashboard.get("/api/run/run-a/compare")
+    assert status == 400 and b"baseline" in body
+    status, _, body = dashboard.get("/api/run/run-a/compare?baseline=nope")
+    assert status == 404 and b"nope" in body  # says which run, not "no such run" of the one asked about

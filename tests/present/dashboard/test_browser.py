@@ -104,6 +104,14 @@ def test_ranks_runs_download_and_escaping(page: Any, dashboard: Dashboard, tmp_p
     page.screenshot(path=str(shots / "ranks.png"), full_page=True)
     page.click("#tabs button[data-view=runs]")
     page.wait_for_selector("#runs-table tr[data-run=run-xss]")
+    # two runs compared, as `stallwatch compare` says it
+    page.select_option("#compare-baseline", "run-b")
+    page.select_option("#compare-run", "run-a")
+    page.click("#compare-form button")
+    page.wait_for_selector("#compare-verdict")
+    verdict = page.text_content("#compare-verdict")
+    assert "run-a" in verdict and "run-b" in verdict and ("slower" in verdict or "faster" in verdict), verdict
+    assert page.locator("#compare table").count() >= 2  # step times and phases at least
     page.screenshot(path=str(shots / "runs.png"), full_page=True)
     page.click("#runs-table tr[data-run=run-xss]")
     page.wait_for_selector("#summary-table tr")

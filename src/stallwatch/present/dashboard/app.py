@@ -104,6 +104,20 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
             rules = a.rule_results
         return documents.full_doc(state.id, RunAnalysis(state.run, rule_results=rules))
 
+    def compare(state: RunState, q: Any) -> dict[str, Any]:
+        """This run against `?baseline=<run>`, as `stallwatch compare BASELINE RUN` says it."""
+        other = q.get("baseline")
+        if not other:
+            raise BadRequest("say which run to compare with: ?baseline=<run>")
+        try:
+            base = served.state(other)
+        except NotServed:
+            raise NoSuchThing(f"no run {other!r} here to compare with") from None
+        first, second = sorted((state, base), key=lambda s: s.id)  # one lock order: A-B and B-A never deadlock
+        with first.lock, second.lock:
+            comparison = state.analysis().compare_to(base.analysis())
+        return documents.compare_doc(base.id, state.id, comparison)
+
     def catalogue(q: Any) -> dict[str, Any]:
         """Every phase's and metric's label, unit and colour, the palettes and the units' formatting rules."""
         from stallwatch import catalogue as cat
@@ -324,6 +338,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/run/{id}/ranks", api(ranks, "stored")),
         Route("/api/run/{id}/heatmap", api(heatmap, "stored")),
         Route("/api/run/{id}/profiling", api(profiling), methods=["GET", "POST"]),
+        Route("/api/run/{id}/compare", api(compare)),
         Route("/api/run/{id}/report", api(report)),
         Route("/api/run/{id}/capture", api(capture_file)),
         Route("/api/run/{id}/live", live),

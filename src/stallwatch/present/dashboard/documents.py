@@ -12,6 +12,7 @@ import numpy as np
 from stallwatch import __version__
 from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.catalog import RunRow
+from stallwatch.analyze.compare import Comparison
 from stallwatch.analyze.live_view import LiveFigures, overview
 from stallwatch.analyze.memory import LABELS as MEMORY_LABELS
 from stallwatch.analyze.memory_window import MemoryWindow
@@ -31,6 +32,12 @@ TOP_OPERATORS = 15
 
 def header(kind: str) -> dict[str, Any]:
     return {"schema": f"stallwatch.dashboard.{kind}/{SCHEMA}", "stallwatch_version": __version__}
+
+
+def compare_doc(baseline: str, run: str, comparison: Comparison) -> dict[str, Any]:
+    """Two served runs compared (`stallwatch compare`'s content), by the ids the page opens them with."""
+    return {**comparison.to_json(), **header("compare"), "baseline_id": baseline, "run_id": run,
+            "p50_change_pct": comparison.slower_pct()}
 
 
 def runs_doc(root: str, rows: Sequence[RunRow]) -> dict[str, Any]:

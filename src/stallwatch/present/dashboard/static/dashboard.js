@@ -123,6 +123,70 @@ async function renderRuns() {
       el("td", { class: "text wrap" }, r.top_finding || (r.verdict ? "–" : "– (rules not evaluated yet)"))));
   }
   if (!doc.runs.length) t.appendChild(el("tr", {}, el("td", {}, "No runs here yet.")));
+  fillCompare(doc.runs);
+}
+
+// -- two runs compared (stallwatch compare's content) -----------------------------------------------------------
+function fillCompare(runs) {
+  $("compare-card").hidden = runs.length < 2;
+  for (const [id, pick] of [["compare-baseline", 1], ["compare-run", 0]]) {
+    const s = $(id), keep = s.value;
+    s.textContent = "";
+    for (const r of runs) s.appendChild(el("option", { value: r.id }, r.id));
+    s.value = runs.some(r => r.id === keep) ? keep : (runs[Math.min(pick, runs.length - 1)] || {}).id || "";
+  }
+}
+
+async function submitCompare(ev) {
+  ev.preventDefault();
+  $("compare-error").textContent = "";
+  const base = $("compare-baseline").value, run = $("compare-run").value;
+  if (base === run) { $("compare-error").textContent = "Pick two different runs."; return; }
+  try {
+    const c = await api(`/api/run/${encodeURIComponent(run)}/compare?` + new URLSearchParams({ baseline: base }));
+    drawCompare(c);
+  } catch (e) { $("compare-error").textContent = String(e.message || e); }
+}
+
+// A change as the compare command prints it: one decimal, signed ("+7.6 %", "0.0 %").
+function changeText(pct) {
+  if (pct === null || pct === undefined || !Number.isFinite(pct)) return "–";
+  const text = pct.toFixed(1);
+  return text === "0.0" || text === "-0.0" ? "0.0 %" : `${pct > 0 ? "+" : ""}${text} %`;
+}
+
+function pairTable(head, pairs, label) {
+  const t = el("table", { class: "data" }, el("tr", {}, ...[head, "baseline", "run", "change"].map((h, i) => el("th", i ? {} : { class: "text" }, h))));
+  for (const p of pairs) t.appendChild(el("tr", {}, el("td", { class: "text" }, label(p.name)), el("td", {}, Cat.number(p.baseline)), el("td", {}, Cat.number(p.run)), el("td", {}, changeText(p.change_pct))));
+  return t;
+}
+
+function drawCompare(c) {
+  const box = $("compare"); box.textContent = "";
+  const pct = c.p50_change_pct;
+  box.appendChild(el("p", { id: "compare-verdict" }, pct === null || pct === undefined
+    ? `${c.run_id} and ${c.baseline_id} have no TRAIN steps to compare.`
+    : `The median TRAIN step of ${c.run_id} is ${Cat.number(Math.abs(pct))} % ${pct > 0 ? "slower" : "faster"} than ${c.baseline_id}'s.`));
+  for (const n of c.notes || []) box.appendChild(el("p", { class: "muted" }, n));
+  const steps = [];
+  for (const [mode, t] of Object.entries(c.step_times || {})) {
+    const keys = Object.keys((t.baseline || t.run || {})).filter(k => k !== "steps");
+    steps.push({ name: `${mode} steps`, baseline: t.baseline && t.baseline.steps, run: t.run && t.run.steps, change_pct: null });
+    for (const k of keys) {
+      const b = t.baseline ? t.baseline[k] : null, r = t.run ? t.run[k] : null;
+      steps.push({ name: `${mode} ${k.replace(/_ms$/, "")} (ms)`, baseline: b, run: r, change_pct: b && r !== null && r !== undefined ? 100 * (r - b) / b : null });
+    }
+  }
+  const wrap = el("div", { class: "scroll compare-tables" });
+  if (steps.length) wrap.appendChild(pairTable("step time", steps, n => n));
+  for (const [mode, pairs] of Object.entries(c.phases || {})) if (pairs.length) wrap.appendChild(pairTable(`${mode} phase (% of step)`, pairs, n => Cat.label(n)));
+  if ((c.utilization || []).length) wrap.appendChild(pairTable("utilization (mean %)", c.utilization, n => n));
+  if ((c.operators_us_per_step || []).length) wrap.appendChild(pairTable("operator (µs per profiled step)", c.operators_us_per_step, n => n));
+  box.appendChild(wrap);
+  const f = c.findings || {}, items = [];
+  for (const [word, list] of [["appeared", f.appeared], ["went away", f.gone], ["in both", f.kept]]) for (const x of list || []) items.push(el("li", {}, el("b", {}, word + ": "), x));
+  box.appendChild(el("h3", {}, "Findings"));
+  box.appendChild(items.length ? el("ul", { id: "compare-findings" }, ...items) : el("p", { class: "muted" }, "No finding in either run."));
 }
 
 // "1 violation", "2 violations".
@@ -774,6 +838,7 @@ window.addEventListener("DOMContentLoaded", async () => {
   $("mode-pick").addEventListener("change", () => renderRanks().catch(showError));
   $("steps-mode").addEventListener("change", () => drawSteps(recentSteps));
   $("profile-form").addEventListener("submit", submitProfiling);
+  $("compare-form").addEventListener("submit", submitCompare);
   $("interval-form").addEventListener("submit", submitInterval);
   $("interval-pick").addEventListener("change", () => { $("interval-pick").dataset.touched = "1"; });
   setInterval(() => { if (state.view === "nodes") renderBadges(); if (state.view === "runs") tickRuns(); tickDuration(); }, 1000);
