@@ -592,8 +592,7 @@ class RunAnalysis:
     def finding_marks(self) -> tuple[list[Span], list[Marker]]:
         """Where the top findings happened: their windows as spans, their steps as markers (steps only when the
         step events are read anyway: not from rollups)."""
-        steps = None if self.overview_from_rollups else self.steps
-        return _finding_marks.finding_marks(self.findings.findings, steps)
+        return _finding_marks.finding_marks(self.findings.findings, self._source.steps_for_marks())
 
     @cached_property
     def flag_totals(self) -> dict[str, int]:

@@ -84,6 +84,8 @@ class Source(Protocol):
         """The node's whole-run events window from totals alone; None when its events are to be read."""
     def recent_steps_from(self, node: str, wanted: int) -> int | None:
         """When the node's last `wanted` steps began (None without steps)."""
+    def steps_for_marks(self) -> FrameworkColumns | None:
+        """The step events where marking steps is cheap (they are read anyway); None where it is not."""
 
 
 class ExactSource:
@@ -127,6 +129,9 @@ class ExactSource:
     def timed_step_ends(self) -> tuple[np.ndarray, np.ndarray]:
         t = self.data.steps.end
         return t, np.ones(len(t), np.int64)
+
+    def steps_for_marks(self) -> FrameworkColumns | None:
+        return self.data.steps
 
     def progress(self, points: int) -> dict[str, list[Any]]:
         cols = self.data.steps
@@ -215,6 +220,9 @@ class RollupSource:
     def last_sample_us(self, node: str) -> int | None:
         rows = self.data.system_rollup(node, metrics=BUCKETS_ONLY)
         return int(pc.max(rows["last_us"]).as_py()) if rows.num_rows else None
+
+    def steps_for_marks(self) -> FrameworkColumns | None:
+        return None  # a day of step events is not read to place a few marks
 
     def timed_step_ends(self) -> tuple[np.ndarray, np.ndarray]:
         fw = self.data.framework_rollup
