@@ -12,9 +12,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallwatch.analyze.steps import PHASES
-from stallwatch.records import STEP
+from stallwatch.records import BACKWARD, COLLECTIVE, STEP
 
-EVENT_KINDS = (STEP, *PHASES)
+# Collectives too: a distributed job's step is read with its communication (DDP's exposed all-reduce, timed
+# inside backward, is taken out of backward's time where a step is split).
+BREAKDOWN_KINDS = (*PHASES, COLLECTIVE)
+EVENT_KINDS = (STEP, *BREAKDOWN_KINDS)
 
 
 @dataclass(frozen=True)
@@ -158,9 +161,22 @@ def step_breakdown(events: pa.Table, last: int = 30) -> list[StepBreakdown]:
         s, e = int(start[i]), int(end[i])
         inside = (start >= s) & (end <= e) & (mine_kinds != STEP)
         phases = {k: float((end[inside & (mine_kinds == k)] - start[inside & (mine_kinds == k)]).sum()) / 1e3
-                  for k in PHASES}
+                  for k in BREAKDOWN_KINDS}
+        phases[BACKWARD] = max(phases[BACKWARD] - _nested_ms(start, end, inside & (mine_kinds == COLLECTIVE),
+                                                             inside & (mine_kinds == BACKWARD)), 0.0)
         dur = (e - s) / 1e3
         out.append(StepBreakdown(node, rank, step_no[i], str(modes[i]), s, e, dur,
                                  {k: v for k, v in phases.items() if v > 0},
                                  max(dur - sum(phases.values()), 0.0)))
     return out
+
+
+def _nested_ms(start: np.ndarray, end: np.ndarray, inner: np.ndarray, outer: np.ndarray) -> float:
+    """The time (ms) of the `inner` events that lie inside one of the `outer` events: counted once, in the
+    inner kind (a collective inside backward is communication, not backward's compute)."""
+    outs = np.flatnonzero(outer)
+    total = 0
+    for i in np.flatnonzero(inner):
+        if ((start[outs] <= start[i]) & (end[i] <= end[outs])).any():
+            total += int(end[i] - start[i])
+    return total / 1e3

@@ -627,7 +627,7 @@ async function loadSteps() {
 let recentSteps = [];
 function drawSteps(steps) {
   recentSteps = steps.slice(-400);
-  const keys = ["data_wait", "forward", "backward", "optimizer", "other"];
+  const order = ["data_wait", "forward", "backward", "optimizer", "collective", "other"];  // step_window.BREAKDOWN_KINDS, the rest
   const modes = [...new Set(recentSteps.map(s => s.mode).filter(Boolean))].sort((a, b) => (a !== "TRAIN") - (b !== "TRAIN") || a.localeCompare(b));
   const pick = $("steps-mode");
   if ([...pick.options].map(o => o.value).join() !== modes.join()) {
@@ -638,6 +638,9 @@ function drawSteps(steps) {
   const mode = pick.value, mine = recentSteps.filter(s => s.mode === mode).slice(-30);
   $("chart-steps").dataset.stepMode = mode;
   const cats = mine.map(s => String(s.step ?? "")), parts = mine.map(s => Object.assign({ other: s.other_ms }, s.phases_ms));
+  // every part these steps have (a DDP job's exposed all-reduce among them), in the catalogue's order
+  const seen = new Set(parts.flatMap(p => Object.keys(p).filter(k => p[k] > 0)));
+  const keys = [...order.filter(k => seen.has(k)), ...[...seen].filter(k => !order.includes(k)).sort()];
   const box = $("chart-steps");
   box.dataset.bars = String(mine.length);
   box.dataset.last = cats.length ? cats[cats.length - 1] : "";
