@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from stallwatch import catalogue
+from stallwatch.timeutil import format_duration
 from stallwatch.units import format_keyed, format_value
 from tests.present.dashboard.conftest import Dashboard, start_dashboard
 
@@ -173,6 +174,9 @@ def test_the_page_formats_numbers_as_the_reports_code_does(page: Any, served: Da
     assert page.evaluate("cases => cases.map(([k, v]) => Cat.value(k, v))", [list(c) for c in keyed]) == \
         [format_keyed(k, v) for k, v in keyed]
     assert "0.0012" not in " ".join(shown) and "1.2 kB/s" in shown
+    durations = [0.588, 0.0, 59.94, 65.2, 3_723.0, 90_061.5, None]  # time at stake, a job's duration
+    assert page.evaluate("cases => cases.map(Cat.duration)", durations) == \
+        [format_duration(d) if d is not None else "–" for d in durations]
     heat = page.evaluate("[Cat.heat(0), Cat.heat(0.5), Cat.heat(1), Cat.heat(null)]")
     assert heat == [catalogue.HEAT_PALETTE[0], catalogue.HEAT_PALETTE[128], catalogue.HEAT_PALETTE[-1],
                     catalogue.NO_DATA_COLOUR]  # as Bokeh's LinearColorMapper picks them in the report

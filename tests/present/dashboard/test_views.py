@@ -149,6 +149,6 @@ def test_runs_page_severity_and_a_running_jobs_duration(page: Any, ddp_dashboard
     live = page.locator("#runs-table tr[data-run=live] td.live-duration")
     assert live.count() == 1
     first = live.text_content()
-    assert first.endswith(("min", "h"))  # about an hour
+    assert re.fullmatch(r"1h 0\dm \d\ds", first), first  # about an hour, as the report says durations
     page.wait_for_function(f"document.querySelector('#runs-table tr[data-run=live] td.live-duration').textContent != {first!r}",
                            timeout=15_000)

@@ -54,6 +54,17 @@ const Cat = (() => {
 
   // Three significant digits, never scientific, thousands separated (units.number): the charts' own (draw.js).
   const number = x => Draw.number(x);
+  // A duration as the report and the terminal say it (timeutil.format_duration): "0.6 s", "4m 05s", "1h 02m 03s".
+  function duration(seconds) {
+    if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "–";
+    const s = Math.max(0, seconds);
+    if (s < 60) return `${s.toFixed(1)} s`;
+    let whole = Math.round(s);
+    if (Math.abs(s % 1) === 0.5 && whole % 2) whole -= 1;  // Python's round(): halves to even
+    const sec = whole % 60, min = Math.floor(whole / 60) % 60, hours = Math.floor(whole / 3600);
+    const two = n => String(n).padStart(2, "0");
+    return hours ? `${hours}h ${two(min)}m ${two(sec)}s` : `${min}m ${two(sec)}s`;
+  }
   // A value stored in `unit` as a person reads it (units.format_value): "1.2 kB/s", "350 ms", "93.2 %".
   function fmt(value, unit) {
     if (typeof value !== "number" || !Number.isFinite(value)) return "–";
@@ -96,6 +107,6 @@ const Cat = (() => {
     const p = doc.heat_palette, i = Math.min(p.length - 1, Math.max(0, Math.floor(f * p.length)));
     return p[i];
   }
-  return { load, phase, colour, colours, label, palette, metric, title, number, fmt, unitOfKey, value, heat,
+  return { load, phase, colour, colours, label, palette, metric, title, number, duration, fmt, unitOfKey, value, heat,
            get doc() { return doc; } };
 })();

@@ -27,7 +27,7 @@ async function api(path, opts) {
 const runApi = (what, params) => api(`/api/run/${encodeURIComponent(state.run)}/${what}` + (params ? "?" + new URLSearchParams(params) : ""));
 
 function fmtUs(us) { return us ? new Date(us / 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "–"; }
-function fmtDur(s) { if (s === null || s === undefined) return "–"; if (s < 120) return Cat.fmt(s, "s"); if (s < 7200) return `${(s / 60).toFixed(1)} min`; return `${(s / 3600).toFixed(2)} h`; }
+const fmtDur = s => Cat.duration(s);  // as the report and the terminal say durations
 function num(v, d = 1) { return v === null || v === undefined ? "–" : Number(v).toFixed(d); }
 // A nested object (a finding's evidence, a rule's details) as a table of names and formatted values (the unit
 // from each name's suffix, catalogue.js), never raw JSON; at most `limit` rows.
