@@ -105,6 +105,7 @@ class TimeSpec(ChartSpec):
     x_label: str = ""
     panel_height: int | None = None
     brush: bool = False
+    shade: list[str] = field(default_factory=list)  # labels of flags also shaded in every panel
     kind: str = "time"
 
 
@@ -241,13 +242,14 @@ def _marks(markers: Sequence[Marker]) -> list[Ranges]:
 
 
 def timeline(panels: Sequence[Panel], *, spans: Sequence[Span] = (), flags: Sequence[Span] = (),
-             markers: Sequence[Marker] = (), height: int = 200, colors: dict[str, str] | None = None) -> TimeSpec:
+             markers: Sequence[Marker] = (), height: int = 200, colors: dict[str, str] | None = None,
+             shade: Sequence[str] = ()) -> TimeSpec:
     """Stacked time-line panels sharing one zoomable datetime x axis. `spans` (training phases) are shaded in
-    every panel; `flags` (flagged ranges: bottlenecks) are shaded too and drawn as bars in a "Flagged" track on
-    top, where `markers` (flagged moments: outlier steps) are points. One legend lists every line, span and flag
-    group; a click hides it in every panel."""
+    every panel; `flags` (flagged ranges: bottlenecks) are bars in a "Flagged" track on top, where `markers`
+    (flagged moments: outlier steps) are points; the flags labelled in `shade` are shaded in the panels too. One
+    legend lists every line, span and flag group; a click hides it in every panel."""
     out = TimeSpec(title="", spans=_ranges(spans), flags=_ranges(flags), markers=_marks(markers),
-                   colors=dict(colors or {}), panel_height=height)
+                   colors=dict(colors or {}), panel_height=height, shade=list(dict.fromkeys(shade)))
     for p in panels:
         lines = [Line(s.name, ms(s.ts), np.asarray(s.values, dtype=np.float32)) for s in p.series]
         out.panels.append(PanelSpec(p.title, p.y_label, lines, percent=p.percent))

@@ -129,7 +129,9 @@ const Draw = (() => {
   }
   function legend(p, items, where, opts) {
     if (!items.length) return;
-    const ncols = where === "above" ? Math.min(items.length, 8) : 1;
+    // as many columns above the plot as ~900 px hold at the longest label (long labels never run off the left)
+    const longest = Math.max(...items.map(([label]) => String(label).length));
+    const ncols = where === "above" ? Math.max(1, Math.min(items.length, 8, Math.floor(900 / (7 * longest + 36)))) : 1;
     const l = new Bokeh.Legend({
       items: items.map(([label, renderers]) => new Bokeh.LegendItem({ label: { value: label }, renderers })),
       click_policy: "hide", label_text_font_size: "9pt", spacing: 4, padding: 4,
@@ -139,7 +141,6 @@ const Draw = (() => {
   }
   const hover = (renderers, tooltips, formatters) =>
     new Bokeh.HoverTool({ renderers, tooltips, formatters: formatters || {} });
-  // Times read 05:23:02 with the date under the first tick (Bokeh's Python default, which BokehJS lacks).
   // Clock times that never repeat at any zoom (05:23:02, 05:23:02.500), the date once under the first tick.
   function timeFormatter() {
     const D = o => new Bokeh.DatetimeTickFormatter({ boundary_scaling: false, ...o });
@@ -166,9 +167,13 @@ const Draw = (() => {
     const drawn = new Map();  // label -> its renderers in every figure (a legend click hides them all)
     const keep = (label, r) => { if (!drawn.has(label)) drawn.set(label, []); drawn.get(label).push(r); };
     const spanSrc = {};
-    const spans = [...(spec.spans || []), ...(spec.flags || [])];
-    const spanCols = colours(uniq([...spans.map(s => s.label), ...(spec.markers || []).map(m => m.label)]),
-                             spec.colors, true);
+    // Shaded in every panel: the phases, and of the flags only those the spec names (the top findings' windows);
+    // every flag is a bar in the flagged track (five overlapping shades turned a stretch of the panels black).
+    const shade = new Set(spec.shade || []);
+    const spans = [...(spec.spans || []), ...(spec.flags || []).filter(f => shade.has(f.label))];
+    // one colour per overlay label, the same in the panels and in the flagged track
+    const spanCols = colours(uniq([...(spec.spans || []), ...(spec.flags || []), ...(spec.markers || [])]
+                                  .map(s => s.label)), spec.colors, true);
     for (const s of spans) {
       spanSrc[s.label] = ctx.source(`span:${s.label}`, { x0: nums(s.x0), x1: nums(s.x1),
         y: s.x0.map(() => s.label), text: (s.text || []).length ? s.text : s.x0.map(() => s.label) });
@@ -206,7 +211,7 @@ const Draw = (() => {
       if (lines.length) p.add_tools(hover(lines, [["", "@name"], xTip, ["value", `@y{0,0.[00]}${unit}`]], xFmt));
       figures.push(p);
     });
-    const track = flagTrack(spec, axis, ctx, keep, xFmt);
+    const track = flagTrack(spec, axis, ctx, keep, xFmt, spanCols);
     if (track) figures.unshift(track);
     const phases = phaseTracks(spec, axis, ctx, keep, xFmt);
     if (phases) figures.push(phases);
@@ -233,11 +238,10 @@ const Draw = (() => {
     return g;
   }
 
-  function flagTrack(spec, axis, ctx, keep, xFmt) {
+  function flagTrack(spec, axis, ctx, keep, xFmt, cols) {
     const flags = spec.flags || [], marks = spec.markers || [];
     if (!flags.length && !marks.length) return null;
     const rows = uniq([...flags.map(f => f.label), ...marks.map(m => m.label)]);
-    const cols = colours(uniq([...(spec.spans || []).map(s => s.label), ...rows]), spec.colors, true);
     const p = fig({ height: 50 + 24 * rows.length, title: "Flagged by the rules" },
                   { ...axis, y_range: new Bokeh.FactorRange({ factors: [...rows].reverse() }) });
     const bars = [], points = [], items = [];

@@ -14,7 +14,8 @@ from stallwatch.present.report.model import Chart, NotApplicable, Paragraph, Sec
 from stallwatch.timeutil import format_us
 
 INTRO = ("The system metrics of every node over the whole job, one line per node (CPU and GPU utilization, "
-         "memory, I/O wait, network), with the training phases shaded and the moments the rules flagged overlaid. "
+         "memory, I/O wait, network), with the training phases and the top findings' windows shaded, and every "
+         "range and moment the rules flagged in the track on top. "
          "Scroll to zoom into a stretch of time, drag to pan; click a legend entry to hide it. Each line keeps the "
          "minimum and the maximum of every time bucket, so short spikes and drops stay visible however long the "
          "job ran.")
@@ -50,7 +51,8 @@ def build(analysis: RunAnalysis) -> list[Section]:
                  "flags are every node's).")
     if text:
         section.blocks.append(Paragraph(text.strip()))
-    model = charts.timeline(shown, spans=spans, flags=flags, markers=markers)
+    model = charts.timeline(shown, spans=spans, flags=flags, markers=markers,
+                            shade=[s.label for s in found_spans])  # the top findings' windows, shaded too
     section.blocks.append(Chart(model, "System metrics per node over time"))
     rows = _flag_rows(spans + flags, markers, analysis.flag_totals)
     if rows:
