@@ -164,7 +164,8 @@ def _capture_left_out(analysis: RunAnalysis, first: int) -> dict:
 
 def test_a_profiling_capture_is_not_read_as_a_leak(tmp_path: Path):
     """A flat job with a torch.profiler capture of 100 steps late in its run: the memory the capture takes, and
-    the allocator keeps, is no growth of the job's. Read without the capture's event, the same steps fire."""
+    the allocator keeps, is no growth of the job's. Read without the capture's event, the same steps grow at a rate
+    the rule fires on."""
     analysis, _ = _run(tmp_path, FLAT.format(steps=600), "--detailed-profiling", "350:100", "--rules-interval", "0")
     result = analysis.rule("MemoryGrowth")
     assert result.status == "ok" and not result.fired, result.details
@@ -174,7 +175,10 @@ def test_a_profiling_capture_is_not_read_as_a_leak(tmp_path: Path):
     unmarked = MemoryGrowth()
     unmarked.update(Chunk({}, events.filter(pc.not_equal(events["kind"], "profiling")), analysis.run.info, final=True))
     before = unmarked.result()  # what the rule read before captures were left out
-    assert before.fired, before.details["series"]
+    (g0,) = before.details["series"].values()
+    # read as the job's, the capture's memory is growth at a rate the rule fires on (whether its size also passes
+    # min_growth_mb depends on how much the profiler kept: 39 MB idle, 17 MB once under load)
+    assert g0["rate_mb_per_1000"] >= before.parameters["min_rate_mb"] > abs(g["rate_mb_per_1000"]), (g0, g)
 
 
 def test_a_leak_with_a_profiling_capture_still_fires_at_its_rate(tmp_path: Path):
