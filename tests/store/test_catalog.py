@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stallwatch.store.catalog import list_runs, run_records
+import pytest
+
+from stallwatch.store.catalog import is_run, list_runs, run_records
 from stallwatch.store.location import RunLocation
+from stallwatch.store.reader import Run, RunNotFoundError
 from tests.run_builder import T0, make_run
 
 
@@ -35,6 +38,19 @@ def test_a_run_given_itself_is_listed_alone(tmp_path: Path):
     make_run(root)
     (found,) = list_runs(str(root))
     assert found.uri == str(root)
+
+
+def test_a_run_named_nodes_is_one_run_of_the_folder(tmp_path: Path):
+    """A folder of runs holding one whose directory is called `nodes` is a folder, not a run: the child's
+    run.json and folders are not this folder's node records."""
+    _plant(str(tmp_path))
+    make_run(tmp_path / "nodes")
+    found = sorted(list_runs(str(tmp_path)), key=lambda r: r.name)
+    assert [r.name for r in found] == ["20261101-000000-aaaaaa", "20261102-000000-bbbbbb", "nodes"]
+    assert not is_run(RunLocation(str(tmp_path))) and is_run(RunLocation(str(tmp_path / "nodes")))
+    with pytest.raises(RunNotFoundError):
+        Run(str(tmp_path))
+    assert Run(str(tmp_path / "nodes")).info["nodes"]
 
 
 def test_bad_records_are_skipped(tmp_path: Path):

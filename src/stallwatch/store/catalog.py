@@ -11,7 +11,7 @@ from typing import Any
 
 from stallwatch.log import warn_once
 from stallwatch.store import layout, run_files
-from stallwatch.store.location import RunLocation
+from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.node_record import NodeRecord
 from stallwatch.store.records_check import NODE_FIELDS, checked
 
@@ -29,10 +29,25 @@ class RunRecords:
     findings: dict[str, Any] | None = None
 
 
+def is_run(location: RunLocation) -> bool:
+    """Whether `location` is a run directory: it holds run.json, or node records (a run whose run.json was
+    never written)."""
+    return location.exists(layout.RUN_JSON) or bool(_node_files(location, has_run_json=False))
+
+
+def _node_files(location: RunLocation, has_run_json: bool) -> list[FileEntry]:
+    """The node records directly under nodes/. Without a run.json, a nodes/ that holds folders is a run named
+    `nodes` inside a folder of runs, not this folder's records (a run's nodes/ holds files only)."""
+    files = [e for e in location.list(layout.NODES_DIR, recursive=False) if e.path.endswith(".json")]
+    if files and not has_run_json and location.directories(layout.NODES_DIR):
+        return []
+    return files
+
+
 def run_records(location: RunLocation, name: str | None = None) -> RunRecords | None:
-    """The records of the run at `location`, or None when it is not a run (no run.json and no nodes/)."""
-    node_files = [e for e in location.list(layout.NODES_DIR, recursive=False) if e.path.endswith(".json")]
+    """The records of the run at `location`, or None when it is not a run (see `is_run`)."""
     run = _object(location, layout.RUN_JSON)
+    node_files = _node_files(location, has_run_json=run is not None)
     if run is None and not node_files:
         return None
     nodes = {}

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from stallwatch.log import warn_once
 from stallwatch.records import TIMESTAMP, MetricKey, framework_schema, system_schema
 from stallwatch.store import framework_codec, layout, profiles_codec, trace_codec
+from stallwatch.store.catalog import is_run
 from stallwatch.store.listed import ListedLocation
 from stallwatch.store.location import FileEntry, RunLocation
 from stallwatch.store.node_record import NodeRecord, run_finished
@@ -99,7 +100,7 @@ class Run:
     def __init__(self, uri: str) -> None:
         self.uri = uri
         self.location = RunLocation(uri)
-        if not self.location.exists(layout.RUN_JSON) and not self.location.list(layout.NODES_DIR):
+        if not is_run(self.location):
             raise RunNotFoundError(
                 f"{uri} is not a stallwatch run (no {layout.RUN_JSON} and no {layout.NODES_DIR}/ there); "
                 "pass the run directory itself, e.g. stallwatch-runs/<run-id>")
