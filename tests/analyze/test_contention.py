@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
+from tests.analyze.cgroup_limit import cpu_limited_group
 from tests.analyze.test_accuracy import SCENARIOS, _script
 from tests.collect._support import stallwatch as run_cli
 
@@ -96,43 +96,12 @@ def test_uniform_in_memory_steps_beside_hogs_are_not_stalls(tmp_path: Path):
     assert CONTENTION in fired, fired
 
 
-CPU_V1 = Path("/sys/fs/cgroup/cpu")
-CPU_V2 = Path("/sys/fs/cgroup")
-
-
-def _limit_group() -> tuple[Path, str] | None:
-    """A fresh child cgroup where this process may set a CPU limit: (its folder, the file that takes a pid)."""
-    if os.geteuid() != 0:
-        return None
-    name = f"stallwatch-test-{uuid.uuid4().hex[:8]}"
-    if (CPU_V2 / "cgroup.controllers").exists() and "cpu" in (CPU_V2 / "cgroup.controllers").read_text().split():
-        group = CPU_V2 / name
-        group.mkdir()
-        (group / "cpu.max").write_text("20000 100000")
-        return group, "cgroup.procs"
-    if (CPU_V1 / "cpu.cfs_quota_us").exists():
-        group = CPU_V1 / name
-        group.mkdir()
-        (group / "cpu.cfs_quota_us").write_text("20000")  # 0.2 of a core per 100 ms period
-        return group, "cgroup.procs"
-    return None
-
-
 def test_a_cgroup_cpu_limit_is_named_as_throttling(tmp_path: Path):
-    try:
-        made = _limit_group()
-    except OSError as exc:
-        pytest.skip(f"cannot create a cgroup with a CPU limit here: {exc}")
-    if made is None:
-        pytest.skip("needs root and a cgroup CPU controller (v2 cpu.max or v1 cpu.cfs_quota_us)")
-    group, procs = made
-    # the job moves itself into the group first thing (its data-loader workers would follow it)
-    prelude = f"open({str(group / procs)!r}, 'w').write(str(__import__('os').getpid()))\n"
-    try:
+    with cpu_limited_group(20_000) as procs:  # 0.2 of a core
+        # the job moves itself into the group first thing (its data-loader workers would follow it)
+        prelude = f"open({str(procs)!r}, 'w').write(str(__import__('os').getpid()))\n"
         settings = SCENARIOS["healthy_compute_bound"][0]
         analysis = _run(tmp_path, "limited", prelude=prelude, **{**settings, "steps": 100})
-    finally:
-        group.rmdir()
     assert _verdict(analysis) == (set(), []), _verdict(analysis)
     d = analysis.rule(CONTENTION).details
     assert analysis.rule(CONTENTION).fired and d["cause"] == "cpu_limit", d

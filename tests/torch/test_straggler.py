@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stallwatch.analyze.analysis import RunAnalysis
+from tests.analyze.cgroup_limit import cpu_limited_group
 
 from ..collect._support import Background
 from ..collect._support import stallwatch as run_cli
@@ -73,29 +74,11 @@ def test_equal_ranks_are_silent(one_node):
 def _rank_1_limited(tmp: Path, slow: int, extra_s: float) -> Path:
     """The job with CPU work on every rank and rank 1 alone in a cgroup limited to a quarter of a core: its thread
     waits for the CPU (throttled) however busy the rest of the machine is."""
-    from tests.analyze.test_contention import _limit_group
-
-    try:
-        made = _limit_group()
-    except OSError as exc:
-        pytest.skip(f"cannot create a cgroup with a CPU limit here: {exc}")
-    if made is None:
-        pytest.skip("needs root and a cgroup CPU controller (v2 cpu.max or v1 cpu.cfs_quota_us)")
-    group, procs = made
-    quota = group / ("cpu.max" if (group / "cpu.max").exists() else "cpu.cfs_quota_us")
-    quota.write_text("25000 100000" if quota.name == "cpu.max" else "25000")
-    try:
+    with cpu_limited_group(25_000) as procs:
         run = tmp / "run"
         p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--",
                     *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp), str(slow), str(extra_s),
-                               str(STEPS), "0", "cpu", str(group / procs)), timeout=240)
-    finally:
-        for _ in range(50):  # the job's process leaves the group as it exits
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+                               str(STEPS), "0", "cpu", str(procs)), timeout=240)
     assert p.returncode == 0, p.stderr
     return run
 
