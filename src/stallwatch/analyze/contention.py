@@ -72,3 +72,32 @@ def own_waits(dur: np.ndarray, wait: np.ndarray, runq: np.ndarray,
         exact = np.maximum(wait - np.minimum(np.maximum(in_wait, 0), runq), 0)
         spread, floor = np.where(measured, exact, spread), np.where(measured, exact, floor)
     return own, np.minimum(np.maximum(spread, 0), own), floor
+
+
+def others_share(node_cpu: np.ndarray, job_cpu: np.ndarray) -> np.ndarray:
+    """Per snapshot, the share of the node's busy CPU that was not the job's (0 where either is unknown): how much
+    of a wait for a CPU other processes caused. The job's own threads and workers outnumbering its cores are its
+    own doing, and stay in what the rules judge."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(node_cpu > 0, (node_cpu - job_cpu) / node_cpu, 0.0)
+    return np.clip(np.nan_to_num(share, nan=0.0), 0.0, 1.0)
+
+
+def workers_delay(start: np.ndarray, dur: np.ndarray, snap_ts: np.ndarray, delay_ms_per_s: np.ndarray) -> np.ndarray:
+    """Per step (µs), how much its batch was held back by loader workers waiting for a CPU that other processes
+    held: one worker's such wait per second (`snap_ts` ordered, each snapshot covering the interval before it; see
+    `InputBound`), over the step's span. A starved loader's n workers each make a batch in n steps, so each lost
+    second of a worker costs the loop 1/n of a second, this much a step; a worker asleep in a read accrues none,
+    so a slow read stays a data wait."""
+    if not len(snap_ts) or not len(start):
+        return np.zeros(len(start), np.int64)
+    at = np.clip(np.searchsorted(snap_ts, start + dur // 2, "left"), 0, len(snap_ts) - 1)
+    rate = np.maximum(np.nan_to_num(delay_ms_per_s, nan=0.0), 0.0) / 1000.0
+    return (rate[at] * np.maximum(dur, 0)).astype(np.int64)
+
+
+def less_workers_delay(wait: np.ndarray, floor: np.ndarray, delay: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The steps' waits for data, and the least of them that was the loader's, less the time the workers were kept
+    from a CPU by other processes (`workers_delay`): a busy machine's share of a wait is CPUContention's."""
+    cut = np.minimum(np.maximum(delay, 0), wait)
+    return wait - cut, np.maximum(floor - cut, 0)

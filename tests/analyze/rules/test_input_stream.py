@@ -13,10 +13,13 @@ from stallwatch.analyze.rules import input_stream, step_stream
 from stallwatch.analyze.judge.feed import iter_run, read_run
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.judge.runner import evaluate as run_rules
-from stallwatch.records import DATA_WAIT, EVAL, STEP, TRAIN
+from stallwatch.records import DATA_WAIT, EVAL, STEP, TRAIN, MetricKey
+from stallwatch.store import layout
+from stallwatch.store.location import RunLocation
 from stallwatch.store.reader import open_run
+from stallwatch.store.system_writer import SystemWriter
 
-from ...run_builder import make_run
+from ...run_builder import make_run, node_record, run_record, write_node_json
 from ._fw_gen import MS, T0, FwGen, S, evaluate, spy_replays, write_events
 
 STALLS = [100 + 75 * i for i in range(12)]
@@ -151,4 +154,39 @@ def test_a_long_node_is_judged_on_the_steps_own_time_like_one_held(tmp_path, mon
     reads = spy_replays(monkeypatch)
     (streamed,) = [r.to_json() for r in run_rules([InputBound], iter_run(run, [InputBound], slice_us=5 * S))]
     assert reads  # it was read again, block by block
+    assert json.dumps(streamed, sort_keys=True) == json.dumps(memory, sort_keys=True)
+
+
+def test_a_long_node_takes_out_the_workers_wait_for_a_cpu_like_one_held(tmp_path, monkeypatch):
+    """A loader's workers kept from a CPU by other processes (their delay in the node's snapshots, changing every
+    second): read again block by block, the waits lose what they lose held in memory, byte for byte."""
+    gen = FwGen()
+    for i in range(1200):
+        t = T0 + i * 20 * MS
+        wait = 6 * MS if i % 50 else 60 * MS
+        gen.events("algo-1", 0, STEP, "train_step", TRAIN, i, t, t + 20 * MS + wait)
+        gen.events("algo-1", 0, DATA_WAIT, "next_batch", TRAIN, i, t, t + wait)
+    gen.dataloader(num_workers=2)
+    keys = [MetricKey("cpu", "cpu_util"), MetricKey("proc", "cpu_util"), MetricKey("proc", "workers_alive"),
+            MetricKey("proc", "workers_runq_ms_per_s")]
+    location = RunLocation(str(tmp_path / "run"))
+    location.write_atomic(layout.RUN_JSON, json.dumps(run_record("run", "algo-1", T0)).encode())
+    writer = SystemWriter(location, "algo-1", keys, interval_us=S, flush_interval_us=2 * S, max_bytes=1 << 30,
+                          segment_us=10 * S)
+    for i in range(60):
+        writer.append(T0 + i * S, [100.0, 40.0, 2.0, 500.0 if i % 2 else 100.0])
+        writer.tick(T0 + i * S)
+    writer.close()
+    write_node_json(location, node_record("algo-1", T0, T0 + 60 * S, samples=60))
+    write_events(tmp_path / "run", gen.table())
+    run = open_run(str(tmp_path / "run"))
+    memory = evaluate(InputBound, read_run(run, [InputBound]))
+    entry = memory["Details"]["ranks"]["algo-1/0/TRAIN"]
+    assert 0 < entry["wait_s"] < 0.9 * (1176 * 6 + 24 * 60) / 1000, entry  # some of the waiting was the workers'
+    monkeypatch.setattr(step_stream, "NODE_BYTES", 0)
+    monkeypatch.setattr(step_stream, "BLOCK_STEPS", 64)
+    monkeypatch.setattr(step_stream, "SPAN", 16)
+    reads = spy_replays(monkeypatch)
+    (streamed,) = [r.to_json() for r in run_rules([InputBound], iter_run(run, [InputBound], slice_us=5 * S))]
+    assert reads
     assert json.dumps(streamed, sort_keys=True) == json.dumps(memory, sort_keys=True)

@@ -23,7 +23,19 @@ from stallwatch.analyze.rules.kit.checks import check_counts
 from stallwatch.analyze.rules.kit.details import DetailsRecord
 from stallwatch.analyze.rules.step_spans import track_spans
 from stallwatch.analyze.summary import JobSummary
-from stallwatch.records import CPU, CPU_UTIL, DATA_WAIT, EVAL, PROC, STEP, TRAIN, WORKERS_BUSY, WORKERS_CPU_UTIL
+from stallwatch.records import (
+    CPU,
+    CPU_UTIL,
+    DATA_WAIT,
+    EVAL,
+    PROC,
+    STEP,
+    TRAIN,
+    WORKERS_BUSY,
+    WORKERS_ALIVE,
+    WORKERS_CPU_UTIL,
+    WORKERS_RUNQ_MS_PER_S,
+)
 
 DATALOADER = "dataloader"
 MAX_LOADERS = 5  # loaders listed per rank and mode
@@ -96,7 +108,8 @@ class InputBound(Rule):
     so far, in step order, so one chunk or many give the same result."""
 
     name = "InputBound"
-    metrics = (CPU_UTIL, WORKERS_BUSY, WORKERS_CPU_UTIL)  # is a core left for another worker? are the workers busy?
+    # is a core left for another worker? are the workers busy? did other processes keep them from a CPU?
+    metrics = (CPU_UTIL, WORKERS_ALIVE, WORKERS_BUSY, WORKERS_CPU_UTIL, WORKERS_RUNQ_MS_PER_S)
     description = ("Measures how much of each training step the loop spends waiting for the next batch of data, per "
                    "rank and over sliding windows of steps. A loop that waits for data leaves the accelerator (or "
                    "the CPU doing the training) idle: it is input-bound, whatever the hardware.")
@@ -116,6 +129,7 @@ class InputBound(Rule):
         self._loader_info: dict[tuple[str, int, int], dict[str, Any]] = {}  # (node, rank, key) -> first settings
         self._loader_waits: dict[tuple[str, int, str], dict[int, list[int]]] = {}  # per mode: loader -> [µs, n]
         self._cpu: dict[str, tuple[_SpanMedian, ...]] = {}  # node -> its CPU %, workers busy, the workers' CPU %
+        self._kept: dict[str, _SpanMedian] = {}  # node -> a worker's wait for a CPU others held, ms per s
         self._loop: dict[str, list[int]] = {}  # node -> [first step start, last step end]
         self._info: dict[str, dict[str, Any]] = {}
         self._ranks_per_node: dict[str, set[int]] = {}
@@ -163,6 +177,8 @@ class InputBound(Rule):
                     mine.merge(theirs)
             else:
                 self._cpu[node] = other._cpu[node]
+        if node in other._kept:
+            self._kept.setdefault(node, _SpanMedian()).merge(other._kept[node])
         if node in other._loop:
             lo, hi = other._loop[node]
             span = self._loop.setdefault(node, [lo, hi])
@@ -198,6 +214,9 @@ class InputBound(Rule):
                     ok = ~np.isnan(values) if values is not None else None
                     if ok is not None and ok.any():
                         series.add(frame.timestamps[ok].astype(np.int64), values[ok])
+                kept = _kept_per_worker(frame)
+                if kept is not None and (ok := ~np.isnan(kept)).any():
+                    self._kept.setdefault(node, _SpanMedian()).add(frame.timestamps[ok].astype(np.int64), kept[ok])
         for node, rec in ((chunk.run or {}).get("nodes") or {}).items():
             if isinstance(rec, dict):
                 self._info.setdefault(node, rec)
@@ -301,7 +320,15 @@ class InputBound(Rule):
         return self._entry(key, rank_facts(number, start, dur, wait, window=self.params["window"],
                                            patience=self.params["patience"],
                                            threshold=float(self.params["threshold"]), runq=runq,
-                                           in_wait=in_wait))
+                                           in_wait=in_wait, workers=self._workers_delay(key, start, dur)))
+
+    def _workers_delay(self, key: tuple[str, int, str], start: np.ndarray, dur: np.ndarray) -> np.ndarray | None:
+        """Per step, its loader's workers' wait for a CPU that other processes held (`contention.workers_delay`)."""
+        kept = self._kept.get(key[0])
+        if kept is None or not kept.ts.n:
+            return None
+        kept.within(None)  # orders the snapshots once, where they came out of order
+        return contention.workers_delay(start, dur, kept.ts.view(), kept.values.view())
 
     def _entry(self, key: tuple[str, int, str], f: RankFacts) -> dict[str, Any]:
         """A rank's Details entry from its facts (its steps held in memory, or its node read again)."""
@@ -355,7 +382,8 @@ class InputBound(Rule):
             assert self._replay is not None  # ranks are streamed only where the run can be read again
             piece_us = step_stream.PIECE_EVENTS * (last - first + 1) // max(events, 1)
             facts = input_stream.node_facts(node, streamed, spans, self._replay, self.params,
-                                            steps_of=_Rank.steps_and_runq, new_rank=_Rank, piece_us=piece_us)
+                                            steps_of=_Rank.steps_and_runq, new_rank=_Rank, piece_us=piece_us,
+                                            delay_of=self._workers_delay)
             for key, f in facts.items():
                 self._judged[key] = self._entry(key, f)
         for key in [key for key in self._ranks if key[0] == node]:
@@ -567,6 +595,19 @@ def _steps(r: Any) -> int:
 
 def _waits(r: Any) -> int:
     return r.wait.n if isinstance(r, _Rank) else r.waits
+
+
+def _kept_per_worker(frame: Any) -> np.ndarray | None:
+    """Per snapshot, one loader worker's wait for a CPU that other processes held (ms per s): the job's workers'
+    run-queue delay, the share of it other processes caused (`contention.others_share`), over the workers alive."""
+    runq = frame.get(PROC, WORKERS_RUNQ_MS_PER_S)
+    if runq is None:
+        return None
+    node_cpu, job_cpu, alive = frame.get(CPU, CPU_UTIL), frame.get(PROC, CPU_UTIL), frame.get(PROC, WORKERS_ALIVE)
+    if node_cpu is None or job_cpu is None:
+        return np.zeros(len(runq))
+    workers = np.maximum(np.nan_to_num(alive, nan=1.0), 1.0) if alive is not None else 1.0
+    return runq * contention.others_share(node_cpu, job_cpu) / workers
 
 
 def _pct(part: float, whole: float) -> float:

@@ -38,15 +38,26 @@ class RankFacts:
     stalled: bool  # stalls hold at least STALL_SHARE of the waiting
 
 
-def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
-               patience: int, threshold: float, runq: np.ndarray | None = None,
-               in_wait: np.ndarray | None = None) -> RankFacts:
-    """A rank's facts from its steps in step order (`_Rank.steps()`); with `runq` (each step's run-queue delay),
-    judged on the steps' own time (analyze/contention.py): waiting for a CPU is not waiting for data."""
-    n = len(number)
+def settled_steps(dur: np.ndarray, wait: np.ndarray, runq: np.ndarray | None, in_wait: np.ndarray | None,
+           workers: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps as InputBound judges them, held in memory or read again: own times, waits, and the least of each wait
+    that was the loader's (which stalls are judged on)."""
     floor = wait
     if runq is not None and runq.any():
         dur, wait, floor = contention.own_waits(dur, wait, runq, in_wait)
+    if workers is not None and workers.any():
+        wait, floor = contention.less_workers_delay(wait, floor, workers)
+    return dur, wait, floor
+
+
+def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
+               patience: int, threshold: float, runq: np.ndarray | None = None,
+               in_wait: np.ndarray | None = None, workers: np.ndarray | None = None) -> RankFacts:
+    """A rank's facts from its steps in step order (`_Rank.steps()`); with `runq` (each step's run-queue delay),
+    judged on the steps' own time (analyze/contention.py): waiting for a CPU is not waiting for data; with `workers`
+    (`contention.workers_delay`), neither is the loader's workers' wait for a CPU other processes held."""
+    n = len(number)
+    dur, wait, floor = settled_steps(dur, wait, runq, in_wait, workers)
     body = slice(min(patience, n), n)
     w, d = wait[body], dur[body]
     above = 0

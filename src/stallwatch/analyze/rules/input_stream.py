@@ -28,6 +28,7 @@ from stallwatch.analyze.rules.input_facts import (
     STALL_STEP_SHARE,
     US,
     RankFacts,
+    settled_steps,
 )
 from stallwatch.analyze.rules.step_stream import _Buckets, _plan, _read, bucket_of
 from stallwatch.records import DATA_WAIT, STEP
@@ -272,22 +273,24 @@ class _Scan:
 
 def node_facts(node: str, streamed: dict[tuple[str, int, str], StreamedRank], spans: dict[str, dict[int, list[int]]],
                replay: Replay, params: dict[str, Any], steps_of: Callable[[Any], tuple], new_rank: Callable[[], Any],
-               piece_us: int) -> dict[tuple, RankFacts]:
+               piece_us: int, delay_of: Callable[[tuple, np.ndarray, np.ndarray], np.ndarray | None] | None = None
+               ) -> dict[tuple, RankFacts]:
     """The facts of a complete node's streamed ranks, read again twice a block of step numbers at a time (per
     phase; `spans`: where each span of numbers lies in time, per phase), in pieces of at most `piece_us`.
     `steps_of(rank)` settles a block's `_Rank` (made by `new_rank()`) into its steps in step order, with their
-    run-queue delays (`input_bound._Rank.steps_and_runq`)."""
+    run-queue delays (`input_bound._Rank.steps_and_runq`); `delay_of(key, starts, durations)`, its workers' wait for
+    a CPU others held (`contention.workers_delay`)."""
     scans = {key: _Scan(s, params["window"], params["patience"], float(params["threshold"]), MAX_NAMED)
              for key, s in streamed.items() if s.n}
     out: dict[tuple, RankFacts] = {}
     for mode in sorted({key[2] for key in scans}):
         keys = {key: scan for key, scan in scans.items() if key[2] == mode}
         plan = _plan(node, spans.get(mode, {}), len(keys), piece_us)
-        for number, start, dur, wait, floor, key in _blocks(replay, plan, keys, steps_of, new_rank):
+        for number, start, dur, wait, floor, key in _blocks(replay, plan, keys, steps_of, new_rank, delay_of):
             keys[key].take(number, start, dur, wait, floor)
         again = {key: scan for key, scan in keys.items() if scan.settle()}
         if again:
-            for _, _, _, wait, floor, key in _blocks(replay, plan, again, steps_of, new_rank):
+            for _, _, _, wait, floor, key in _blocks(replay, plan, again, steps_of, new_rank, delay_of):
                 again[key].gather(wait, floor)
         for key, scan in keys.items():
             out[key] = scan.facts()
@@ -295,7 +298,8 @@ def node_facts(node: str, streamed: dict[tuple[str, int, str], StreamedRank], sp
 
 
 def _blocks(replay: Replay, plan: list, keys: dict, steps_of: Callable[[Any], tuple],
-            new_rank: Callable[[], Any]) -> Iterator[tuple[Any, ...]]:
+            new_rank: Callable[[], Any], delay_of: Callable[..., np.ndarray | None] | None = None
+            ) -> Iterator[tuple[Any, ...]]:
     """Each block's steps of each key, settled, in step order: (numbers, starts, own times, waits, the waits' part
     that was the loader's, key), as `input_facts.rank_facts` judges them (a step without run-queue delay is its
     own; so a block's steps settle alone)."""
@@ -305,9 +309,8 @@ def _blocks(replay: Replay, plan: list, keys: dict, steps_of: Callable[[Any], tu
             _add(cols, lo, hi, keys, ranks, new_rank)
         for key in sorted(ranks):
             number, start, dur, wait, runq, in_wait = steps_of(ranks[key])
-            floor = wait
-            if runq is not None and runq.any():
-                dur, wait, floor = contention.own_waits(dur, wait, runq, in_wait)
+            workers = delay_of(key, start, dur) if delay_of is not None else None
+            dur, wait, floor = settled_steps(dur, wait, runq, in_wait, workers)
             yield number, start, dur, wait, floor, key
 
 
