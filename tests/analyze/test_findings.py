@@ -167,6 +167,21 @@ def test_health_evidence_from_the_overall_rules():
         "median CPU utilization 40 %"]
 
 
+def test_health_evidence_quotes_the_wait_inputbound_judged():
+    """On a busy machine the steps' waits as recorded read 21 %; InputBound, judging each step's own time (the
+    waits for a CPU taken out), held 12 % against its 20 %: the healthy line says 12 %, not a figure above the
+    threshold of a rule that stayed silent."""
+    fw = _rule("OverallFrameworkMetrics", 0, {"phase": {"TRAIN": 100.0, "others": 0.0},
+                                              "phase_us": {"TRAIN": 100 * S, "others": 0},
+                                              "general_us": {"data_wait": 21 * S}})
+    ib = _rule("InputBound", 0, {"ranks": {"a/0/TRAIN": {"phase": "TRAIN", "wait_share": 12.1, "triggered": False},
+                                           "a/1/TRAIN": {"phase": "TRAIN", "wait_share": 9.0, "triggered": False},
+                                           "a/0/EVAL": {"phase": "EVAL", "wait_share": 60.0, "triggered": False}}})
+    assert health_evidence({"OverallFrameworkMetrics": fw, "InputBound": ib})[:2] == [
+        "training steps 100 % of the loop", "waiting for data 12 % of step time"]
+    assert health_evidence({"OverallFrameworkMetrics": fw})[1] == "waiting for data 21 % of step time"
+
+
 def test_health_evidence_of_sampled_steps_shares_timed_step_time_only():
     """Steps sampled: 90 s of the loop's 100 s in steps counted, not timed (`untimed_us`): the data wait (1 s) and
     the loop's own code are shares of the 10 s of timed steps, not of 100 s (which read 1 % and 94 %)."""

@@ -24,6 +24,7 @@ from stallwatch.analyze.finding import (  # noqa: F401 (this module's API too)
 from stallwatch.analyze.results import RuleResult
 from stallwatch.analyze.rules.dataloader import PIN_MEMORY_ADVICE
 from stallwatch.analyze.rules.framework_metrics import OverallFrameworkMetricsDetails, RankMetrics
+from stallwatch.analyze.rules.input_bound import InputBoundDetails
 from stallwatch.analyze.rules.kit.details import Coverage, GenericDetails
 from stallwatch.analyze.rules.memory_growth import MemoryGrowthDetails
 from stallwatch.analyze.rules.registry import all_rules
@@ -217,6 +218,17 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudg
     return f"Healthy: no rule found a problem{because}.{short}"
 
 
+def _judged_wait_pct(result: RuleResult | None) -> float | None:
+    """The training loop's wait for data as InputBound judged it (its most waiting rank, of its steps' own time: a
+    busy machine's share taken out), so the healthy line quotes the figure the rule held against its threshold."""
+    if result is None or not result.applies:
+        return None
+    ranks = InputBoundDetails.from_json(result.details).ranks
+    shares = [e.get("wait_share") for e in ranks.values() if isinstance(e, dict) and e.get("phase") == TRAIN]
+    shares = [v for v in shares if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(shares) if shares else None
+
+
 def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
     """The numbers behind "healthy": where the loop's time went and how busy the machines were."""
     out = []
@@ -228,7 +240,10 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
             out.append(f"training steps {train:.0f} % of the loop")
         in_steps = _timed_step_us(d.phase_us, d.untimed_us)
         wait = d.general_us.get(DATA_WAIT)
-        if wait is not None and in_steps > 0:
+        judged = _judged_wait_pct(results.get("InputBound"))
+        if judged is not None:
+            out.append(f"waiting for data {judged:.0f} % of step time")
+        elif wait is not None and in_steps > 0:
             out.append(f"waiting for data {100.0 * wait / in_steps:.0f} % of step time")
         own = _loop_code(d.ranks)
         if own is not None:
