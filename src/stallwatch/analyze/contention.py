@@ -96,8 +96,10 @@ def workers_delay(start: np.ndarray, dur: np.ndarray, snap_ts: np.ndarray, delay
     return (rate[at] * np.maximum(dur, 0)).astype(np.int64)
 
 
-def less_workers_delay(wait: np.ndarray, floor: np.ndarray, delay: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The steps' waits for data, and the least of them that was the loader's, less the time the workers were kept
-    from a CPU by other processes (`workers_delay`): a busy machine's share of a wait is CPUContention's."""
+def less_workers_delay(dur: np.ndarray, wait: np.ndarray, floor: np.ndarray,
+                       delay: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The steps' own times, their waits for data, and the least of each wait that was the loader's, less the time
+    the workers were kept from a CPU by other processes (`workers_delay`): the step would have been that much
+    shorter, its wait too; a busy machine's share of a wait is CPUContention's."""
     cut = np.minimum(np.maximum(delay, 0), wait)
-    return wait - cut, np.maximum(floor - cut, 0)
+    return dur - cut, wait - cut, np.maximum(floor - cut, 0)

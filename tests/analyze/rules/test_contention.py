@@ -182,10 +182,10 @@ def _fed_loop(n: int = 400) -> FwGen:
 
 
 def test_workers_kept_from_a_cpu_by_other_processes_are_not_a_data_wait():
-    """The 2 workers waited 400 ms a second for a CPU. With other processes holding 60 % of the busy node, each
-    worker lost 120 ms a second to them: 2.4 ms of each 20 ms step's wait was theirs, and the loop waits 18 %
-    (silent) — as it would on an idle machine. The job's own threads holding the cores (97 % of it the job's),
-    or workers that never waited for a CPU, leave the wait as it is: 30 %, input-bound."""
+    """The 2 workers waited 600 ms a second for a CPU. With other processes holding 60 % of the busy node, each
+    worker lost 180 ms a second to them: 3.6 ms of each 20 ms step was theirs, and the loop waits 2.4 of 16.4 ms,
+    15 % (silent), as it would on an idle machine. The job's own threads holding the cores (97 % of it the
+    job's), or workers that never waited for a CPU, leave the wait as it is: 30 %, input-bound."""
     def judged(**series) -> dict:
         system, run = _node(cpu__cpu_util=100.0, proc__workers_alive=2.0, **series)
         chunk = whole(_fed_loop().table(), system, run)
@@ -193,10 +193,10 @@ def test_workers_kept_from_a_cpu_by_other_processes_are_not_a_data_wait():
         assert out == evaluate(InputBound, random_chunks(chunk, 7, seed=5))  # live or at once, the same
         return out["Details"]["ranks"]["algo-1/0/TRAIN"]
 
-    others = judged(proc__cpu_util=40.0, proc__workers_runq_ms_per_s=400.0)
-    assert not others["triggered"] and others["wait_share"] == pytest.approx(18.0), others
-    own = judged(proc__cpu_util=97.0, proc__workers_runq_ms_per_s=400.0)
-    assert own["triggered"] and own["wait_share"] == pytest.approx(29.4), own
+    others = judged(proc__cpu_util=40.0, proc__workers_runq_ms_per_s=600.0)
+    assert not others["triggered"] and others["wait_share"] == pytest.approx(100 * 2.4 / 16.4), others
+    own = judged(proc__cpu_util=97.0, proc__workers_runq_ms_per_s=600.0)
+    assert own["triggered"] and own["wait_share"] == pytest.approx(100 * 5.82 / 19.82), own
     never = judged(proc__cpu_util=40.0, proc__workers_runq_ms_per_s=0.0)
     assert never["triggered"] and never["wait_share"] == pytest.approx(30.0), never
     unknown = judged(proc__cpu_util=40.0)  # a run recorded before the workers' delay was

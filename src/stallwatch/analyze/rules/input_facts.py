@@ -39,15 +39,17 @@ class RankFacts:
 
 
 def settled_steps(dur: np.ndarray, wait: np.ndarray, runq: np.ndarray | None, in_wait: np.ndarray | None,
-           workers: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Steps as InputBound judges them, held in memory or read again: own times, waits, and the least of each wait
-    that was the loader's (which stalls are judged on)."""
+                  workers: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """Steps as InputBound judges them, held in memory or read again: own times, waits, the least of each wait that
+    was the loader's (which stalls are judged on), and the own times before the workers' delay is taken out (what
+    a stall is measured against: read in one pass, before the node's snapshots are all in)."""
     floor = wait
     if runq is not None and runq.any():
         dur, wait, floor = contention.own_waits(dur, wait, runq, in_wait)
+    plain = dur
     if workers is not None and workers.any():
-        wait, floor = contention.less_workers_delay(wait, floor, workers)
-    return dur, wait, floor
+        dur, wait, floor = contention.less_workers_delay(dur, wait, floor, workers)
+    return dur, wait, floor, plain
 
 
 def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray, *, window: int,
@@ -57,7 +59,7 @@ def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.
     judged on the steps' own time (analyze/contention.py): waiting for a CPU is not waiting for data; with `workers`
     (`contention.workers_delay`), neither is the loader's workers' wait for a CPU other processes held."""
     n = len(number)
-    dur, wait, floor = settled_steps(dur, wait, runq, in_wait, workers)
+    dur, wait, floor, plain = settled_steps(dur, wait, runq, in_wait, workers)
     body = slice(min(patience, n), n)
     w, d = wait[body], dur[body]
     above = 0
@@ -81,7 +83,7 @@ def rank_facts(number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.
     if waiting.size:
         # a few long stalls (the first steps, where workers start, are start-up, not stalls)
         median = float(np.median(waiting))
-        is_stall = (floor > STALL_FACTOR * median) & (floor > STALL_STEP_SHARE * np.median(dur))
+        is_stall = (floor > STALL_FACTOR * median) & (floor > STALL_STEP_SHARE * np.median(plain))
         is_stall[:body.start if body.start < n else 0] = False
         stall_wait = float(floor[is_stall].sum())
         stalls = {"median_wait_ms": median / 1000.0, "stalls": int(is_stall.sum()), "stall_wait_s": stall_wait / US}

@@ -161,14 +161,14 @@ class _Scan:
                                     bucket_bounds(int(d_middle[0]))[0], bucket_bounds(int(d_middle[-1]))[1])
 
     def take(self, number: np.ndarray, start: np.ndarray, dur: np.ndarray, wait: np.ndarray,
-             floor: np.ndarray) -> None:
-        """The next steps in step order (a block's, settled: own times, waits, and the least of each wait that was
-        the loader's, `floor`, which stalls are judged on)."""
+             floor: np.ndarray, plain: np.ndarray) -> None:
+        """The next steps in step order (a block's, settled: own times, waits, the least of each wait that was the
+        loader's, `floor`, which stalls are judged on, and the own times a stall is measured against, `plain`)."""
         pos = self.at + np.arange(len(number))
         self.at += len(number)
         self.wait_sum += int(wait.sum())
         self.dur_sum += int(dur.sum())
-        self.durs.add(dur)
+        self.durs.add(plain)
         self.positive.add(bucket_of(wait[wait > 0]))
         late = pos >= self.warmup
         lw = floor[late]
@@ -286,11 +286,11 @@ def node_facts(node: str, streamed: dict[tuple[str, int, str], StreamedRank], sp
     for mode in sorted({key[2] for key in scans}):
         keys = {key: scan for key, scan in scans.items() if key[2] == mode}
         plan = _plan(node, spans.get(mode, {}), len(keys), piece_us)
-        for number, start, dur, wait, floor, key in _blocks(replay, plan, keys, steps_of, new_rank, delay_of):
-            keys[key].take(number, start, dur, wait, floor)
+        for number, start, dur, wait, floor, plain, key in _blocks(replay, plan, keys, steps_of, new_rank, delay_of):
+            keys[key].take(number, start, dur, wait, floor, plain)
         again = {key: scan for key, scan in keys.items() if scan.settle()}
         if again:
-            for _, _, _, wait, floor, key in _blocks(replay, plan, again, steps_of, new_rank, delay_of):
+            for _, _, _, wait, floor, _, key in _blocks(replay, plan, again, steps_of, new_rank, delay_of):
                 again[key].gather(wait, floor)
         for key, scan in keys.items():
             out[key] = scan.facts()
@@ -301,7 +301,7 @@ def _blocks(replay: Replay, plan: list, keys: dict, steps_of: Callable[[Any], tu
             new_rank: Callable[[], Any], delay_of: Callable[..., np.ndarray | None] | None = None
             ) -> Iterator[tuple[Any, ...]]:
     """Each block's steps of each key, settled, in step order: (numbers, starts, own times, waits, the waits' part
-    that was the loader's, key), as `input_facts.rank_facts` judges them (a step without run-queue delay is its
+    that was the loader's, the own times before the workers' delay, key), as `input_facts.rank_facts` judges them (a step without run-queue delay is its
     own; so a block's steps settle alone)."""
     for lo, hi, pieces in _read(replay, plan, kinds=(STEP, DATA_WAIT)):
         ranks: dict[tuple, Any] = {}
@@ -310,8 +310,8 @@ def _blocks(replay: Replay, plan: list, keys: dict, steps_of: Callable[[Any], tu
         for key in sorted(ranks):
             number, start, dur, wait, runq, in_wait = steps_of(ranks[key])
             workers = delay_of(key, start, dur) if delay_of is not None else None
-            dur, wait, floor = settled_steps(dur, wait, runq, in_wait, workers)
-            yield number, start, dur, wait, floor, key
+            dur, wait, floor, plain = settled_steps(dur, wait, runq, in_wait, workers)
+            yield number, start, dur, wait, floor, plain, key
 
 
 def _add(cols: FrameworkColumns, lo: int, hi: int, keys: dict, ranks: dict, new_rank: Callable[[], Any]) -> None:
