@@ -218,17 +218,6 @@ def verdict(summary: JobSummary, found: list[Finding], health: list[str], unjudg
     return f"Healthy: no rule found a problem{because}.{short}"
 
 
-def _judged_wait_pct(result: RuleResult | None) -> float | None:
-    """The training loop's wait for data as InputBound judged it (its most waiting rank, of its steps' own time: a
-    busy machine's share taken out), so the healthy line quotes the figure the rule held against its threshold."""
-    if result is None or not result.applies:
-        return None
-    ranks = InputBoundDetails.from_json(result.details).ranks
-    shares = [e.get("wait_share") for e in ranks.values() if isinstance(e, dict) and e.get("phase") == TRAIN]
-    shares = [v for v in shares if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return max(shares) if shares else None
-
-
 def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
     """The numbers behind "healthy": where the loop's time went and how busy the machines were."""
     out = []
@@ -240,7 +229,10 @@ def health_evidence(results: Mapping[str, RuleResult]) -> list[str]:
             out.append(f"training steps {train:.0f} % of the loop")
         in_steps = _timed_step_us(d.phase_us, d.untimed_us)
         wait = d.general_us.get(DATA_WAIT)
-        judged = _judged_wait_pct(results.get("InputBound"))
+        starved = results.get("InputBound")
+        # the wait as InputBound judged it (a busy machine's share taken out), the figure held against its threshold
+        judged = (InputBoundDetails.from_json(starved.details).train_wait_share()
+                  if starved is not None and starved.applies else None)
         if judged is not None:
             out.append(f"waiting for data {judged:.0f} % of step time")
         elif wait is not None and in_steps > 0:

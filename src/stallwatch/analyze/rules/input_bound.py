@@ -59,6 +59,14 @@ class InputBoundDetails(DetailsRecord):
     steps: list[int] = field(default_factory=list)
     title: str | None = None
 
+    def train_wait_share(self, node: str | None = None) -> float | None:
+        """The training loop's wait for data as judged (% of its steps' own time) on its most waiting rank (of
+        `node`): the one figure every face quotes."""
+        shares = [e.get("wait_share") for e in self.ranks.values()
+                  if isinstance(e, dict) and e.get("phase") == TRAIN and (node is None or e.get("node") == node)]
+        shares = [v for v in shares if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        return max(shares) if shares else None
+
 
 class _Rank:
     """One rank's steps as they came: number, start, duration; and its waits by step number."""

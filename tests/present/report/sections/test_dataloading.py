@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from stallwatch.analyze.rules.input_bound import InputBoundDetails
 from stallwatch.present.report.model import GOOD, WARN, Chart, NotApplicable, Paragraph, Verdict
 from stallwatch.present.report.sections import dataloading
 
@@ -34,6 +35,9 @@ def test_workers_against_cores_name_the_node_with_too_few(gpu):
     assert row["Node"] == "algo-2" and row["CPU cores"] == 4 and row["Ranks"] == 2
     assert row["Workers in parallel (median)"] == 2.0 and row["% of cores"] == 50.0 and row["Verdict"] == "too few workers"
     assert row["Data wait (% of step time, worst rank)"] == pytest.approx(30.0, abs=1.5)
+    # the figure InputBound judged (the report's top finding quotes it), not a second one computed here
+    judged = InputBoundDetails.from_json(gpu.rule("InputBound").details).train_wait_share("algo-2")
+    assert row["Data wait (% of step time, worst rank)"] == judged
     verdict = sections[0].blocks[-1]
     assert isinstance(verdict, Verdict) and verdict.level == WARN
     assert "num_workers=2" in verdict.text and "pin_memory=True" in verdict.text

@@ -38,7 +38,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
         f"{plural(view.triggered, 'node')}."))
     nodes = d.nodes
     if nodes:
-        sec.blocks.append(_nodes_table(nodes))
+        sec.blocks.append(_nodes_table(nodes, _judged_waits(analysis, nodes)))
     loaders = d.loaders
     if loaders:
         sec.blocks.append(_loaders_table(loaders, d.loaders_total or len(loaders)))
@@ -64,19 +64,32 @@ def _cap(text: str | None) -> str:
     return (text[:1].upper() + text[1:]) if text else ""
 
 
-def _nodes_table(nodes: dict[str, LoaderNode]) -> Table:
+def _judged_waits(analysis: RunAnalysis, nodes: dict[str, LoaderNode]) -> dict[str, float | None]:
+    """Per node, the training loop's wait for data as InputBound judged it (its steps' own time), which the report's
+    top finding and verdict quote; the Dataloader rule's own share (as recorded) where InputBound has none."""
+    starved = analysis.rule("InputBound")
+    judged = InputBoundDetails.from_json(starved.details) if starved is not None and starved.status == "ok" else None
+    out = {}
+    for node, e in nodes.items():
+        share = judged.train_wait_share(node) if judged is not None else None
+        out[node] = share if share is not None else e.wait_share
+    return out
+
+
+def _nodes_table(nodes: dict[str, LoaderNode], waits: dict[str, float | None]) -> Table:
     rows = []
     for node, e in nodes.items():
         verdict = {"below": "too few workers", "above": "too many workers", "slow_fetch": "workers cannot keep up",
                    "not_a_bottleneck": "not a bottleneck"}.get(e.reason or "", "fine")
         if e.percent is None and e.reason not in ("slow_fetch", "not_a_bottleneck"):
             verdict = e.reason or "unknown"
-        rows.append([node, e.cores, e.ranks, e.dataloaders, e.percent, e.max_alive, e.wait_share, e.source,
+        rows.append([node, e.cores, e.ranks, e.dataloaders, e.percent, e.max_alive, waits.get(node), e.source,
                      e.suggested_num_workers, verdict])
     return Table(["Node", "CPU cores", "Ranks", "Workers in parallel (median)", "% of cores", "Most workers alive",
                   "Data wait (% of step time, worst rank)", "Counted from", "Suggested num_workers per rank",
                   "Verdict"], rows,
-                 caption="Data-loader workers and CPU cores per node")
+                 caption="Data-loader workers and CPU cores per node; the data wait as InputBound judged it (the "
+                         "steps' own time, a busy machine's share taken out)")
 
 
 def _advice(analysis: RunAnalysis, nodes: dict[str, LoaderNode], d: DataloaderDetails) -> str:
