@@ -3,6 +3,7 @@ time window, with real profilers, their output staged and announced once."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -13,6 +14,11 @@ from stallwatch.config import ProfilerConfig, ProfilingRange
 from stallwatch.records import EVAL, TRAIN
 from stallwatch.torch.steps import now_us
 from stallwatch.torch.windows import WindowController
+
+
+def _ended(events: list[tuple]) -> list[tuple]:
+    """The windows' own events (written when they stop), not the `started` events written when they began."""
+    return [e for e in events if e[0] == "profiling" and json.loads(e[7])["status"] != "started"]
 
 
 def _controller(tmp_path, **fields):
@@ -60,8 +66,10 @@ def test_a_cprofile_window_covers_exactly_its_train_steps(tmp_path):
     assert art["meta"]["timer"] == "cpu" and art["meta"]["status"] == "complete"
     assert os.path.getsize(art["files"]["profile.pstats"]) > 0
     assert os.path.dirname(art["files"]["profile.pstats"]).startswith(str(tmp_path))
-    (marker,) = [e for e in events if e[0] == "profiling"]
+    (marker,) = _ended(events)
     assert marker[1] == "python" and marker[2] == art["meta"]["start_us"]
+    (begun,) = [e for e in events if e[0] == "profiling" and e not in _ended(events)]  # written when it began
+    assert begun[1:4] == ("python", marker[2], marker[2]) and json.loads(begun[7])["status"] == "started"
 
 
 def test_a_detailed_window_stages_a_torch_trace(tmp_path):
@@ -88,7 +96,7 @@ def test_a_time_window_opens_and_closes_at_step_boundaries(tmp_path):
     start = now_us() + 30_000
     c, events, _ = _controller(tmp_path, dataloader_profiling=ProfilingRange(start_time_us=start, duration_s=0.06))
     _steps(c, [TRAIN] * 12, pause_s=0.02)
-    (marker,) = [e for e in events if e[0] == "profiling"]
+    (marker,) = _ended(events)
     assert start <= marker[2] < start + 30_000  # the first boundary inside the window
     assert marker[3] >= start + 60_000  # closed at the first boundary after it
 
@@ -117,7 +125,7 @@ def test_each_configured_window_runs_once(tmp_path):
     _steps(c, [TRAIN] * 2)
     c.set_config(c.config.replace(python_profiling=ProfilingRange(5, 1)), train_steps_done=2)
     _steps(c, [TRAIN] * 8)  # a new counter here: steps 0..7 again, the dataloader window must not rerun
-    assert [e[1] for e in events if e[0] == "profiling"] == ["dataloader", "python"]
+    assert [e[1] for e in _ended(events)] == ["dataloader", "python"]
 
 
 def test_a_python_window_never_replaces_the_users_own_profiler(tmp_path):
@@ -164,7 +172,7 @@ def test_a_live_window_that_ran_already_is_said_so(tmp_path, caplog):
     c.set_config(c.config.replace(dataloader_profiling=ProfilingRange(5, 1)), train_steps_done=7)
     (line,) = _said(caplog, "ran already")
     assert "dataloader_profiling 5:1" in line and "give another range" in line
-    assert len([e for e in events if e[0] == "profiling"]) == 1
+    assert len(_ended(events)) == 1
 
 
 def test_a_detailed_time_window_stops_after_the_step_cap(tmp_path, caplog):

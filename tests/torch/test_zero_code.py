@@ -148,7 +148,8 @@ def test_dataloader_profiling_times_fetches_in_the_workers(profiled):
     _, out, _, _ = profiled
     run = open_run(str(out))
     events = run.framework(kinds=["fetch", "dataloader", "profiling"]).to_pylist()
-    window = next(e for e in events if e["kind"] == "profiling" and e["name"] == "dataloader")
+    window = next(e for e in events if e["kind"] == "profiling" and e["name"] == "dataloader"
+                  and json.loads(e["args"])["status"] != "started")
     assert json.loads(window["args"])["first_step"] == 1 and json.loads(window["args"])["last_step"] == 6
     workers = next(json.loads(e["args"])["worker_pids"] for e in events
                    if e["kind"] == "dataloader" and json.loads(e["args"])["num_workers"] == 2)

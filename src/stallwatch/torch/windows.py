@@ -268,7 +268,10 @@ class WindowController:
             self._notify(layer, rng, "failed", f"cannot start {layer} profiling ({type(exc).__name__}: "
                          f"{str(exc)[:200]})")
             return
-        self._active[layer] = _Window(layer, rng, profiler, now)
+        window = self._active[layer] = _Window(layer, rng, profiler, now)
+        # its beginning, at once: a rule evaluated while it runs knows the profiler's memory is in the steps
+        self._emit((PROFILING, layer, now, now, GLOBAL, None, self.pid,
+                    json.dumps({"window": window.name, "status": "started"})))
         self._notify(layer, rng, "started", f"{layer} profiling started at step {step}")
 
     def _refuse(self, layer: str, rng: ProfilingRange, outcome: str, message: str) -> None:

@@ -285,8 +285,10 @@ class MemoryGrowth(Rule):
                            window)
         for (node, rank), rows in cols.groups(cols.kind_is(PROFILING), by_mode=False):
             layers = cols.table["name"].take(rows).to_pylist()
+            args = cols.table["args"].take(rows).to_pylist()
             held = self._profiled.setdefault((node, rank), set())
-            held.update((int(cols.start[i]), int(cols.end[i])) for i, layer in zip(rows.tolist(), layers)
+            held.update((int(cols.start[i]), OPEN if _started(text) else int(cols.end[i]))
+                        for i, layer, text in zip(rows.tolist(), layers, args)
                         if layer in CAPTURE_LAYERS and cols.end[i] >= cols.start[i])
         for kind in (MEMORY_LIMIT, MEMORY_SITES, CUDA_SNAPSHOT, OOM):
             for (node, rank), rows in cols.groups(cols.kind_is(kind), by_mode=False):
@@ -389,8 +391,8 @@ class MemoryGrowth(Rule):
         window, patience = int(self.params["window"]), int(self.params["patience"])
         medians = s.medians()
         after = sorted(b for b in medians if b * window >= patience)
-        buckets, segment, left_out, splits = _outside_captures(after, s.spans,
-                                                                sorted(self._profiled.get((node, rank), ())))
+        buckets, segment, left_out, splits = _outside_captures(after, s.spans, _windows(self._profiled.get((node, rank),
+                                                                                                  set())))
         if len(buckets) < int(self.params["min_windows"]):
             return None
         x = np.array([b * window + (window - 1) / 2.0 for b in buckets])
@@ -486,6 +488,25 @@ class MemoryGrowth(Rule):
         found = [(v, src) for v, src in ((self._limits.get((node, rank, "cgroup")), "cgroup"),
                                          (self._machine.get(node), "machine")) if v]
         return min(found) if found else (None, None)
+
+
+OPEN = 1 << 62  # the end of a capture that has begun and not yet ended (its `started` event alone is in)
+
+
+def _started(args: str | None) -> bool:
+    """Whether a profiling event marks a capture's beginning (its window's own event follows when it ends)."""
+    try:
+        value = json.loads(args) if args and len(args) <= MAX_ARGS_CHARS else None
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, dict) and value.get("status") == "started"
+
+
+def _windows(held: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The captures' time windows: each ended one as recorded; one only begun, from its start on (a live evaluation
+    during the capture must not read the profiler's memory as the job's)."""
+    ended = {start for start, end in held if end != OPEN}
+    return sorted((start, end) for start, end in held if end != OPEN or start not in ended)
 
 
 def _outside_captures(buckets: list[int], spans: dict[int, tuple[int, int]],
