@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.present.report import build_report
 from tests.present.dashboard.conftest import Dashboard, start_dashboard
 from tests.present.report._full_runs import full_run
@@ -92,7 +93,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                         "--standalone", "--nproc_per_node", "2", str(DDP_JOB), str(where), timeout=240)
         assert p.returncode == 0, p.stderr
         out["ddp"] = ddp
-    # not named "nodes": a run of that name makes its parent folder look like a run (its *.json as node records)
     out["multinode"] = full_run(root / "multinode", nodes=("algo-1", "algo-2"), ranks=2).root
     for run in out.values():
         if not (run / "report.html").exists():
@@ -266,3 +266,22 @@ def test_heatmap_cells_where_snapshots_exist(served: Dashboard, runs: dict[str, 
             assert columns, (run, name)
             blank = [i for i, col in enumerate(columns) if all(v is None for v in col)]
             assert blank == [], (run, name, blank, len(columns))
+
+
+def test_a_python_captures_functions_are_on_the_overview(browser: Any, served: Dashboard,
+                                                       runs: dict[str, Path]) -> None:
+    """The CPU run's Python-profiling window: its top functions on the dashboard's Overview, as the report lists
+    them (the summary stored with the window, `RunAnalysis.python_functions`)."""
+    (window,) = RunAnalysis(str(runs["cpu"])).python_functions
+    assert window.top, window
+    answer = served.json(f"/api/run/{_dashboard_ids(served, runs)['cpu']}/functions")
+    assert [f["function"] for f in answer["windows"][0]["functions"]] == [f.function for f in window.top]
+    page = browser.new_page()
+    try:
+        page.goto(served.link(f"#run={_dashboard_ids(served, runs)['cpu']}&view=overview"))
+        page.wait_for_selector("#functions table.functions tr >> nth=1", timeout=30_000)
+        shown = page.eval_on_selector_all("#functions table.functions tr td:first-child",
+                                          "cells => cells.map(c => c.textContent)")
+    finally:
+        page.close()
+    assert shown == [f.function for f in window.top]

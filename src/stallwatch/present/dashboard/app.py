@@ -141,6 +141,11 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         with state.lock:
             return documents.operators_doc(a)
 
+    def functions(state: RunState, q: Any) -> dict[str, Any]:
+        a = state.analysis()
+        with state.lock:
+            return documents.functions_doc(a.python_functions)
+
     def timeline(state: RunState, q: Any) -> dict[str, Any]:
         a = state.analysis()
         node = _node(a, q)
@@ -329,6 +334,7 @@ def create_app(served: ServedRuns, policy: Policy, *, poll_s: Callable[[Any], fl
         Route("/api/run/{id}/findings", api(findings)),
         Route("/api/run/{id}/usage", api(usage, "stored")),
         Route("/api/run/{id}/operators", api(operators, "stored")),
+        Route("/api/run/{id}/functions", api(functions, "stored")),
         Route("/api/run/{id}/timeline", api(timeline, "stored")),
         Route("/api/run/{id}/events", api(events, "stored")),
         Route("/api/run/{id}/steps", api(steps, "stored")),

@@ -17,6 +17,7 @@ from stallwatch.analyze.live_view import LiveFigures, overview
 from stallwatch.analyze.memory import LABELS as MEMORY_LABELS
 from stallwatch.analyze.memory_window import MemoryWindow
 from stallwatch.analyze.node_series import NodeSeries
+from stallwatch.analyze.python_profiles import WindowFunctions
 from stallwatch.analyze.rank_tracks import RankTracks
 from stallwatch.analyze.step_window import EventsWindow, StepBreakdown
 from stallwatch.analyze.summary import RUNNING
@@ -176,6 +177,15 @@ def profiling_doc(config: ProfilerConfig, requests: list[dict[str, Any]], window
     return {**header("profiling"), "live": live, "sample_interval_ms": config.sample_interval_ms,
             "sample_interval_presets_ms": list(SAMPLE_INTERVAL_PRESETS_MS), "requests": requests,
             "captures": [capture(w) for w in windows]}
+
+
+def functions_doc(windows: list[WindowFunctions]) -> dict[str, Any]:
+    """Each Python-profiling window's most expensive functions by own time, from the summary stored with it (the
+    report's list): untrusted text, escaped by the page."""
+    return {**header("functions"), "windows": [
+        {"node": w.node, "rank": w.rank, "window": w.window, "profiler": w.profiler, "start_us": w.start_us,
+         "first_step": w.first_step, "last_step": w.last_step, "total": w.total, "error": w.summary_error,
+         "functions": [asdict(f) for f in w.top]} for w in windows]}
 
 
 def capture(window: dict[str, Any]) -> dict[str, Any]:

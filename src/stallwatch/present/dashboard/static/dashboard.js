@@ -215,6 +215,7 @@ async function renderOverview() {
   loadFindings();
   runApi("usage").then(renderUsage).catch(showError);
   runApi("operators").then(renderOperators).catch(showError);
+  runApi("functions").then(renderFunctions).catch(showError);
   runApi("profiling").then(renderProfiling).catch(showError);
 }
 
@@ -355,6 +356,29 @@ function renderOperators(o) {
   box.appendChild(t);
 }
 
+// A function's file as its last two parts (the whole path on hover); cProfile writes "~" for built-ins.
+function whereCell(file, line) {
+  if (!file || file === "~") return el("td", { class: "text muted" }, "built-in");
+  return el("td", { class: "text wrap", title: `${file}:${line}` }, `${file.split("/").slice(-2).join("/")}:${line}`);
+}
+
+// Each Python-profiling window's top functions by own time (the summary stored with it, as the report lists them).
+function renderFunctions(f) {
+  const box = $("functions"); box.textContent = "";
+  if (!f.windows.length) { box.appendChild(el("p", { class: "muted" }, "No Python-profiling window yet: request one below.")); return; }
+  for (const w of f.windows) {
+    const steps = w.first_step === null ? "" : `, steps ${w.first_step}–${w.last_step ?? "…"}`;
+    box.appendChild(el("h3", {}, `${w.node}/${w.rank} · ${w.profiler}${steps}`));
+    if (w.error || !w.functions.length) { box.appendChild(el("p", { class: "muted" }, w.error || "No function summary was stored with this window.")); continue; }
+    const t = el("table", { class: "data functions", dataset: { window: w.window } },
+      el("tr", {}, ...["Function", "Where", "Calls", "Own (ms)", "Cumulative (ms)"].map((h, i) => el("th", i < 2 ? { class: "text" } : {}, h))));
+    for (const x of w.functions) t.appendChild(el("tr", {}, el("td", { class: "text wrap" }, x.function), whereCell(x.file, x.line),
+      el("td", {}, Cat.number(x.calls)), el("td", {}, Cat.number(x.self_us / 1000)), el("td", {}, Cat.number(x.total_us / 1000))));
+    box.appendChild(t);
+    if (w.total > w.functions.length) box.appendChild(el("p", { class: "muted" }, `the top ${w.functions.length} of ${w.total} functions`));
+  }
+}
+
 const fmtInterval = v => v >= 1000 ? `${v / 1000} s` : `${v} ms`;
 function openRange(node, start, end) {
   const pad = Math.max(((end || start) - start) * 0.5, 2e6);
@@ -385,8 +409,10 @@ function renderProfiling(p) {
     t.appendChild(el("tr", { dataset: { layer: r.layer, state: r.state || (pending ? "waiting" : "done") } }, el("td", {}, fmtUs(r.requested_us)), el("td", { class: "text" }, r.layer), el("td", { class: "text" }, r.range),
       el("td", { class: "text picked" }, picked + perNode), el("td", { class: "text" }, ...r.captures.map(captureLinks))));
   }
-  if (state.captureCount !== undefined && p.captures.length !== state.captureCount)  // a new capture: its operators
+  if (state.captureCount !== undefined && p.captures.length !== state.captureCount) {  // a new capture: its operators
     runApi("operators").then(renderOperators).catch(showError);
+    runApi("functions").then(renderFunctions).catch(showError);
+  }
   state.captureCount = p.captures.length;
   const c = $("captures"); c.textContent = "";
   if (!p.captures.length) c.appendChild(el("tr", {}, el("td", { class: "muted" }, "No capture yet.")));
