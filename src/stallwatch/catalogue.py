@@ -136,7 +136,7 @@ METRICS = (
     Metric(r.DISK, r.DISK_WRITE_BPS, "Disk write", "B/s", "Disk write", "disk write", "#e377c2", True),
     Metric(r.NET, r.NET_RX_BPS, "Network rx", "B/s", "Network received", "network received", "#1f77b4", True),
     Metric(r.NET, r.NET_TX_BPS, "Network tx", "B/s", "Network sent", "network sent", "#ff7f0e", True),
-    Metric(r.PROC, r.PROC_CPU_UTIL, "Job CPU", "%", "The job's CPU", "job CPU", "#1f77b4"),
+    Metric(r.PROC, r.PROC_CPU_UTIL, "Job CPU", "%", "The job's CPU", "job CPU", "#17becf"),
     Metric(r.PROC, r.PROC_RSS_BYTES, "Job memory (RSS)", "B", "The job's memory (RSS)", "job memory (RSS)",
            "#9467bd"),
     Metric(r.PROC, r.PROC_COUNT, "Job processes", "count", "The job's processes", "job processes", "#7f7f7f"),

@@ -22,7 +22,7 @@ from stallwatch.records import COLUMN_SEP, TIMESTAMP
 # What the Nodes view reads from the store (every device of each metric).
 METRICS = (r.CPU_UTIL, r.CPU_IOWAIT, r.MEM_UTIL, r.NET_RX_BPS, r.NET_TX_BPS, r.GPU_UTIL, r.GPU_MEM_UTIL)
 # Series of the live stream (one value per snapshot): what the Overview and the charts' live edge show.
-LIVE_SERIES = ("cpu", "gpu", "gpu_mem", "memory", "iowait", "net_rx", "net_tx")
+LIVE_SERIES = ("cpu", "job", "gpu", "gpu_mem", "memory", "iowait", "net_rx", "net_tx")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class NodeSeries:
     end_us: int | None
     bucket_us: int  # width of a bucket; the sampling interval or less means full resolution
     ts: np.ndarray  # bucket starts (µs)
-    series: dict[str, Band]  # cpu, cpuN, iowait, memory, net_rx / net_tx (MB/s), gpuN, gpuN_mem, gpu, gpu_mem…
+    series: dict[str, Band]  # cpu, job (the job's processes), cpuN, iowait, memory, net_rx / net_tx (MB/s), gpuN…
     cores: list[str]
     gpus: list[str]
     snapshots: int  # in the range
@@ -50,8 +50,8 @@ class NodeSeries:
 def named_columns(frame: NodeFrame) -> dict[str, np.ndarray]:
     """The node's series by the names the dashboard uses, one value per snapshot (float32, NaN where none)."""
     out: dict[str, np.ndarray] = {}
-    for name, device, metric in (("cpu", r.CPU, r.CPU_UTIL), ("iowait", r.CPU, r.CPU_IOWAIT),
-                                 ("memory", r.MEMORY, r.MEM_UTIL)):
+    for name, device, metric in (("cpu", r.CPU, r.CPU_UTIL), ("job", r.PROC, r.CPU_UTIL),
+                                 ("iowait", r.CPU, r.CPU_IOWAIT), ("memory", r.MEMORY, r.MEM_UTIL)):
         v = frame.get(device, metric)
         if v is not None:
             out[name] = v

@@ -582,7 +582,7 @@ function drawTimeline() {
   const spans = flagged.length ? [{ label: "where the finding fired", from: flagged.map(w => w[0]), to: flagged.map(w => w[1]) }] : [];
   const gpuBand = t.series.gpu_lo ? { name: "GPUs (lowest – highest)", color: M("gpu0", "gpu_util"), ts: t.ts, values: t.series.gpu.mean, lo: t.series.gpu_lo.min, hi: t.series.gpu_hi.max } : line(t, "gpu", "mean of GPUs", M("gpu0", "gpu_util"));
   const charts = [
-    ["chart-cpu", { title: Cat.title("cpu", "cpu_util", "CPU utilization") + " (%)", percent: true, lines: [line(t, "cpu", "all cores", M("cpu", "cpu_util"), true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))] }],
+    ["chart-cpu", { title: Cat.title("cpu", "cpu_util", "CPU utilization") + " (%)", percent: true, lines: [line(t, "cpu", "all cores", M("cpu", "cpu_util"), true), line(t, "job", "this job", M("proc", "cpu_util"), true), ...[...state.cores].map((c, i) => line(t, c, c, P[(i + 1) % P.length]))] }],
     ["chart-net", { title: Cat.title("net", "net_bps", "Network") + " (MB/s)", yLabel: "MB/s", lines: [line(t, "net_rx", "received", M("net", "net_rx_bps"), true), line(t, "net_tx", "sent", M("net", "net_tx_bps"), true)] }],
     ["chart-mem", { title: "CPU memory and I/O wait (%)", percent: true, lines: [line(t, "memory", "memory", M("memory", "mem_util"), true), line(t, "iowait", "I/O wait", M("cpu", "cpu_iowait"), true)] }],
   ];
