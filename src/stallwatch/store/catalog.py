@@ -32,22 +32,26 @@ class RunRecords:
 def is_run(location: RunLocation) -> bool:
     """Whether `location` is a run directory: it holds run.json, or node records (a run whose run.json was
     never written)."""
-    return location.exists(layout.RUN_JSON) or bool(_node_files(location, has_run_json=False))
+    return location.exists(layout.RUN_JSON) or (bool(_node_files(location)) and not _nested_run(location))
 
 
-def _node_files(location: RunLocation, has_run_json: bool) -> list[FileEntry]:
-    """The node records directly under nodes/. Without a run.json, a nodes/ that holds folders is a run named
-    `nodes` inside a folder of runs, not this folder's records (a run's nodes/ holds files only)."""
-    files = [e for e in location.list(layout.NODES_DIR, recursive=False) if e.path.endswith(".json")]
-    if files and not has_run_json and location.directories(layout.NODES_DIR):
-        return []
-    return files
+def _node_files(location: RunLocation) -> list[FileEntry]:
+    """The node records directly under nodes/ (listed first: an unreachable store fails here, in one line)."""
+    return [e for e in location.list(layout.NODES_DIR, recursive=False) if e.path.endswith(".json")]
+
+
+def _nested_run(location: RunLocation) -> bool:
+    """A nodes/ that holds folders is a run named `nodes` inside a folder of runs, not this folder's records (a
+    run's nodes/ holds files only); asked only where there is no run.json."""
+    return bool(location.directories(layout.NODES_DIR))
 
 
 def run_records(location: RunLocation, name: str | None = None) -> RunRecords | None:
     """The records of the run at `location`, or None when it is not a run (see `is_run`)."""
+    node_files = _node_files(location)
     run = _object(location, layout.RUN_JSON)
-    node_files = _node_files(location, has_run_json=run is not None)
+    if run is None and node_files and _nested_run(location):
+        node_files = []
     if run is None and not node_files:
         return None
     nodes = {}
