@@ -285,3 +285,14 @@ def test_a_python_captures_functions_are_on_the_overview(browser: Any, served: D
     finally:
         page.close()
     assert shown == [f.function for f in window.top]
+
+
+def test_the_nodes_cpu_chart_shows_the_jobs_own_cpu(looked: dict[str, dict[str, Any]]) -> None:
+    """Beside all cores, the job's own processes (the sampler's proc/cpu_util), in a colour of their own: on a busy
+    host, whose CPU it was (the real runs; the generated one records no job CPU)."""
+    for name, seen in looked.items():
+        if not name.startswith(("nodes-cpu-", "nodes-ddp-")):
+            continue
+        (cpu,) = [c for c in seen["charts"] if c["id"] == "chart-cpu"]
+        series = json.loads(cpu["series"] or "{}")
+        assert "this job" in series and series["this job"] != series["all cores"], (name, series)
