@@ -3,7 +3,9 @@
 
 Times the step tracker's own bookkeeping for a loader-delimited step (ask for a batch, get it, forward, backward,
 optimizer step) with the reading on and off, interleaved in rounds so the machine's drift hits both alike, and
-the bare read. Prints a table (docs/benchmarks.md). `python benchmarks/runq_read_cost.py [ROUNDS] [STEPS]`."""
+the bare read. Then the native peers' reading (`PeerRunQueue.read`, torch's intra-op pool of 2, 8 and 32 threads
+where torch is installed) against the shortest step it is read at (`steps.PEER_BUDGET`). Prints tables
+(docs/benchmarks.md). `python benchmarks/runq_read_cost.py [ROUNDS] [STEPS]`."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import statistics
 import sys
 import time
 
-from stallwatch.torch.runqueue import RunQueueClock
-from stallwatch.torch.steps import StepTracker, now_us
+from stallwatch.torch.runqueue import PEER_READ_COST_US, PeerRunQueue, RunQueueClock
+from stallwatch.torch.steps import PEER_BUDGET, StepTracker, now_us
 
 
 class _Off:
@@ -60,6 +62,30 @@ def main() -> None:
         print(f"| tracker, run-queue reading {name} | {statistics.median(res[name]):.2f} | {statistics.mean(res[name]):.2f} |")
     print(f"| Δ per step (on − off), per round | {statistics.median(deltas):+.2f} | {statistics.mean(deltas):+.2f} |")
     print(f"| one read (pread + parse) | {read_us:.2f} | |")
+    _peers(n)
+
+
+def _peers(n: int) -> None:
+    """The peers' read per pool size: µs per read, and its share of the shortest step that pays it."""
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: the peers' read is not measured")
+        return
+    print("| intra-op threads | peers read | µs per read | shortest step read (µs) | share of it |")
+    print("|---|---|---|---|---|")
+    for threads in (2, 8, 32):
+        torch.set_num_threads(threads)
+        torch.ones(1 << 22).mul(2).sum()  # starts the pool
+        peers = PeerRunQueue()
+        peers.read()
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            peers.read()
+        us = (time.perf_counter_ns() - t0) / n / 1000.0
+        floor = PEER_BUDGET * PEER_READ_COST_US * max(peers.peers, 1)
+        print(f"| {threads} | {peers.peers} | {us:.2f} | {floor} | {100 * us / floor:.2f} % |")
+        peers.close()
 
 
 if __name__ == "__main__":

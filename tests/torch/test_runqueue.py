@@ -11,7 +11,7 @@ import pytest
 
 from stallwatch.records import STEP
 from stallwatch.torch import steps as step_tracking
-from stallwatch.torch.runqueue import RunQueueClock
+from stallwatch.torch.runqueue import PeerRunQueue, RunQueueClock
 from stallwatch.torch.steps import StepTracker, now_us
 
 
@@ -82,3 +82,64 @@ def test_a_wait_too_short_to_matter_costs_no_read():
     tracker._memory = _NoMemory()  # type: ignore[assignment]
     _loop(tracker, 3)
     assert clock.reads == 4 and all("wait_runq_us" not in e[7] for e in events if e[0] == STEP)
+
+
+class _Peers:
+    """Native peers whose largest delay since the last read is the next of `values` (µs; -1: none read then)."""
+
+    peers = 2
+
+    def __init__(self, *values: int) -> None:
+        self.values, self.reads = list(values), 0
+
+    def read(self) -> int:
+        self.reads += 1
+        return self.values.pop(0) if self.values else 0
+
+
+def test_a_step_says_how_long_its_native_peers_waited_for_a_cpu_when_the_reads_cost_little(monkeypatch):
+    """Read at each step's end where it is long enough for the reads to cost 1/PEER_BUDGET of it, and counted for a
+    step whose start was read too: the first read has nothing before it, a peer that waited nothing says nothing."""
+    monkeypatch.setattr(step_tracking, "PEER_BUDGET", 0)  # these steps take no time: each end is read
+    events: list[tuple] = []
+    tracker = StepTracker(events.append, 1)
+    tracker._runq = _Clock()  # type: ignore[assignment]
+    tracker._memory = _NoMemory()  # type: ignore[assignment]
+    tracker._peers = peers = _Peers(700, 5000, 0, 12)  # type: ignore[assignment]
+    _loop(tracker, 4)
+    args = [e[7] for e in events if e[0] == STEP]
+    assert args == ["", '{"peer_runq_us": 5000}', "", '{"peer_runq_us": 12}']
+    assert peers.reads == 4
+
+
+def test_short_steps_read_no_peer():
+    events: list[tuple] = []
+    tracker = StepTracker(events.append, 1)
+    tracker._runq = _Clock()  # type: ignore[assignment]
+    tracker._memory = _NoMemory()  # type: ignore[assignment]
+    tracker._peers = peers = _Peers(700, 5000)  # type: ignore[assignment]
+    _loop(tracker, 3)  # microseconds each, under PEER_BUDGET × 2 µs × 2 peers
+    assert peers.reads == 0 and all("peer_runq_us" not in e[7] for e in events if e[0] == STEP)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat") or (os.cpu_count() or 1) < 2,
+                    reason="Linux schedstats, two CPUs for an intra-op pool")
+def test_the_peers_are_the_native_threads_and_not_pythons_nor_the_reader():
+    """torch's intra-op pool (native threads) is read; a Python thread is not, nor the thread that reads."""
+    torch = pytest.importorskip("torch")
+    import threading
+
+    torch.set_num_threads(2)
+    torch.ones(1 << 22).mul(2).sum()  # starts the intra-op pool
+    stop = threading.Event()
+    python_thread = threading.Thread(target=stop.wait, daemon=True)
+    python_thread.start()
+    peers = PeerRunQueue()
+    try:
+        assert peers.read() == -1  # nothing read before: no delay to say
+        listed = set(peers._files)
+        assert listed and python_thread.native_id not in listed and threading.get_native_id() not in listed
+        assert peers.read() >= 0
+    finally:
+        stop.set()
+        peers.close()

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 RUNQ_PATTERN = r'"runq_us":\s*(?P<runq>\d{1,15})\D'  # at most 15 digits: a run directory is untrusted
 WAIT_RUNQ_PATTERN = r'"wait_runq_us":\s*(?P<runq>\d{1,15})\D'  # of it, the part in the step's opening wait
+PEER_RUNQ_PATTERN = r'"peer_runq_us":\s*(?P<runq>\d{1,15})\D'  # the largest of its native peers' (intra-op pool)
 
 
 def runq_column(cols: FrameworkColumns, pattern: str = RUNQ_PATTERN, missing: int = 0) -> np.ndarray:
@@ -48,6 +49,12 @@ def wait_runq(cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
     """Of the step rows' run-queue delay, the part measured inside the wait that opened the step (µs); -1 where it
     was not measured (no DataLoader wait first, or a run recorded before it was)."""
     return runq_column(cols, WAIT_RUNQ_PATTERN, -1)[rows]
+
+
+def peer_runq(cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
+    """The largest run-queue delay (µs) of the step rows' native peer threads (the intra-op pool the training thread
+    waits for at a barrier), at most each step's duration; 0 where it was not read."""
+    return np.minimum(runq_column(cols, PEER_RUNQ_PATTERN)[rows], np.maximum(cols.end[rows] - cols.start[rows], 0))
 
 
 def own_time(dur: np.ndarray, runq: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 from stallwatch.log import warn_once
 from stallwatch.torch.memory import StepMemory
-from stallwatch.torch.runqueue import RunQueueClock
+from stallwatch.torch.runqueue import PEER_READ_COST_US, PeerRunQueue, RunQueueClock
 from stallwatch.records import (
     BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, MEMORY_LIMIT, OPTIMIZER, STEP, TRAIN, UNTIMED,
 )
@@ -33,6 +33,7 @@ MAX_EVENTS_PER_STEP = 10_000  # a step that records more (a loop inside one step
 MAX_PENDING_WAITS = 64
 STEP_NAMES = {TRAIN: "train_step", EVAL: "eval_step", GLOBAL: "step"}
 RATE_EVERY = 256  # `on_rate` hears the time of every this many timed steps (sampling decides by the rate)
+PEER_BUDGET = 250  # the peers' delay is read at a step's end when the reads cost at most 1/this of the step
 
 
 _time_ns = time.time_ns
@@ -135,6 +136,10 @@ class StepTracker:
         # reading at a step's end reused as the next one's start when they meet (most loops)
         self._runq = RunQueueClock()
         self._runq_at = -1
+        # ... and the largest delay of its native peers (the intra-op pool it waits for at a barrier): read at the
+        # end of steps long enough for the reads to cost little, counted for a step whose start was read too
+        self._peers = PeerRunQueue()
+        self._peers_at = -1
         self._memory = StepMemory()  # each step's resident set (and CUDA allocator) at its end: torch/memory.py
 
     @property
@@ -711,6 +716,12 @@ class StepTracker:
             head = f'"runq_us": {waited}, "wait_runq_us": {step.wait_runq}'
         else:
             head = f'"runq_us": {waited}' if waited > 0 else ""
+        peers = self._peers
+        if end_us - step.start_us >= PEER_BUDGET * PEER_READ_COST_US * max(peers.peers, 1):
+            peer = peers.read()
+            if peer > 0 and self._peers_at == step.start_us:
+                head = f'{head}, "peer_runq_us": {peer}' if head else f'"peer_runq_us": {peer}'
+            self._peers_at = end_us
         args = f"{{{head}, {mem}}}" if head and mem else f"{{{head or mem}}}" if head or mem else ""
         # One record per step, its phases inside: the fewest objects built in the training thread. All
         # tuples of plain values: the garbage collector stops tracking them while they wait to be sent

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stallwatch.analyze.contention import own_waits, runq_column, wait_runq
+from stallwatch.analyze.contention import own_waits, peer_runq, runq_column, wait_runq
 from stallwatch.analyze.rules.contention import CPUContention
 from stallwatch.analyze.rules.input_bound import InputBound
 from stallwatch.analyze.framework_frame import FrameworkColumns
@@ -100,6 +100,45 @@ def test_a_wait_for_a_cpu_is_not_a_data_stall():
 def test_slow_steps_that_waited_for_a_cpu_are_not_outliers():
     assert evaluate(StepOutlier, whole(_loop(0).table()))["RuleTriggered"] == 1
     assert evaluate(StepOutlier, whole(_loop(200 * MS).table()))["RuleTriggered"] == 0
+
+
+def _held_at_a_barrier(peer_us: int) -> FwGen:
+    """400 steps of 10 ms (±0.5 ms), 13 of them 30 ms: the training thread never waited for a CPU, its native peer
+    waited `peer_us` in each slow step (and 5 ms in every fifth normal one)."""
+    gen = FwGen()
+    rng = np.random.default_rng(0)
+    for i in range(400):
+        t = T0 + i * 40 * MS
+        dur = 30 * MS if i in SLOW else 10 * MS + int(rng.integers(-500, 501))
+        peer = peer_us if i in SLOW else 5 * MS if i % 5 == 0 else 0
+        gen.events("algo-1", 0, STEP, "train_step", TRAIN, i, t, t + dur, f'{{"peer_runq_us": {peer}}}' if peer else "")
+        gen.events("algo-1", 0, FORWARD, "Net", TRAIN, i, t, t + dur)
+    return gen
+
+
+def test_slow_steps_held_at_a_barrier_by_a_peer_waiting_for_a_cpu_are_not_outliers():
+    """A step over the threshold only by the time its intra-op peers waited for a CPU is excused and counted as
+    such; a step slower than that is still an outlier, and the normal steps' spread is their own."""
+    def entry(peer_us: int) -> dict:
+        return evaluate(StepOutlier, whole(_held_at_a_barrier(peer_us).table()))["Details"]["step_details"][
+            "algo-1/0/TRAIN"]
+
+    alone = entry(0)
+    assert alone["triggered"] and alone["number_of_outliers"] == 13 and alone["outliers_waiting_for_cpu"] == 0
+    held = entry(25 * MS)
+    assert not held["triggered"] and held["number_of_outliers"] == 0 and held["outliers_waiting_for_cpu"] == 13, held
+    assert held["outlier_threshold"] == alone["outlier_threshold"]  # judged on the same own times
+    short = entry(5 * MS)  # 25 ms over the median, 5 of it explained: still slow steps of the job's making
+    assert short["triggered"] and short["number_of_outliers"] == 13 and short["outliers_waiting_for_cpu"] == 0
+
+
+def test_the_peers_delay_is_read_from_the_steps_args_and_capped_at_the_step():
+    table = pa.table({"node": ["a"] * 4, "rank": [0] * 4, "kind": [STEP, STEP, FORWARD, STEP], "mode": [TRAIN] * 4,
+                      "step": [0, 1, 1, 2], "start_us": [0] * 4, "end_us": [10, 10, 10, 10],
+                      "args": ['{"runq_us": 3, "peer_runq_us": 4}', '{"peer_runq_us": 40}', '{"peer_runq_us": 5}',
+                               '{"runq_us": 3}']})
+    cols = FrameworkColumns(table)
+    assert peer_runq(cols, np.arange(4)).tolist() == [4, 10, 0, 0] and runq_column(cols).tolist() == [3, 0, 0, 3]
 
 
 def _node(**series) -> dict:

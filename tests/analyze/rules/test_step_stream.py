@@ -26,7 +26,7 @@ def _run(tmp_path):
     """Two nodes with what makes a series hard to add up block by block: outliers (some with a late collective
     of their step, 4 s after it), TRAIN and EVAL numbered alike, a loop that starts its numbering again, steps
     without a number, numbers 2^30 apart, and 120 equally slow steps (more than are listed, more than the largest
-    durations a series keeps in the test)."""
+    durations a series keeps in the test), and slow steps excused by their peers' wait for a CPU."""
     gen = FwGen()
     slow = {7 + 37 * i: 400 * MS for i in range(15)}
     gen.steps(node="algo-1", rank=0, n=600, slow=slow, seed=1)
@@ -41,6 +41,16 @@ def _run(tmp_path):
     on_two = np.flatnonzero(pa.compute.equal(table["node"], "algo-2").to_numpy(zero_copy_only=False))
     numbers[on_two[:12]] = -1  # the first events of algo-2 carry no step number
     table = table.set_column(table.schema.get_field_index("step"), "step", pa.array(numbers, pa.int64()))
+    # Some steps' native peers waited for a CPU: one in six slow steps of algo-1's rank 1 only that long (excused),
+    # and every third step of algo-2, unnumbered ones included (held back with their durations)
+    args = table["args"].to_pylist()
+    kinds, nodes, ranks = (table[c].to_pylist() for c in ("kind", "node", "rank"))
+    for i, (kind, node, rank, number) in enumerate(zip(kinds, nodes, ranks, numbers.tolist())):
+        if kind == "step" and node == "algo-1" and rank == 1 and number < 2400 and (number - 5) % 120 == 0:
+            args[i] = '{"peer_runq_us": 250000}'
+        elif kind == "step" and node == "algo-2" and i % 3 == 0:
+            args[i] = '{"peer_runq_us": 120000}'
+    table = table.set_column(table.schema.get_field_index("args"), "args", pa.array(args, table["args"].type))
     make_run(tmp_path / "run", nodes=("algo-1", "algo-2"), seconds=320)
     write_events(tmp_path / "run", table)
     return open_run(str(tmp_path / "run"))
@@ -53,6 +63,8 @@ def test_a_long_node_read_again_gives_the_result_of_every_step_held(tmp_path, mo
     fired = {k for k, e in memory["Details"]["step_details"].items() if e["triggered"]}
     assert {"algo-1/0/TRAIN", "algo-1/1/TRAIN"} <= fired
     assert memory["Details"]["step_details"]["algo-1/1/TRAIN"]["outliers_listed"] == 100
+    assert memory["Details"]["step_details"]["algo-1/1/TRAIN"]["outliers_waiting_for_cpu"] == 20
+    assert memory["Details"]["step_details"]["algo-2/0/TRAIN"]["outliers_waiting_for_cpu"] > 0
 
     monkeypatch.setattr(step_stream, "NODE_BYTES", 0)  # every node streamed from its first chunk
     monkeypatch.setattr(step_stream, "TOP", top)  # 8: the largest normal step is found by a second read

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from stallwatch.analyze.contention import own_time, step_runq
+from stallwatch.analyze.contention import own_time, peer_runq, step_runq
 from stallwatch.analyze.finding import LISTED_STEPS, LISTED_WINDOWS, Finding, Where, finding
 from stallwatch.analyze.framework_frame import FrameworkColumns, mode_order, new_events, rank_key
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Replay, Rule, RuleResult
@@ -58,7 +58,8 @@ class StepContext(DetailsRecord):
 @dataclass(frozen=True)
 class StepSeries(DetailsRecord):
     """One rank and phase, Details["step_details"]["node/rank/PHASE"]: its steps' statistics (s), outliers (steps
-    above `outlier_threshold` s = mean + stddev · std), their excess over the median (s, % of the series' time),
+    above `outlier_threshold` s = mean + stddev · std; `outliers_waiting_for_cpu` more were above it only by the
+    time the training thread's native peers waited for a CPU, and are not counted), their excess over the median (s, % of the series' time),
     the histogram of its normal steps (`probs` over `binedges`, s), and the slowest outliers listed: their step
     numbers, durations (s) and starts (µs since the epoch)."""
 
@@ -68,6 +69,7 @@ class StepSeries(DetailsRecord):
     steps: int = 0
     step_stats: StepStats = field(default_factory=StepStats)
     number_of_outliers: int = 0
+    outliers_waiting_for_cpu: int = 0
     excess_s: float | None = None
     excess_pct: float | None = None
     stddev: float | None = None
@@ -109,7 +111,10 @@ class StepOutlier(Rule):
     deviation (population std, ddof=0) of that rank's steps of that phase; a (rank, phase) *fires* when it
     has more than `n_outliers` outliers *and* their excess time (each outlier's duration minus the series'
     median, summed) is at least `min_excess_pct` % of the series' time: thousands of jitter outliers among
-    millions of sub-millisecond steps are not a finding, 15 stalls of 0.25 s in a 7 s loop are.
+    millions of sub-millisecond steps are not a finding, 15 stalls of 0.25 s in a 7 s loop are. Steps are judged
+    on their own time (less the training thread's wait for a CPU), and a step over the threshold only by the time
+    its native peers (the intra-op pool) waited for a CPU is not an outlier: on a busy machine the training
+    thread spins at a barrier for a preempted peer (`outliers_waiting_for_cpu`; CPUContention names that time).
 
     Evaluation points: one per (node, rank, phase) series, evaluated on every step of it seen so far (mean
     and std need all of them, so there is no per-step verdict that later steps would not change). The
@@ -204,7 +209,7 @@ class StepOutlier(Rule):
             s = series_of(key)
             if s is not None:  # judged on the steps' own time: waiting for a CPU is CPUContention's
                 s.add_steps(cols.step[rows], cols.start[rows],
-                            own_time(cols.end[rows] - cols.start[rows], step_runq(cols, rows)))
+                            own_time(cols.end[rows] - cols.start[rows], step_runq(cols, rows)), peer_runq(cols, rows))
 
     def _stream_long_nodes(self) -> None:
         """Where a node's steps held in memory pass NODE_BYTES, its largest series are streamed from now on, until
@@ -231,7 +236,7 @@ class StepOutlier(Rule):
         min_excess = float(self.params["min_excess_pct"])
         n, normal = f.n, f.normal
         mean_us, std_us, limit_us = self.limit_us(n, f.s1, f.s2)
-        n_out = n - normal
+        n_out = n - normal - f.excused
         p99, p95, p50 = (x / US for x in f.percentiles)
         # what the outliers cost over a typical step: a few stalls in a short loop matter, thousands of
         # sub-millisecond jitter outliers among millions of steps do not
@@ -245,6 +250,7 @@ class StepOutlier(Rule):
             "step_stats": {"mean": mean_us / US, "max": f.max_us / US, "p99": p99, "p95": p95,
                            "p50": p50, "min": f.min_us / US},
             "number_of_outliers": n_out,
+            "outliers_waiting_for_cpu": f.excused,
             "excess_s": excess_us / US,
             "excess_pct": excess_pct,
             "stddev": std_us / US,
@@ -258,7 +264,7 @@ class StepOutlier(Rule):
             "outliers_listed": int(f.listed_steps.size),
             "framework_context": {
                 "outlier_steps": _mean_per_kind(f.outlier_context, n_out),
-                "normal_steps": _mean_per_kind(f.context_totals - f.outlier_context, normal),
+                "normal_steps": _mean_per_kind(f.context_totals - f.outlier_context, normal + f.excused),
             },
         }
         return _Judged(entry, bool(fires), int(n), int(n_out), int(f.outlier_us), f.outlier_context)

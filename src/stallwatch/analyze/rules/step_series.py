@@ -28,7 +28,8 @@ _DENSE_SPAN = 1 << 22  # step numbers per (rank, phase) whose context is kept (f
 class _Series:
     """One (node, rank, phase)'s steps, kept so that `result()` costs little however many there are: exact
     integer sums for mean and std; the durations as a Distribution (percentiles, histogram, outlier count);
-    every step's number, start and duration in arrival order (to name the outliers); and per step number the
+    every step's number, start, duration and its peers' wait for a CPU in arrival order (to name the outliers, and
+    to excuse those the wait explains); and per step number the
     time its events spent in each context kind, with running totals over all steps (the normal steps'
     context is the totals minus the outliers')."""
 
@@ -36,6 +37,7 @@ class _Series:
         self.n = self.s1 = self.s2 = 0  # Python ints: exact, whatever the order of arrival
         self.durations = Distribution(None, np.float64)  # µs
         self.step, self.start, self.dur = Appendable(narrow=True), Appendable(), Appendable(narrow=True)
+        self.peer = Appendable(narrow=True)  # µs its native peers waited for a CPU (contention.peer_runq)
         self.base = 0  # step number of row 0 of the dense tables
         # per step number: µs per recorded kind, and the duration of its step (when it has one); int32 while
         # every value fits (35 minutes), int64 from the first that does not (`_store`)
@@ -89,7 +91,8 @@ class _Series:
             self.totals[_RECORDED] += int((np.maximum(d - before[single] - delta[single].sum(axis=1), 0)
                                            - np.maximum(d - before[single], 0)).sum())
 
-    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray) -> None:
+    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray,
+                  peers: np.ndarray | None = None) -> None:
         self.n += len(durs)
         self.s1 += int(durs.sum())
         self.s2 += _sum_squares(durs)
@@ -97,6 +100,7 @@ class _Series:
         self.step.extend(numbers)
         self.start.extend(starts)
         self.dur.extend(durs)
+        self.peer.extend(np.zeros(len(durs), np.int64) if peers is None else peers)
         keep = self._dense(numbers)
         self.totals[_RECORDED] += int(durs[~keep].sum())  # no context kept: all of it outside phases
         rows = numbers[keep] - self.base
@@ -115,7 +119,7 @@ class _Series:
     @property
     def nbytes(self) -> int:
         """Bytes held: its columns (with their room to grow), dense tables and durations."""
-        return int(sum(c._data.nbytes for c in (self.step, self.start, self.dur)) + self.ctx.nbytes + self.occ.nbytes
+        return int(sum(c._data.nbytes for c in (self.step, self.start, self.dur, self.peer)) + self.ctx.nbytes + self.occ.nbytes
                    + self.first.nbytes + self.durations.nbytes)
 
     def context_of(self, rows: np.ndarray) -> np.ndarray:
@@ -153,6 +157,7 @@ class SeriesFacts:
     s1: int  # µs, summed
     s2: int  # µs², summed
     normal: int  # steps at or under the threshold
+    excused: int  # steps over it that are not once their peers' wait for a CPU is taken out (`outliers`)
     outlier_us: int  # the outliers' durations, summed
     percentiles: tuple[float, float, float]  # p99, p95, p50 (µs)
     min_us: float
@@ -172,16 +177,26 @@ def listed(rows: np.ndarray, durs: np.ndarray) -> np.ndarray:
     return rows[np.sort(np.argsort(-durs[rows], kind="stable")[:MAX_LISTED])]
 
 
+def outliers(durs: np.ndarray, peers: np.ndarray, limit_us: float) -> tuple[np.ndarray, int]:
+    """The rows of steps over the threshold, and how many more were over it only by the time their native peers
+    (the intra-op pool) waited for a CPU: on a busy machine the training thread spins at a barrier for a preempted
+    peer, a slowdown of the machine's making (CPUContention's), not of the job's. A step's own time is judged; its
+    peers' delay is taken out only to decide whether it is an outlier, so normal steps keep their spread."""
+    over = np.flatnonzero(durs > limit_us)
+    kept = over[durs[over] - np.minimum(peers[over], durs[over]) > limit_us]
+    return kept, int(over.size - kept.size)
+
+
 def series_facts(s: _Series, limit_us: float) -> SeriesFacts:
     """A series' facts from its steps held in memory."""
     normal = s.durations.count_le(limit_us)
     durs = s.dur.view()
-    out_rows = np.flatnonzero(durs > limit_us)
+    out_rows, excused = outliers(durs, s.peer.view(), limit_us)
     out_rows = out_rows[np.lexsort((s.start.view()[out_rows], s.step.view()[out_rows]))]  # step, then start
     out_sums = s.context_of(out_rows).sum(axis=0)
     shown = listed(out_rows, durs)
     return SeriesFacts(
-        n=s.n, s1=s.s1, s2=s.s2, normal=normal, outlier_us=int(durs[out_rows].sum()),
+        n=s.n, s1=s.s1, s2=s.s2, normal=normal, excused=excused, outlier_us=int(durs[out_rows].sum()),
         percentiles=tuple(s.durations.percentiles((99, 95, 50))),  # type: ignore[arg-type]
         min_us=s.durations.min(), max_us=s.durations.max(),
         histogram=s.durations.histogram(HISTOGRAM_BINS, upto=normal),

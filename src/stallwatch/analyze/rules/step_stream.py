@@ -33,6 +33,7 @@ from stallwatch.analyze.rules.step_series import (
     _Series,
     _sum_squares,
     listed,
+    outliers,
 )
 from stallwatch.records import STEP
 
@@ -85,7 +86,7 @@ class StreamedSeries:
         self.top = np.empty(0, np.int64)  # the TOP largest durations, and those come since the last trim (< 2 × TOP)
         self.cut: int | None = None  # the largest duration trimmed away: every larger one is in `top`
         self.first_number: int | None = None  # the smallest step number seen: where its context window starts
-        self.unnumbered = (Appendable(), Appendable())  # starts and durations of steps without a number
+        self.unnumbered = (Appendable(), Appendable(), Appendable())  # starts, durations, peers' delays: no number
 
     @classmethod
     def of(cls, s: _Series) -> StreamedSeries:
@@ -93,13 +94,13 @@ class StreamedSeries:
         out = cls()
         if len(s.occ):
             out.first_number = s.base
-        out.add_steps(s.step.view(), s.start.view(), s.dur.view(), counted=(s.n, s.s1, s.s2))
+        out.add_steps(s.step.view(), s.start.view(), s.dur.view(), s.peer.view(), counted=(s.n, s.s1, s.s2))
         return out
 
     def add_context(self, numbers: np.ndarray, kinds: np.ndarray, us: np.ndarray) -> None:
         self._saw(numbers)
 
-    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray,
+    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray, peers: np.ndarray | None = None,
                   counted: tuple[int, int, int] | None = None) -> None:
         if not len(durs):
             return
@@ -120,6 +121,7 @@ class StreamedSeries:
         if free.any():
             self.unnumbered[0].extend(starts[free])
             self.unnumbered[1].extend(durs[free])
+            self.unnumbered[2].extend(np.zeros(int(free.sum()), np.int64) if peers is None else peers[free])
         self._saw(numbers)
 
     def _saw(self, numbers: np.ndarray) -> None:
@@ -200,7 +202,7 @@ class _Tally:
 
     def __init__(self, s: StreamedSeries, limit_us: float) -> None:
         self.s, self.limit_us = s, limit_us
-        self.normal = self.outlier_us = 0
+        self.normal = self.excused = self.outlier_us = 0
         self.shown: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.empty(0, np.int64),) * 3  # step, µs, start
         self.out_ctx = np.zeros(_RECORDED + 1, np.int64)
         self.totals = np.zeros(_RECORDED + 1, np.int64)
@@ -216,9 +218,10 @@ class _Tally:
     def take(self, b: _Series) -> None:
         """A block's steps (every step of their numbers, with all their events)."""
         durs, numbers, starts = b.dur.view(), b.step.view(), b.start.view()
-        out = np.flatnonzero(durs > self.limit_us)
+        out, excused = outliers(durs, b.peer.view(), self.limit_us)
         out = out[np.lexsort((starts[out], numbers[out]))]  # step, then start
-        self.normal += len(durs) - len(out)
+        self.normal += len(durs) - len(out) - excused
+        self.excused += excused
         self.outlier_us += int(durs[out].sum())
         self.out_ctx += b.context_of(out).sum(axis=0)
         self.totals += b.context_totals()
@@ -246,7 +249,7 @@ class _Tally:
         assert self.edges is not None
         s = self.s
         return SeriesFacts(
-            n=s.n, s1=s.s1, s2=s.s2, normal=self.normal, outlier_us=self.outlier_us,
+            n=s.n, s1=s.s1, s2=s.s2, normal=self.normal, excused=self.excused, outlier_us=self.outlier_us,
             percentiles=tuple(lerp(self.kth(lo), self.kth(hi), gamma) for _, lo, hi, gamma in self.ranks),  # type: ignore[arg-type]
             min_us=float(s.min_us), max_us=float(s.max_us),
             histogram=(histogram_counts(self.below, self.normal), self.edges) if self.normal
@@ -265,10 +268,10 @@ def node_facts(node: str, streamed: dict[tuple[str, int, str], StreamedSeries], 
     (None: none)."""
     tallies = {key: _Tally(s, limit_of(s)) for key, s in streamed.items() if s.n}
     for t in tallies.values():
-        starts, durs = t.s.unnumbered
+        starts, durs, peers = t.s.unnumbered
         if starts.n:  # they come first in step order
             block = _Series()
-            block.add_steps(np.full(starts.n, -1, np.int64), starts.view(), durs.view())
+            block.add_steps(np.full(starts.n, -1, np.int64), starts.view(), durs.view(), peers.view())
             t.take(block)
     for mode in sorted({key[2] for key in tallies}):
         keys = {key: t for key, t in tallies.items() if key[2] == mode}
@@ -315,10 +318,11 @@ class _Within:
         if keep.any():
             self.series.add_context(numbers[keep], kinds[keep], us[keep])
 
-    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray) -> None:
+    def add_steps(self, numbers: np.ndarray, starts: np.ndarray, durs: np.ndarray,
+                  peers: np.ndarray | None = None) -> None:
         keep = (numbers >= self.lo) & (numbers < self.hi)
         if keep.any():
-            self.series.add_steps(numbers[keep], starts[keep], durs[keep])
+            self.series.add_steps(numbers[keep], starts[keep], durs[keep], None if peers is None else peers[keep])
 
 
 def _plan(node: str, spans: dict[int, list[int]], ranks: int,

@@ -124,3 +124,12 @@ def test_one_slice_is_a_sentence_not_a_pie(gpu):
     assert not any(isinstance(b, Chart) and b.caption == "Where the outlier steps spent their time" for b in blocks)
     assert any(getattr(b, "text", "") == "Over the outlier steps of the series that fired, 100 % of their time went "
                "to optimizer step, all of it in TRAIN steps." for b in blocks)
+
+
+def test_steps_excused_by_their_intra_op_threads_wait_for_a_cpu_are_said_not_counted():
+    from stallwatch.analyze.rules.step_outlier import StepSeries
+
+    said = steps._excused({"a/0/TRAIN": StepSeries(node="a", rank=0, phase="TRAIN", outliers_waiting_for_cpu=3),
+                           "a/1/TRAIN": StepSeries(node="a", rank=1, phase="TRAIN", outliers_waiting_for_cpu=1)})
+    assert said.startswith(" 4 more steps were above the threshold only by the time the job's intra-op threads")
+    assert steps._excused({"a/0/TRAIN": StepSeries(node="a", rank=0, phase="TRAIN")}) == ""

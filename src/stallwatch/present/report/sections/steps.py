@@ -35,7 +35,7 @@ def build(analysis: RunAnalysis) -> list[Section]:
     assert view is not None
     details = StepOutlierDetails.from_json(view.details)
     series = details.series
-    sec.blocks.append(Paragraph(_intro(view)))
+    sec.blocks.append(Paragraph(_intro(view) + _excused(series)))
     sec.blocks.append(_stats_table(series))
     with_steps = sorted({e.node for e in series.values()})
     drawn = analysis.drawn_nodes(with_steps)
@@ -73,6 +73,16 @@ def _intro(view: RuleResult) -> str:
             f"make the rule fire at once, it ignores up to n_outliers = {p.get('n_outliers')} outliers per rank and "
             f"phase. The rule analyzed {view.datapoints} steps and fired for {view.triggered} rank and phase "
             f"series, with {view.violations} outlier steps in them.")
+
+
+def _excused(series: dict[str, StepSeries]) -> str:
+    """How many steps over the threshold were not counted: their intra-op threads' wait for a CPU explains them."""
+    excused = sum(e.outliers_waiting_for_cpu for e in series.values())
+    if not excused:
+        return ""
+    return (f" {excused} more step{'s were' if excused != 1 else ' was'} above the threshold only by the time the "
+            "job's intra-op threads waited for a CPU (the training thread waits for them at each parallel "
+            "operation): the machine's slowdown, which CPU contention names, not the job's, so not counted.")
 
 
 def ms(seconds: float | None) -> float | None:
