@@ -99,7 +99,10 @@ def test_interval_change_capture_links_and_the_whole_run_timeline(browser: Any, 
 
         ts = np.array(snapshot_times(run))
         before, after = np.diff(ts[ts < changed_us]), np.diff(ts[ts > changed_us][:-1])  # the last: at the exit
-        assert np.median(before) < 2_500_000 and after.min() >= 4_900_000, (before, after)
+        # The sampler keeps its cadence: a snapshot a loaded machine made late shortens the gap after it (seen:
+        # 5.11 s then 4.89 s), so every gap is far from the old 0.5 s and their median is the new 5 s.
+        assert np.median(before) < 2_500_000 and after.min() >= 4_000_000, (before, after)
+        assert np.median(after) >= 4_900_000, (before, after)
         for from_rollups in (False, True):
             assert RunAnalysis(open_run(str(run)), overview_from_rollups=from_rollups).losses.gaps == []
 
