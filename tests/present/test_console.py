@@ -79,6 +79,17 @@ def test_run_summary_with_data():
     assert "12.0%" in lines[-1] and "55.0%" in lines[-1]
 
 
+def test_run_summary_names_each_interval_the_sampling_was_changed_to():
+    """Changed live (the dashboard, `stallwatch config`): the summary says so, not only the interval it began with."""
+    text = run_summary(run_uri="r", exit_code=0, start_us=T0, end_us=T0 + 30_000_000,
+                       spans=[NodeSpan("n1", 15, T0, T0 + 29_000_000), NodeSpan("n2", 60, T0, T0 + 29_000_000)],
+                       stats=[], sample_interval_ms=500,
+                       interval_changes={"n1": [(T0, 500.0), (T0 + 5_800_000, 5000.0)], "n2": []})
+    lines = text.splitlines()
+    assert lines[2] == "  n1: 15 system snapshots, one every 500 ms, then every 5000 ms from 05:40:05 UTC"
+    assert lines[3] == "  n2: 60 system snapshots, one every 500 ms"
+
+
 def test_run_summary_without_data():
     """No stored samples is said plainly instead of printing an empty table."""
     text = run_summary(run_uri="r", exit_code=0, start_us=T0, end_us=T0 + 1_500_000, spans=[], stats=[])

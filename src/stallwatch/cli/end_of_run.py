@@ -125,7 +125,8 @@ def _print_run_summary(analysis: _Analysis, result: Any, config: ProfilerConfig)
                            end_us=result.end_us, spans=spans, stats=a.usage(result.node),
                            sample_interval_ms=config.sample_interval_ms, steps=a.step_stats(result.node),
                            windows=windows, exit_signal=result.exit_signal, interrupted=result.interrupted,
-                           notes=a.notes, jobs=[j for j in [a.job_usage(result.node)] if j is not None])
+                           notes=a.notes, jobs=[j for j in [a.job_usage(result.node)] if j is not None],
+                           interval_changes={n: r.interval_changes for n, r in a.node_records.items()})
     except Exception as exc:
         text = f"stallwatch: run {result.run_uri} (exit code {result.exit_code}); summary unavailable: {exc}"
     if result.local_copy:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from stallwatch.analyze.catalog import RunRow
 from stallwatch.analyze.findings import Finding, Findings, share_text
@@ -100,11 +100,21 @@ def steps_table(stats: Sequence[StepStat], *, gpu: bool = False) -> str:
     return f"{text}\n{textwrap.fill(GPU_PHASES_NOTE, 110)}" if gpu and rows else text
 
 
+def _cadence(interval_ms: float | None, changes: Sequence[tuple[int, float]]) -> str:
+    """How often a node sampled: its one interval, or each interval it was changed to live and from when (the
+    summary must not name only the first when the dashboard or `stallwatch config` changed it)."""
+    if changes:
+        later = [f"every {ms:g} ms from {format_us(t)[11:]}" for t, ms in changes[1:]]
+        return ", " + ", then ".join([f"one every {changes[0][1]:g} ms", *later])
+    return f", one every {interval_ms:g} ms" if interval_ms else ""
+
+
 def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
                 spans: Sequence[NodeSpan], stats: Sequence[UsageStat], sample_interval_ms: float | None = None,
                 steps: Sequence[StepStat] = (), windows: Sequence[dict] = (), exit_signal: str | None = None,
                 interrupted: bool = False, notes: Sequence[str] = (), gpu: bool = False,
-                jobs: Sequence[JobUsage] = ()) -> str:
+                jobs: Sequence[JobUsage] = (), interval_changes: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+                ) -> str:
     how = ", ".join(filter(None, [exit_signal, "interrupted" if interrupted else None]))
     lines = [
         f"stallwatch: run {run_uri}",
@@ -113,8 +123,8 @@ def run_summary(*, run_uri: str, exit_code: int, start_us: int, end_us: int,
     ]
     lines += [f"  note: {n}" for n in notes]
     for s in spans:
-        every = f", one every {sample_interval_ms:g} ms" if sample_interval_ms else ""
-        lines.append(f"  {s.node}: {s.snapshots} system snapshots{every}")
+        lines.append(f"  {s.node}: {s.snapshots} system snapshots"
+                     f"{_cadence(sample_interval_ms, (interval_changes or {}).get(s.node) or ())}")
     if stats:
         lines += ["", usage_table(stats)]
         lines += [job_line(j) for j in jobs]

@@ -26,7 +26,8 @@ def summary_text(analysis: RunAnalysis, node: str | None = None) -> str:
                        steps=analysis.step_stats(node),
                        windows=[w for w in analysis.profiles() if node is None or w.get("node") == node],
                        exit_signal=s.fate.signal, interrupted=s.fate.interrupted, notes=s.notes,
-                       gpu=analysis.has_gpus, jobs=[j for n in nodes if (j := analysis.job_usage(n)) is not None])
+                       gpu=analysis.has_gpus, jobs=[j for n in nodes if (j := analysis.job_usage(n)) is not None],
+                       interval_changes={n: r.interval_changes for n, r in analysis.node_records.items()})
     if s.fate.state == "running":
         head = head.replace(f"command exit code {-1}", "command still running", 1)
     parts = [head, rules_table(analysis.rule_results), findings_text(analysis.findings)]
