@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from typing import Any
 
 from stallwatch.torch.runqueue import PEER_READ_COST_US, PeerRunQueue, RunQueueClock
 from stallwatch.torch.steps import PEER_BUDGET, StepTracker, now_us
@@ -38,6 +39,15 @@ def _steps(tracker: StepTracker, n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1000.0
 
 
+def _per_read_us(read: Any, n: int) -> float:
+    """µs per call of `read`, after a first call (which opens or lists what it reads)."""
+    read()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        read()
+    return (time.perf_counter_ns() - t0) / n / 1000.0
+
+
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 5000
@@ -48,12 +58,7 @@ def main() -> None:
     for _ in range(rounds):
         res["off"].append(_steps(off, n))
         res["on"].append(_steps(on, n))
-    clock = RunQueueClock()
-    clock.read()
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        clock.read()
-    read_us = (time.perf_counter_ns() - t0) / n / 1000.0
+    read_us = _per_read_us(RunQueueClock().read, n)
     deltas = [a - b for a, b in zip(res["on"], res["off"])]
     print(f"{rounds} rounds x {n} steps, Python {sys.version.split()[0]}")
     print("| variant | median µs/step | mean µs/step |")
@@ -78,11 +83,7 @@ def _peers(n: int) -> None:
         torch.set_num_threads(threads)
         torch.ones(1 << 22).mul(2).sum()  # starts the pool
         peers = PeerRunQueue()
-        peers.read()
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            peers.read()
-        us = (time.perf_counter_ns() - t0) / n / 1000.0
+        us = _per_read_us(peers.read, n)
         floor = PEER_BUDGET * PEER_READ_COST_US * max(peers.peers, 1)
         print(f"| {threads} | {peers.peers} | {us:.2f} | {floor} | {100 * us / floor:.2f} % |")
         peers.close()
