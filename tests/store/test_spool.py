@@ -202,3 +202,5 @@ def test_live_counts_rewritten_while_the_store_is_behind_are_queued_once(monkeyp
     assert sink.backlog <= 1 + 1 + 10  # the head, one live put, every node record
     assert (tmp_path / "spool" / "node" / "live" / "n.json").read_bytes() == b"9"
     sink.close(timeout_s=0.5)
+    sink._thread.join(timeout=HANG_GUARD_S)  # a try still under way ends here, not in a later test's log
+    assert not sink._thread.is_alive()

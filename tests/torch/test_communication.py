@@ -16,6 +16,7 @@ from stallwatch.records import COLLECTIVE, STEP, TRAIN
 from stallwatch.store.reader import open_run
 
 from ..collect._support import stallwatch as run_cli
+from ._teardown import assert_ranks_finished
 
 JOB = Path(__file__).with_name("comm_job.py")
 STEPS = 60
@@ -33,7 +34,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--",
                     sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(JOB),
                     str(tmp), *job, timeout=300)
-        assert p.returncode == 0, p.stderr
+        assert_ranks_finished(p.returncode, p.stderr, tmp)
         out[name] = run
     return out
 

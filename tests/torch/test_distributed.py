@@ -15,6 +15,7 @@ from stallwatch.records import COLLECTIVE, STEP, TRAIN
 from stallwatch.store.reader import open_run
 
 from ..collect._support import stallwatch as run_cli
+from ._teardown import assert_ranks_finished
 
 JOB = Path(__file__).with_name("ddp_job.py")
 
@@ -25,7 +26,7 @@ def test_two_ranks_under_torchrun(tmp_path):
     p = run_cli(tmp_path, "run", "--out", str(run), "--flush-interval", "1", "--",
                 sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 str(JOB), str(tmp_path), timeout=180)
-    assert p.returncode == 0, p.stderr
+    assert_ranks_finished(p.returncode, p.stderr, tmp_path)
     r = open_run(str(run))
     ran = {json.loads((tmp_path / f"rank{i}.json").read_text())["steps"] for i in (0, 1)}
     assert ran == {16}

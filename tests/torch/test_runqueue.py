@@ -143,3 +143,36 @@ def test_the_peers_are_the_native_threads_and_not_pythons_nor_the_reader():
     finally:
         stop.set()
         peers.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstats")
+def test_a_peer_that_ended_is_dropped_so_a_thread_reusing_its_tid_is_read_afresh(monkeypatch):
+    """A kept file names its thread for good: once that thread ends, the file is dropped, and the next listing opens
+    whatever thread holds the tid then (Linux reuses tids)."""
+    import threading
+
+    from stallwatch.torch import runqueue
+
+    monkeypatch.setattr(runqueue, "_threads", lambda: [])  # every thread counts as native here
+    go = threading.Event()
+    peer = threading.Thread(target=go.wait)
+    peer.start()
+    peers = PeerRunQueue()
+    try:
+        peers.read()
+        assert peer.native_id in peers._files
+        go.set()
+        peer.join()
+        peers.read()
+        assert peer.native_id not in peers._files and peer.native_id not in peers._last
+        again = threading.Event()
+        later = threading.Thread(target=again.wait)
+        later.start()
+        monkeypatch.setattr(runqueue, "PEERS_REFRESH_NS", -1)  # list again at the next read
+        peers.read()
+        assert later.native_id in peers._files
+        assert peers.read() >= 0  # the newcomer is read, whatever tid it took
+        again.set()
+        later.join()
+    finally:
+        peers.close()

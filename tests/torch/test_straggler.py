@@ -17,6 +17,7 @@ from tests.analyze.cgroup_limit import cpu_limited_group
 
 from ..collect._support import Background
 from ..collect._support import stallwatch as run_cli
+from ._teardown import assert_ranks_finished
 
 JOB = Path(__file__).with_name("straggler_job.py")
 STEPS = 80
@@ -43,7 +44,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--",
                     *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp), str(slow), "0.03",
                                str(STEPS)), timeout=240)
-        assert p.returncode == 0, p.stderr
+        assert_ranks_finished(p.returncode, p.stderr, tmp)
         out[name] = run
     return out
 
@@ -79,7 +80,7 @@ def _rank_1_limited(tmp: Path, slow: int, extra_s: float) -> Path:
         p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--",
                     *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp), str(slow), str(extra_s),
                                str(STEPS), "0", "cpu", str(procs)), timeout=240)
-    assert p.returncode == 0, p.stderr
+    assert_ranks_finished(p.returncode, p.stderr, tmp)
     return run
 
 
@@ -130,7 +131,7 @@ def test_live_detection_after_onset(tmp_path: Path):
             except (OSError, ValueError):
                 pass
             time.sleep(0.2)
-        assert job.wait(300) == 0, job.stderr
+        assert_ranks_finished(job.wait(300), job.stderr, tmp_path)
     finally:
         job.kill_all()
     onset = json.loads((tmp_path / "onset.json").read_text())["onset"]
@@ -158,7 +159,7 @@ def test_two_nodes_on_loopback_name_the_slow_node(tmp_path: Path):
                                 env={"GLOO_SOCKET_IFNAME": "lo"}, name=node))
     try:
         for p in procs:
-            assert p.wait(240) == 0, p.stderr
+            assert_ranks_finished(p.wait(240), p.stderr, tmp_path)
     finally:
         for p in procs:
             p.kill_all()

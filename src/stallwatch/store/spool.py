@@ -121,6 +121,8 @@ class SpoolingSink:
                 else:
                     self.remote.delete(rel)
             except Exception as exc:
+                if self._stopped:  # close() gave up during this try and has said where the files are
+                    return
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     logger.warning("cannot reach %s (%s); keeping data in %s and retrying",

@@ -74,9 +74,11 @@ class PeerRunQueue:
             self._list(now)
         worst = -1
         last = self._last
+        ended = []
         for tid, file in self._files.items():
             data = file.read(64)
             if data is None:
+                ended.append(tid)  # the thread ended: its file names it forever, even if its tid comes back
                 continue
             try:
                 ns = int(data.split()[1])
@@ -86,6 +88,9 @@ class PeerRunQueue:
             last[tid] = ns
             if before >= 0:
                 worst = max(worst, (ns - before) // 1000)
+        for tid in ended:  # the next listing opens a thread that took the same tid afresh
+            self._files.pop(tid).close()
+            last.pop(tid, None)
         return worst
 
     def _list(self, now: int) -> None:
