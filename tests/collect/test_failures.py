@@ -49,9 +49,19 @@ def lines_matching(text: str, pattern: str) -> list[str]:
 @pytest.fixture
 def tiny_disk():
     """A 128 KiB tmpfs; skipped where mounting is not permitted."""
+    yield from _tmpfs("128k")
+
+
+@pytest.fixture
+def small_disk():
+    """A 2 MiB tmpfs: once its filler is gone, room for a few hundred parts however long a busy machine makes the job."""
+    yield from _tmpfs("2m")
+
+
+def _tmpfs(size: str):
     where = Path(tempfile.mkdtemp(prefix="stallwatch-tinyfs-"))
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(where)],
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                                  capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         where.rmdir()
@@ -117,16 +127,26 @@ def test_disk_full_from_the_start_leaves_no_temporary_files(tmp_path, tiny_disk)
     assert [f.name for f in run.rglob("*.tmp")] == []
 
 
-def test_space_freed_during_the_run_loses_nothing(tmp_path, tiny_disk):
-    filler = fill(tiny_disk, leave_bytes=6 * 4096)
-    run = tiny_disk / "run"
-    body = f"time.sleep(1.5)\nos.unlink({str(filler)!r})\ntime.sleep(1.5)"
-    p = stallwatch(tmp_path, "run", "--interval", "100ms", "--flush-interval", "0.2", "--out", str(run),
-                   "--node", "n", "--", *job(tmp_path, body, exit_code=0))
-    assert p.returncode == 0, p.stderr
-    assert p.stdout == PAYLOAD
-    assert len(lines_matching(p.stderr, r"cannot write system/n/")) == 1, p.stderr
-    assert len(lines_matching(p.stderr, "works again")) == 1, p.stderr
+def test_space_freed_during_the_run_loses_nothing(tmp_path, small_disk):
+    filler = fill(small_disk, leave_bytes=6 * 4096)
+    run = small_disk / "run"
+    freed = tmp_path / "freed"
+    # the space is freed once a write has failed (however late a busy machine starts the sampler), then the job
+    # runs on for 1.5 s: the writer finds out it works again and writes what it held
+    body = f"while not os.path.exists({str(freed)!r}):\n    time.sleep(0.05)\ntime.sleep(1.5)"
+    launched = Background(tmp_path, "run", "--interval", "100ms", "--flush-interval", "0.2", "--out", str(run),
+                          "--node", "n", "--", *job(tmp_path, body, exit_code=0))
+    try:
+        wait_until(lambda: lines_matching(launched.stderr, r"cannot write system/n/"), timeout=120,
+                   what="a write to fail on the full disk")
+        filler.unlink()
+        freed.touch()
+        assert launched.wait(120) == 0, launched.stderr
+    finally:
+        launched.kill_all()
+    assert launched.stdout == PAYLOAD
+    assert len(lines_matching(launched.stderr, r"cannot write system/n/")) == 1, launched.stderr
+    assert len(lines_matching(launched.stderr, "works again")) == 1, launched.stderr
     node = node_record(run, "n")
     times = snapshot_times(run, "n")
     assert node["status"] == "finished" and node["samples_dropped"] == 0

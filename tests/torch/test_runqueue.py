@@ -5,6 +5,7 @@ step ends as the next begins, and one when the read ends; nothing when there is 
 from __future__ import annotations
 
 import os
+import time
 from typing import ClassVar
 
 import pytest
@@ -154,6 +155,7 @@ def test_a_peer_that_ended_is_dropped_so_a_thread_reusing_its_tid_is_read_afresh
     from stallwatch.torch import runqueue
 
     monkeypatch.setattr(runqueue, "_threads", lambda: [])  # every thread counts as native here
+    monkeypatch.setattr(runqueue, "PEERS_MAX", 1 << 20)  # whatever threads earlier tests left in this process
     go = threading.Event()
     peer = threading.Thread(target=go.wait)
     peer.start()
@@ -162,7 +164,12 @@ def test_a_peer_that_ended_is_dropped_so_a_thread_reusing_its_tid_is_read_afresh
         peers.read()
         assert peer.native_id in peers._files
         go.set()
-        peer.join()
+        peer.join()  # Python's join returns before the kernel's thread is gone
+        gone = f"/proc/self/task/{peer.native_id}"
+        for _ in range(2000):
+            if not os.path.exists(gone):
+                break
+            time.sleep(0.005)
         peers.read()
         assert peer.native_id not in peers._files and peer.native_id not in peers._last
         again = threading.Event()
