@@ -156,8 +156,8 @@ def test_a_peer_that_ended_is_dropped_so_a_thread_reusing_its_tid_is_read_afresh
 
     monkeypatch.setattr(runqueue, "_threads", lambda: [])  # every thread counts as native here
     monkeypatch.setattr(runqueue, "PEERS_MAX", 1 << 20)  # whatever threads earlier tests left in this process
-    go = threading.Event()
-    peer = threading.Thread(target=go.wait)
+    go, again = threading.Event(), threading.Event()
+    peer = threading.Thread(target=go.wait, daemon=True)
     peer.start()
     peers = PeerRunQueue()
     try:
@@ -172,14 +172,13 @@ def test_a_peer_that_ended_is_dropped_so_a_thread_reusing_its_tid_is_read_afresh
             time.sleep(0.005)
         peers.read()
         assert peer.native_id not in peers._files and peer.native_id not in peers._last
-        again = threading.Event()
-        later = threading.Thread(target=again.wait)
+        later = threading.Thread(target=again.wait, daemon=True)
         later.start()
         monkeypatch.setattr(runqueue, "PEERS_REFRESH_NS", -1)  # list again at the next read
         peers.read()
         assert later.native_id in peers._files
         assert peers.read() >= 0  # the newcomer is read, whatever tid it took
-        again.set()
-        later.join()
     finally:
+        go.set()
+        again.set()
         peers.close()
