@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
 
 from stallwatch.torch.runqueue import PEER_READ_COST_US, PeerRunQueue, RunQueueClock
 from stallwatch.torch.steps import PEER_BUDGET, StepTracker, now_us
@@ -39,7 +39,7 @@ def _steps(tracker: StepTracker, n: int) -> float:
     return (time.perf_counter_ns() - t0) / n / 1000.0
 
 
-def _per_read_us(read: Any, n: int) -> float:
+def _per_read_us(read: Callable[[], object], n: int) -> float:
     """µs per call of `read`, after a first call (which opens or lists what it reads)."""
     read()
     t0 = time.perf_counter_ns()

@@ -204,3 +204,6 @@ def test_live_counts_rewritten_while_the_store_is_behind_are_queued_once(monkeyp
     sink.close(timeout_s=0.5)
     sink._thread.join(timeout=HANG_GUARD_S)  # a try still under way ends here, not in a later test's log
     assert not sink._thread.is_alive()
+    # nothing says "retrying" once close() has said it gave up and where the files are
+    gave_up = [i for i, line in enumerate(warnings.lines) if "could not be uploaded" in line]
+    assert gave_up and not [line for line in warnings.lines[gave_up[0]:] if "cannot reach" in line], warnings.lines
