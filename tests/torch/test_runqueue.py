@@ -182,3 +182,41 @@ def test_a_peer_that_ended_is_dropped_so_a_thread_reusing_its_tid_is_read_afresh
         go.set()
         again.set()
         peers.close()
+
+
+def _schedstat_fds() -> set[str]:
+    """The /proc schedstat files this process holds open."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith("/schedstat"):
+            held.add(fd)
+    return held
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstats")
+def test_a_closed_tracker_holds_no_proc_file(monkeypatch):
+    """A job that stops profiling and trains on keeps none of the files the per-step reads kept open."""
+    import threading
+
+    from stallwatch.torch import runqueue
+
+    monkeypatch.setattr(runqueue, "_threads", lambda: [])  # every other thread counts as a native peer here
+    monkeypatch.setattr(step_tracking, "PEER_BUDGET", 0)  # these steps take no time: each end reads the peers
+    go = threading.Event()
+    peer = threading.Thread(target=go.wait, daemon=True)
+    peer.start()
+    before = _schedstat_fds()
+    tracker = StepTracker([].append, 1)
+    try:
+        _loop(tracker, 3)
+        assert len(_schedstat_fds() - before) >= 2  # its own thread's and its peer's
+        tracker.close()
+        assert _schedstat_fds() - before == set()
+        assert tracker._runq.read() == -1  # a late read after close costs nothing and says nothing
+    finally:
+        go.set()
+        tracker.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from stallwatch.records import BACKWARD, DATA_WAIT, EVAL, FORWARD, GLOBAL, LOOP, OPTIMIZER, STEP, TRAIN, UNTIMED
 from stallwatch.torch.steps import MAX_UNDECIDED_ITERATIONS, StepTracker, expand, now_us
 
@@ -27,10 +29,22 @@ class Events(list):
         self.extend(expand(record))
 
 
+_made: list[StepTracker] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_trackers():
+    """Each tracker keeps its thread's /proc files open once read: given back after each test."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def _tracker():
     events = Events()
     listener = Listener()
-    return StepTracker(events.append, pid=7, listener=listener), events, listener
+    _made.append(StepTracker(events.append, pid=7, listener=listener))
+    return _made[-1], events, listener
 
 
 def _train_batch(t: StepTracker, loader: int = 1) -> None:

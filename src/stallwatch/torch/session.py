@@ -151,6 +151,7 @@ class Session:
             if self.sampling is not None:
                 self.sampling.stop()
             self.tracker.finish()
+            self.tracker.close()
             if self.sampling is not None:
                 self.sampling.close()
             self.windows.close()

@@ -461,6 +461,12 @@ class StepTracker:
                 self._close(step.last_us)
         self._open = None
 
+    def close(self) -> None:
+        """Give back the /proc files kept open for per-step reads: the job may run on after stallwatch stops."""
+        self._runq.close()
+        self._peers.close()
+        self._memory.close()
+
     # -- sampled steps (torch/sampling.py) ------------------------------------------------------------
     def optimizer_counted(self, who: int) -> None:
         """Paused in an optimizer-delimited loop (the optimizer's hooks stay, reduced to this): the loop's first
