@@ -25,7 +25,7 @@ def runq_column(cols: FrameworkColumns, pattern: str = RUNQ_PATTERN, missing: in
     """Per row of a FrameworkColumns (analyze/framework_frame.py), a step's run-queue delay in µs read by `pattern`
     (`missing` where the row is not a step or its args do not say); decoded once per table and shared by the
     rules that ask."""
-    cache = f"_runq_{pattern}"
+    cache = f"_runq_{pattern}_{missing}"
     cached = cols.__dict__.get(cache)
     if cached is not None:
         return cached

@@ -136,6 +136,7 @@ class StepTracker:
         # reading at a step's end reused as the next one's start when they meet (most loops)
         self._runq = RunQueueClock()
         self._runq_at = -1
+        self._runq_said = False  # a delay was recorded: before it, a step measured at 0 says so (not unmeasured)
         # ... and the largest delay of its native peers (the intra-op pool it waits for at a barrier): read at the
         # end of steps long enough for the reads to cost little, counted for a step whose start was read too
         self._peers = PeerRunQueue()
@@ -718,10 +719,12 @@ class StepTracker:
             for name, limit in memory.limits:
                 self._emit((MEMORY_LIMIT, name, end_us, end_us, GLOBAL, None, self.pid, limit))
             memory.limits.clear()
-        if step.wait_runq >= 0:
-            head = f'"runq_us": {waited}, "wait_runq_us": {step.wait_runq}'
+        if step.wait_runq >= 0 or waited > 0 or (not self._runq_said and step.runq0 >= 0 and runq >= 0):
+            head = f'"runq_us": {waited}, "wait_runq_us": {step.wait_runq}' if step.wait_runq >= 0 \
+                else f'"runq_us": {waited}'
+            self._runq_said = True
         else:
-            head = f'"runq_us": {waited}' if waited > 0 else ""
+            head = ""
         peers = self._peers
         if end_us - step.start_us >= PEER_BUDGET * PEER_READ_COST_US * max(peers.peers, 1):
             peer = peers.read()

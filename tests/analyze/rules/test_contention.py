@@ -183,6 +183,19 @@ def test_silent_below_the_threshold_and_not_applicable_without_readings():
     assert out["RuleTriggered"] == 0 and "run-queue delay" in out["Message"]
 
 
+def test_steps_measured_at_no_delay_read_as_measured_not_as_missing():
+    """On an idle machine no step waits for a CPU: the hooks say the first step's 0 once (torch/steps.py), and the
+    rule is applicable and silent, not "the steps do not record the delay"."""
+    table = _loop(0).table()
+    args = table["args"].to_pylist()
+    first = table["kind"].to_pylist().index(STEP)
+    args[first] = '{"runq_us": 0}'
+    out = evaluate(CPUContention, whole(table.set_column(table.schema.get_field_index("args"), "args",
+                                                         pa.array(args, table.schema.field("args").type))))
+    assert out["RuleTriggered"] == 0 and out["Datapoints"] == 400
+    assert "do not record" not in (out.get("Message") or ""), out
+
+
 def test_one_chunk_or_many():
     system, run = _node(cpu__cpu_util=100.0, proc__cpu_util=45.0, cpu__load1=4.2, cpu__cpu_steal=0.0)
     chunk = whole(_loop(0, runq_us=5 * MS).table(), system, run)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from stallwatch.analyze.contention import step_runq
+from stallwatch.analyze.contention import runq_column, step_runq
 from stallwatch.analyze.finding import Finding, Where, finding, over_all_steps
 from stallwatch.analyze.framework_frame import new_events, rank_key
 from stallwatch.analyze.rules.base import Chunk, ParameterError, Rule, RuleResult
@@ -200,14 +200,15 @@ class CPUContention(Rule):
         self._events += cols.n
         for (node, rank), rows in cols.groups(cols.kind_is(STEP) & (cols.step >= 0), by_mode=False):
             runq = step_runq(cols, rows)
-            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0, 0])
+            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0, 0, 0])
             acc[0] += len(rows)
             acc[1] += int(np.maximum(cols.end[rows] - cols.start[rows], 0).sum())
             acc[2] += int(runq.sum())
             acc[3] += int(np.count_nonzero(runq))
+            acc[5] += int(np.count_nonzero(runq_column(cols, missing=-1)[rows] >= 0))  # measured, 0 included
         # steps counted, not timed (a fast loop's sampling): their span, so that `min_s` holds over all steps
         for (node, rank), rows in cols.groups(cols.kind_is(UNTIMED), by_mode=False):
-            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0, 0])
+            acc = self._ranks.setdefault((node, rank), [0, 0, 0, 0, 0, 0])
             acc[4] += int(np.maximum(cols.end[rows] - cols.start[rows], 0).sum())
 
     def merge(self, other: Rule, node: str) -> None:
@@ -216,7 +217,7 @@ class CPUContention(Rule):
         self._events += other._events
         for key, acc in other._ranks.items():
             if key[0] == node:
-                mine = self._ranks.setdefault(key, [0, 0, 0, 0, 0])
+                mine = self._ranks.setdefault(key, [0, 0, 0, 0, 0, 0])
                 for i, v in enumerate(acc):
                     mine[i] += v
         if node in other._nodes:
@@ -226,12 +227,12 @@ class CPUContention(Rule):
         if self._events == 0 or not self._ranks:
             return self.not_applicable("no framework data: the job recorded no steps (was it run under "
                                        "`stallwatch run` with PyTorch?)")
-        if not any(acc[3] for acc in self._ranks.values()):
+        if not any(acc[3] or acc[5] for acc in self._ranks.values()):
             return self.not_applicable("the steps do not record the training thread's run-queue delay (a run "
                                        "recorded before it was measured, or a system without schedstats)")
         threshold, min_s = float(self.params["threshold"]), float(self.params["min_s"])
         ranks: dict[str, RankWait] = {}
-        for (node, rank), (n, step_us, runq_us, _, untimed_us) in sorted(self._ranks.items()):
+        for (node, rank), (n, step_us, runq_us, _, untimed_us, _) in sorted(self._ranks.items()):
             share = 100.0 * runq_us / step_us if step_us else 0.0
             whole_us = runq_us * (step_us + untimed_us) / step_us if step_us else 0.0  # over all steps, sampled too
             fires = share > threshold and whole_us / US >= min_s
