@@ -237,7 +237,8 @@ def test_endpoint_that_never_answers(run_stallwatch, tmp_path):
         env = s3_environment(f"http://127.0.0.1:{hole.port}", cache)
         uri = "s3://bkt/slow"
         upload_timeout = 2
-        job = "import time; time.sleep(1); print('payload'); raise SystemExit(5)"
+        job = ("import sys, time; print('job started', file=sys.stderr, flush=True); time.sleep(1); print('payload'); "
+               "raise SystemExit(5)")
         t0 = time.monotonic()
         proc = run_stallwatch("run", "--interval", "200ms", "--flush-interval", "1", "--node", "n1", "--out", uri,
                               "--upload-timeout", str(upload_timeout), "--", sys.executable, "-c", job,
@@ -248,6 +249,11 @@ def test_endpoint_that_never_answers(run_stallwatch, tmp_path):
         hole.close()
     assert proc.returncode == 5, proc.stderr
     assert proc.stdout == "payload\n"
+    # The job starts once its node's claim is given up (--upload-timeout): the live rules read the store only
+    # after that. Before, their first request (10 s to time out here) held the launcher's, and the job's start.
+    lines = proc.stderr.splitlines()
+    started = lines.index("job started")
+    assert not [ln for ln in lines[:started] if "rule" in ln], proc.stderr
     # Hang guard: a fixed margin over the upload timeout, well below what one stuck request used to cost.
     assert took < upload_timeout + 35, f"took {took:.0f} s\n{proc.stderr}"
     kept = spool_dir(cache, uri, "n1")

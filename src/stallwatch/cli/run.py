@@ -42,7 +42,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         warm_in_background()
     dashboard = start_dashboard(config.out, args.dashboard) if getattr(args, "dashboard", None) is not None else None
     try:
-        result = launch(command, config)
+        result = launch(command, config, on_job_started=live.start)
     except RunConflictError as exc:
         live.cancel()
         stop_dashboard(dashboard)

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -386,8 +387,11 @@ def _exit_fd(child: subprocess.Popen) -> int | None:
     return fd
 
 
-def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
+def launch(command: list[str], config: ProfilerConfig,
+           on_job_started: Callable[[], None] | None = None) -> LaunchResult:
     """Run `command` under the sampler; returns once it has ended and the sampler has flushed.
+    `on_job_started` is called once the job runs: what reads the store beside it (the live rules) starts then,
+    so that a store that does not answer never holds the job's start.
 
     Only a node-name conflict (RunConflictError) stops the command from running: a run directory that
     cannot be written (full disk, bad location) is logged and the command runs anyway."""
@@ -395,7 +399,7 @@ def launch(command: list[str], config: ProfilerConfig) -> LaunchResult:
     # sampler restarts.
     dirs = PrivateDirs.make()
     try:
-        return _launch(command, config, dirs)
+        return _launch(command, config, dirs, on_job_started)
     finally:
         dirs.remove()
 
@@ -539,7 +543,8 @@ def start_node(command: list[str], config: ProfilerConfig, dirs: PrivateDirs, *,
     return NodeSession(run_uri, run_id, node, start_us, start, sampler, config)
 
 
-def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> LaunchResult:
+def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs,
+            on_job_started: Callable[[], None] | None = None) -> LaunchResult:
     # The job starts while the sampler starts (it keeps its events until the sampler answers).
     session = start_node(command, config, dirs, wait_for_sampler=False)
     run_uri, node, start_us, start, sampler = session.run_uri, session.node, session.start_us, session.start, session.sampler
@@ -594,6 +599,11 @@ def _launch(command: list[str], config: ProfilerConfig, dirs: PrivateDirs) -> La
             sampler.send(json.dumps({"pid": child.pid}))
         for signum in pending:
             forward(signum, None)
+        if on_job_started is not None:
+            try:
+                on_job_started()
+            except Exception as exc:  # the job runs whatever its followers do
+                logger.warning("could not start following the run (%s: %s)", type(exc).__name__, exc)
         if sampler is not None:
             _check_ready(sampler)
         oom = OomWatch()  # kills by the kernel's OOM killer in the job's memory cgroup (collect/oom_watch.py)

@@ -39,7 +39,12 @@ class LiveRules:
         self._thread: threading.Thread | None = None
         self.rules = self._rules()  # loaded once, on the caller's thread, before the job starts
         self.params = self._params()
-        if self.interval_s > 0:  # local and S3 runs alike: each evaluation reads only the new files
+
+    def start(self) -> None:
+        """Follow the run, once its job runs (`launch(on_job_started=…)`): its reads of a store that does not
+        answer held the launcher's own first request to the store, and so the job's start, by 10 s."""
+        if self.interval_s > 0 and self._thread is None and not self._stop.is_set():
+            # local and S3 runs alike: each evaluation reads only the new files
             self._thread = threading.Thread(target=self._follow, name="stallwatch-rules", daemon=True)
             self._thread.start()
 
