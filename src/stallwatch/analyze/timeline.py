@@ -85,6 +85,8 @@ def _title(device: str, metric: str) -> str:
 
 TIMELINE_METRICS = (
     Metric(_title("cpu", "cpu_util"), "%", _column("cpu", "cpu_util")),
+    # ... and the job's own share of it (its processes, as % of the host's cores): a busy host shows whose CPU it was
+    Metric(_title("proc", "cpu_util"), "% of the host", _column("proc", "cpu_util")),
     Metric(_title("gpu0", "gpu_util"), "%", _gpu_mean("gpu_util")),
     Metric(_title("memory", "mem_util"), "% used", _column("memory", "mem_util")),
     Metric(_title("gpu0", "gpu_mem_util"), "% used", _gpu_mean("gpu_mem_util")),

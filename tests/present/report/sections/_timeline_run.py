@@ -17,5 +17,7 @@ def busy_run(tmp_path_factory):
     a = plant_cpu_bottleneck(make_node("algo-1", 2400, 8, 4, seed=1), *BOTTLENECK, gpu=1, core=3)
     a.columns["gpu2/gpu_mem_util"][2222] = 99.0
     b = make_node("algo-2", 2400, 8, 4, seed=2)
+    for node in (a, b):  # the job's own CPU, as the sampler records it: a share of the host-wide figure
+        node.columns["proc/cpu_util"] = node.columns["cpu/cpu_util"] * 0.8
     return training_run(tmp_path_factory.mktemp("tl") / "run", frames=[a, b], ranks=2,
                         slow={100: 2 * S, 2000: 3 * S})

@@ -42,16 +42,25 @@ def test_panels_per_metric_one_line_per_node(section):
     assert [f.title for f in figs] == [m.title for m in TIMELINE_METRICS]
     for f in figs:
         assert set(_lines(f)) == {"algo-1", "algo-2"}
-    gpu = _lines(figs[1])["algo-1"]
+    gpu = _lines(figs[2])["algo-1"]
     # GPU utilization of algo-1 is the mean of its 4 GPUs: one idles (5 %) during the bottleneck, others ~80 %
     t = START_US + 800 * INTERVAL_US
     during = gpu["y"][np.abs(gpu["x"] - t / 1000) < 60_000]
     assert during.size and np.all(during < 70) and np.all(during > 55)
 
 
+def test_the_jobs_own_cpu_is_drawn_under_the_hosts(section):
+    """A busy host shows whose CPU it was: the job's processes' line below all cores', node by node."""
+    figs = _figures(next(b for b in section.blocks if isinstance(b, Chart)))
+    host, job = figs[0], figs[1]
+    assert job.title == "The job's CPU" and job.y_label == "% of the host"
+    for node in ("algo-1", "algo-2"):
+        assert np.all(_lines(job)[node]["y"] <= _lines(host)[node]["y"] + 1e-3)
+
+
 def test_one_snapshot_spike_survives(section):
     chart = next(b for b in section.blocks if isinstance(b, Chart))
-    mem = _lines(_figures(chart)[3])["algo-1"]
+    mem = _lines(_figures(chart)[4])["algo-1"]
     # mean of 4 GPUs' memory: 3 at ~40 %, one at 99 % for a single snapshot -> ~55 %
     assert mem["y"].max() > 50
     assert mem["x"][np.argmax(mem["y"])] == (START_US + 2222 * INTERVAL_US) / 1000
@@ -90,7 +99,7 @@ def test_cpu_only_run_without_framework(tmp_path):
     titles = [f.title for f in _figures(chart)]
     assert "GPU utilization (mean of the node's GPUs)" not in titles and "CPU utilization (all cores)" in titles
     text = " ".join(b.text for b in sec.blocks if isinstance(b, Paragraph))
-    assert "Not recorded on any node: GPU utilization" in text
+    assert "Not recorded on any node: The job's CPU, GPU utilization" in text  # a generated node has no job CPU
     assert "no training steps" in text
 
 
