@@ -3,7 +3,9 @@ torchrun, never imported: `straggler_job.py OUT_DIR SLOW_RANK EXTRA_S STEPS [ONS
 equal ranks; from ONSET_STEP on, default 0; rank 0 writes the onset's wall time to OUT_DIR/onset.json). With `cpu`
 each rank's work (the extra too) is CPU work, 10 ms a step of its thread's CPU clock: a busy or limited CPU
 stretches it, as it stretches real compute; with PROCS (a cgroup's `cgroup.procs`), rank 1 moves itself into that
-cgroup first thing (a CPU limit on rank 1 alone)."""
+cgroup first thing (a CPU limit on rank 1 alone). Once OUT_DIR/stop exists (the test has seen what it waited for),
+rank 0 names a step a few steps ahead in OUT_DIR/stop_at and every rank ends its loop there (the ranks stay within a
+step of each other, so each reads it before it gets there)."""
 
 import os
 
@@ -44,7 +46,18 @@ loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle
 model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 done = 0
+stop_at = None
 for xb, yb in loader:
+    if rank == 0 and stop_at is None and os.path.exists(f"{out}/stop"):
+        stop_at = done + 5
+        with open(f"{out}/stop_at.tmp", "w") as f:
+            f.write(str(stop_at))
+        os.replace(f"{out}/stop_at.tmp", f"{out}/stop_at")
+    elif rank != 0 and stop_at is None and os.path.exists(f"{out}/stop_at"):
+        with open(f"{out}/stop_at") as f:
+            stop_at = int(f.read())
+    if done == stop_at:
+        break
     if done == onset and rank == 0:
         json.dump({"onset": time.time()}, open(f"{out}/onset.json", "w"))
     if rank == slow_rank and done >= onset:

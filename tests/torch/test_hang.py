@@ -76,16 +76,17 @@ def test_a_rank_that_stops_before_the_all_reduce_is_named_with_every_stack(tmp_p
 
 def test_slow_steps_that_keep_coming_are_no_hang(tmp_path: Path):
     """Steps of 2.5 s against a limit of max(4 s, 1 × the median step): followed every second, never a hang."""
+    steps = 4  # 10 s of slow steps, each gap 1.5 s short of the limit: about ten live evaluations that must not fire
     run = tmp_path / "run"
     p = run_cli(tmp_path, "run", "--report", "off", "--out", str(run), "--rules-interval", "1",
                 "--flush-interval", "1", "--param", "Hang.floor_s=4", "--param", "Hang.factor=1",
-                "--", sys.executable, str(JOB), str(tmp_path), "-1", "0", "6", "2.5",
+                "--", sys.executable, str(JOB), str(tmp_path), "-1", "0", str(steps), "2.5",
                 env={"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"},
                 timeout=120)
     assert p.returncode == 0, p.stderr
     r = _hang(run)
     assert r is not None and r["Status"] == "ok" and r["RuleTriggered"] == 0, r
-    assert r["Details"]["ranks"] and all(v["steps"] == 6 for v in r["Details"]["ranks"].values())
+    assert r["Details"]["ranks"] and all(v["steps"] == steps for v in r["Details"]["ranks"].values())
     assert "rule Hang triggered" not in p.stderr
 
 

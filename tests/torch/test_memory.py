@@ -22,8 +22,9 @@ from stallwatch.torch.steps import StepTracker, now_us
 from tests.collect._support import stallwatch as run_cli
 
 LEAK = '''
-import time, torch
+import glob, sys, time, torch
 torch.manual_seed(0)
+stop_at = None
 model = torch.nn.Linear(64, 1024)
 opt = torch.optim.SGD(model.parameters(), lr=0.001)
 kept = []
@@ -32,8 +33,15 @@ for i in range({steps}):
     kept.append(out := model(x)){leak_note}
     loss = out.square().mean()
     opt.zero_grad(); loss.backward(); opt.step()
-    time.sleep(0.004)
+    time.sleep(0.004){stop}
 '''
+
+# LEAK's {stop}: the job ends 20 steps after its capture's sites are in the run (argv[1]) — all the test waits for
+STOP_AFTER_CAPTURE = '''
+    if i % 10 == 0 and stop_at is None and glob.glob(sys.argv[1] + "/traces/**/memory_sites.json", recursive=True):
+        stop_at = i + 20
+    if i == stop_at:
+        break'''
 
 PLATEAU = '''
 import time, torch
@@ -73,7 +81,7 @@ def _run(tmp: Path, body: str, *flags: str, code: int = 0) -> tuple[RunAnalysis,
     script = tmp / "job.py"
     script.write_text(body)
     run = tmp / "run"
-    p = run_cli(tmp, "run", "--report", "off", "--out", str(run), *flags, "--", sys.executable, str(script),
+    p = run_cli(tmp, "run", "--report", "off", "--out", str(run), *flags, "--", sys.executable, str(script), str(run),
                 timeout=240, env={"OMP_NUM_THREADS": "1"})
     assert p.returncode == code, p.stderr
     return RunAnalysis(str(run)), script
@@ -123,8 +131,10 @@ def test_cgroup_memory_limit_reads_v1_and_v2_files(tmp_path: Path):
 
 
 def test_a_loop_that_keeps_its_activations_is_named_by_its_line(tmp_path: Path):
-    analysis, script = _run(tmp_path, LEAK.format(steps=2000, leak_note="  # the leak"), "--rules-interval", "1",
-                            "--escalate-budget", "100", "--interval", "500ms", "--flush-interval", "1")
+    # at most 2,000 steps: the job ends once its capture is in the run (~900 steps in, quiet)
+    body = LEAK.format(steps=2000, leak_note="  # the leak", stop=STOP_AFTER_CAPTURE)
+    analysis, script = _run(tmp_path, body, "--rules-interval", "1", "--escalate-budget", "100", "--interval", "500ms",
+                            "--flush-interval", "1")
     result = analysis.rule("MemoryGrowth")
     assert result.fired, result.details
     d = result.details
@@ -185,7 +195,7 @@ def test_a_leak_with_a_profiling_capture_still_fires_at_its_rate(tmp_path: Path)
     """The leak grows before, through and after the capture: it fires. For a while after the capture the leak's
     tensors reuse what the profiler freed and RSS stands still (≈ 250 steps here), so the rate reads lower than the
     leak's own (92 against ≈ 125 MB per 1,000 steps, measured): the run goes on long enough to outgrow it."""
-    analysis, _ = _run(tmp_path, LEAK.format(steps=1000, leak_note=""), "--detailed-profiling", "300:100",
+    analysis, _ = _run(tmp_path, LEAK.format(steps=1000, leak_note="", stop=""), "--detailed-profiling", "300:100",
                        "--rules-interval", "0")
     result = analysis.rule("MemoryGrowth")
     assert result.fired, result.details

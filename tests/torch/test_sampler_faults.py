@@ -4,6 +4,7 @@ without system samples) is said in the run's notes."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -29,16 +30,25 @@ for i, xb in enumerate(torch.utils.data.DataLoader(torch.randn({STEPS} * 4, 64),
     time.sleep(0.004)
 '''
 
+# JOB that ends early once told (its first argument + ".end"), writing how many steps it ran to argument + ".ran"
+UNTIL_TOLD = JOB.replace("import sys, time", "import json, os, sys, time").replace(
+    "    time.sleep(0.004)\n",
+    "    time.sleep(0.004)\n    if os.path.exists(sys.argv[1] + '.end'):\n        break\n",
+) + "json.dump(i + 1, open(sys.argv[1] + '.ran', 'w'))\n"
+
 
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 def test_every_step_survives_a_sampler_fault(tmp_path, fault):
+    """The job runs on through the fault and a second past it (the kill: past its restarted sampler's start), then
+    is told to end (up to STEPS steps: the rest would only repeat what came after the fault)."""
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(UNTIL_TOLD)
     run = tmp_path / "run"
+    going = tmp_path / "going"
     bg = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--node", "n", "--flush-interval", "1", "--",
-                    sys.executable, str(script), str(tmp_path / "going"))
+                    sys.executable, str(script), str(going))
     try:
-        wait_until(lambda: (tmp_path / "going").exists(), 60, what="the job's step 100")
+        wait_until(going.exists, 60, what="the job's step 100")
         record = wait_until(lambda: read_json(run / "nodes" / "n.json"), 30, what="the node record")
         sampler = psutil.Process(int(record["sampler_pid"]))
         if fault == "stop":
@@ -51,14 +61,20 @@ def test_every_step_survives_a_sampler_fault(tmp_path, fault):
             sampler.send_signal(signal.SIGSTOP)
             time.sleep(3)
             sampler.kill()
+            sampler.wait(10)
+            wait_until(lambda: (s := _sampler_of(bg.proc.pid)) and s.pid != sampler.pid, 60, what="a new sampler")
+        time.sleep(1.0)  # the job's steps go on to the sampler that now takes them
+        (tmp_path / "going.end").touch()
         assert bg.wait(120) == 0, bg.stderr
     finally:
         bg.kill_all()
+    ran = json.loads((tmp_path / "going.ran").read_text())
+    assert ran > 100, ran  # it ran past the fault
     steps = [r["step"] for r in open_run(str(run)).framework(kinds=[STEP]).to_pylist() if r["mode"] == TRAIN]
     notes = RunAnalysis(str(run)).notes
     # Every step stored exactly once (was 2116 of 3000 (stop) and 2251 of 3000 (kill); stopped then killed,
     # the steps in the socket's buffer were lost without a word: 1,4xx of 2,000)
-    assert len(steps) == len(set(steps)) and sorted(steps) == list(range(STEPS)), (len(steps), len(set(steps)), notes)
+    assert len(steps) == len(set(steps)) and sorted(steps) == list(range(ran)), (len(steps), len(set(steps)), notes)
     if fault == "stop":
         assert any("no system samples on n for" in n for n in notes), notes
     assert not any("were lost" in n for n in notes), notes

@@ -72,14 +72,14 @@ def test_equal_ranks_are_silent(one_node):
     assert comm["Status"] == "ok" and comm["RuleTriggered"] == 0
 
 
-def _rank_1_limited(tmp: Path, slow: int, extra_s: float) -> Path:
+def _rank_1_limited(tmp: Path, slow: int, extra_s: float, steps: int = STEPS) -> Path:
     """The job with CPU work on every rank and rank 1 alone in a cgroup limited to a quarter of a core: its thread
     waits for the CPU (throttled) however busy the rest of the machine is."""
     with cpu_limited_group(25_000) as procs:
         run = tmp / "run"
         p = run_cli(tmp, "run", "--report", "off", "--out", str(run), "--rules-interval", "0", "--",
                     *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp), str(slow), str(extra_s),
-                               str(STEPS), "0", "cpu", str(procs)), timeout=240)
+                               str(steps), "0", "cpu", str(procs)), timeout=240)
     assert_ranks_finished(p.returncode, p.stderr, tmp)
     return run
 
@@ -105,8 +105,10 @@ def test_a_rank_slowed_only_by_its_cpu_limit_is_no_straggler(tmp_path: Path):
 
 def test_a_rank_that_computes_more_under_a_cpu_limit_is_named(tmp_path: Path):
     """Rank 1 computes 30 ms more a step, under the same limit: the time it waited for the CPU is taken out, its
-    own 30 ms stay."""
-    run = _rank_1_limited(tmp_path, 1, 0.03)
+    own 30 ms stay. 40 steps (one window of the rule): at a quarter of a core each of rank 1's steps takes ~160 ms,
+    and the mean excess over 40 of them already reads the planted 30 ms within the bounds (22-27 ms measured at 40
+    and 80 steps)."""
+    run = _rank_1_limited(tmp_path, 1, 0.03, steps=40)
     r = _straggler(run)
     (s,) = r["Details"]["stragglers"]
     assert (s["rank"], r["RuleTriggered"]) == (1, 1), r["Details"]["ranks"]
@@ -115,7 +117,8 @@ def test_a_rank_that_computes_more_under_a_cpu_limit_is_named(tmp_path: Path):
 
 def test_live_detection_after_onset(tmp_path: Path):
     """Equal ranks for 150 steps, then rank 1 lags 30 ms per step: followed every 2 s, the rule names it within
-    two minutes of the onset (the issue's bound; docs/accuracy.md has the measured delay)."""
+    two minutes of the onset (the issue's bound; docs/accuracy.md has the measured delay). Once it has, the job is
+    told to stop (its remaining steps would show nothing more) and must still end as a finished job."""
     run = tmp_path / "run"
     job = Background(tmp_path, "run", "--report", "off", "--out", str(run), "--rules-interval", "2", "--",
                      *_torchrun("--standalone", "--nproc_per_node", "2", str(JOB), str(tmp_path), "1", "0.03", "600",
@@ -131,6 +134,7 @@ def test_live_detection_after_onset(tmp_path: Path):
             except (OSError, ValueError):
                 pass
             time.sleep(0.2)
+        (tmp_path / "stop").touch()  # seen: the job ends its loop a few steps on (straggler_job.py)
         assert_ranks_finished(job.wait(300), job.stderr, tmp_path)
     finally:
         job.kill_all()
