@@ -17,9 +17,11 @@ from tests.collect._support import Background
 from tests.collect._support import stallwatch as run_cli
 
 JOB = '''
-import json, sys, time, torch
+import json, os, sys, time, torch
 from torch.utils.data import DataLoader, Dataset
 SAMPLE_S, COMPUTE_S, STALLS, STEPS, ONSET, WORKERS = {sample_s}, {compute_s}, set({stalls}), {steps}, {onset}, {workers}
+# STOP: a file the test writes once it has seen what it waited for; the loop then runs AFTER more steps and ends
+STOP, AFTER, stop_at = {stop!r}, {after}, STEPS
 
 def work(seconds):
     """CPU work (not a sleep): on a loaded machine it stretches like the loader's and the model's real work do,
@@ -44,6 +46,10 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for i, (x, y) in enumerate(DataLoader(Data(), batch_size=8, num_workers=WORKERS)):
     if i == ONSET:
         json.dump({{"onset": time.time()}}, open(sys.argv[1], "w"))
+    if STOP and stop_at == STEPS and os.path.exists(STOP):
+        stop_at = i + AFTER
+    if i >= stop_at:
+        break
     work(COMPUTE_S)  # the model's work
     opt.zero_grad(); torch.nn.functional.mse_loss(model(x), y).backward(); opt.step()
 '''
@@ -94,12 +100,15 @@ SCENARIOS = {
 }
 
 
-def _script(tmp: Path, onset: int = 0, **settings) -> Path:
+def _script(tmp: Path, onset: int = 0, stop: Path | None = None, after: int = 0, **settings) -> Path:
+    """The job's script; with `stop`, its loop ends `after` steps after that file appears (else it runs all its
+    steps)."""
     path = tmp / "job.py"
     if settings.pop("hand", False):
         path.write_text(HAND_JOB.format(**settings))
         return path
-    path.write_text(JOB.format(onset=onset, **{k: repr(v) if k == "stalls" else v for k, v in settings.items()}))
+    path.write_text(JOB.format(onset=onset, stop=str(stop) if stop else None, after=after,
+                               **{k: repr(v) if k == "stalls" else v for k, v in settings.items()}))
     return path
 
 
@@ -168,9 +177,12 @@ def test_stalls_are_named_by_step(scenario):
 
 def test_live_detection_of_a_starved_loader(tmp_path: Path):
     """The loop is fed for 150 steps, then starves: followed every second, InputBound fires within seconds of
-    the onset (docs/accuracy.md has the figure)."""
+    the onset (docs/accuracy.md has the figure). Once it has fired, the job is told to stop (its remaining starved
+    steps would prove nothing more); it still has to end cleanly."""
     run = tmp_path / "run"
-    script = _script(tmp_path, onset=150, sample_s=0.002, compute_s=0.003, stalls=[], steps=1200, workers=0)
+    stop = tmp_path / "stop"
+    script = _script(tmp_path, onset=150, stop=stop, sample_s=0.002, compute_s=0.003, stalls=[], steps=1200,
+                     workers=0)
     job = Background(tmp_path, "run", "--report", "off",
                      "--out", str(run), "--rules-interval", "1", "--", sys.executable, str(script),
                      str(tmp_path / "onset.json"))
@@ -181,6 +193,7 @@ def test_live_detection_of_a_starved_loader(tmp_path: Path):
             try:
                 if json.loads((run / "rules" / "InputBound.json").read_text())["RuleTriggered"]:
                     fired_at = time.time()
+                    stop.touch()
                     break
             except (OSError, ValueError):
                 pass

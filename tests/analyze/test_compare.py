@@ -13,7 +13,7 @@ from stallwatch.analyze.analysis import RunAnalysis
 from stallwatch.analyze.compare import compare
 from stallwatch.records import DATA_WAIT, TRAIN
 from tests.analyze.test_accuracy import _script
-from tests.collect._support import stallwatch as run_cli
+from tests.collect._support import Background
 
 # 2 ms a sample, 8 a batch: a starved step is ~4x a fixed one, so even a loaded CI machine's tail (p90) keeps them apart
 STARVED = dict(sample_s=0.002, compute_s=0.005, stalls=[], steps=200, workers=0)
@@ -22,13 +22,20 @@ FIXED = dict(STARVED, sample_s=0.0)  # the fix: the samples cached in memory onc
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = {}
-    for name, settings in (("starved", STARVED), ("fixed", FIXED)):
-        tmp = tmp_path_factory.mktemp(name)
-        p = run_cli(tmp, "run", "--out", str(tmp / "run"), "--", sys.executable, str(_script(tmp, **settings)),
-                    str(tmp / "onset.json"), timeout=240)
-        assert p.returncode == 0, p.stderr
-        out[name] = tmp / "run"
+    """The two runs side by side: independent jobs (their own directories); what is compared are CPU-work shares
+    and step-time ratios far apart (the planted work is CPU time, which stretches alike on a shared machine)."""
+    out, jobs = {}, {}
+    try:
+        for name, settings in (("starved", STARVED), ("fixed", FIXED)):
+            tmp = tmp_path_factory.mktemp(name)
+            jobs[name] = Background(tmp, "run", "--out", str(tmp / "run"), "--", sys.executable,
+                                    str(_script(tmp, **settings)), str(tmp / "onset.json"))
+            out[name] = tmp / "run"
+        for job in jobs.values():
+            assert job.wait(240) == 0, job.stderr
+    finally:
+        for job in jobs.values():
+            job.kill_all()
     return out
 
 

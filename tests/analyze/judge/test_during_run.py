@@ -32,7 +32,8 @@ def test_the_stop_training_action_stops_a_real_run_early_with_its_reason(tmp_pat
     script = tmp_path / "job.py"
     script.write_text(JOB)
     run = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--report", "off",
+    # the job's events reach the store every second (not every 5 s): the live rules see the starving loop sooner
+    p = run_cli(tmp_path, "run", "--report", "off", "--flush-interval", "1",
                 "--out", str(run), "--rules-interval", "1", "--rule-action", "Dataloader=stop_training",
                 "--", sys.executable, str(script), timeout=240)
     assert p.returncode == 0, p.stderr  # stopped gracefully: the script ran to its end

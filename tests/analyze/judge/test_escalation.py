@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,23 +18,47 @@ from stallwatch.records import STEP, TRAIN
 from stallwatch.store import run_files
 from stallwatch.store.location import RunLocation
 from tests.analyze.test_accuracy import _script
-from tests.collect._support import stallwatch as run_cli
+from tests.collect._support import Background
 
 STALLS = list(range(20, 600, 9))  # a 0.3 s stall every 9 steps, all through the run
 JOB = dict(sample_s=0.0, compute_s=0.005, stalls=STALLS, steps=600, workers=0)
+AFTER_CAPTURE = 200  # steps the job runs once the first capture is over
+
+
+def _capture_asked(run) -> dict | None:
+    """The first escalation record of the run, once the launcher has written one."""
+    try:
+        return next(iter(run_files.read_escalations(RunLocation(str(run)))), None)
+    except OSError:  # the run's directory being made
+        return None
 
 
 def test_planted_stalls_trigger_a_capture_that_covers_a_stalled_step(tmp_path):
+    """Once the capture's window is over, the job is told to run AFTER_CAPTURE more steps (of its 600) and end:
+    enough for MemoryGrowth to judge the steps after the capture (10 windows of 20), the rest would add nothing."""
     run = tmp_path / "run"
-    p = run_cli(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--escalate-every", "60",
-                "--escalate-budget", "100", "--", sys.executable, str(_script(tmp_path, **JOB)),
-                str(tmp_path / "onset.json"), timeout=300)
-    assert p.returncode == 0, p.stderr
+    stop = tmp_path / "stop"
+    script = _script(tmp_path, stop=stop, after=AFTER_CAPTURE, **JOB)
+    job = Background(tmp_path, "run", "--out", str(run), "--rules-interval", "1", "--escalate-every", "60",
+                     "--escalate-budget", "100", "--", sys.executable, str(script), str(tmp_path / "onset.json"))
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and job.proc.poll() is None:
+            asked = _capture_asked(run)
+            # the window ends at its end_us, or after 100 steps if sooner (at the first step boundary after either)
+            if asked is not None and time.time() > asked["end_us"] / 1e6 + 1:
+                stop.touch()
+                break
+            time.sleep(0.2)
+        assert job.wait(300) == 0, job.stderr
+    finally:
+        job.kill_all()
+    stderr = job.stderr
     analysis = RunAnalysis(str(run))
     (first, *_) = analysis.escalations
     assert first["rule"] in ("InputBound", "StepOutlier", "Dataloader") and "detailed" in first["layers"]
     assert "dataloader" in first["layers"] and first["evidence"]["triggered"] > 0
-    assert "capturing detailed" in p.stderr
+    assert "capturing detailed" in stderr
     windows = [w for w in analysis.profiles("detailed") if w.get("start_us", 0) >= first["start_us"] - 2_000_000]
     assert windows, analysis.profiles("detailed")
     window = windows[0]
@@ -47,6 +72,7 @@ def test_planted_stalls_trigger_a_capture_that_covers_a_stalled_step(tmp_path):
     # the captures' memory (torch.profiler's events, the buffers the allocator keeps) is no leak of the job's: on a
     # loaded machine MemoryGrowth fired on it once (docs/accuracy.md); its steps are now left out
     memory = analysis.rule("MemoryGrowth")
+    assert memory.details["series"], memory.details  # the steps were judged (not too few of them)
     assert not memory.fired and all(g["left_out"] >= 1 for g in memory.details["series"].values()), memory.details
 
 

@@ -115,11 +115,19 @@ def test_stallwatch_run_evaluates_the_rules_and_prints_them(tmp_path):
         "m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.01)\n"
         "for xb in torch.utils.data.DataLoader(torch.randn(200, 8), batch_size=4):\n"
         "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
-    for interval in ("1", "0"):
+    jobs = {}
+    try:  # the two runs side by side (independent: their own run directories and output files)
+        for interval in ("1", "0"):
+            jobs[interval] = Background(tmp_path, "run", "--report", "off", "--rules-interval", interval,
+                                        "--out", str(tmp_path / f"run-{interval}"), "--", sys.executable, str(script),
+                                        name=f"launcher-{interval}")
+        codes = {interval: job.wait(120) for interval, job in jobs.items()}
+    finally:
+        for job in jobs.values():
+            job.kill_all()
+    for interval, job in jobs.items():
         run = tmp_path / f"run-{interval}"
-        p = run_cli(tmp_path, "run", "--report", "off",
-                    "--rules-interval", interval, "--out", str(run), "--", sys.executable, str(script))
-        assert p.returncode == 0, p.stderr
-        assert "rule" in p.stderr and "Dataloader" in p.stderr
+        assert codes[interval] == 0, job.stderr
+        assert "rule" in job.stderr and "Dataloader" in job.stderr
         assert json.loads((run / "rules" / "StepOutlier.json").read_text())["Datapoints"] == 50
         assert len(list((run / "rules").glob("*.json"))) == len(builtin_rules())
