@@ -49,7 +49,9 @@ def is_remote(uri: str) -> bool:
 class RunLocation:
     """Where a run lives. Paths given to its methods are relative to the run root and use '/'."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, *, patience_s: float | None = None) -> None:
+        """`patience_s`: on S3, the most one request may hold its caller (under the defaults' two tries: one try, its
+        timeouts cut to it): a reader beside the job (the live rules) that `--upload-timeout` bounds, as the uploads."""
         self.uri = uri.rstrip("/") or uri
         if is_remote(uri):
             scheme = uri.split("://", 1)[0]
@@ -67,11 +69,13 @@ class RunLocation:
             region = (query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
                       or (None if endpoint else _resolve_region(parts.netloc)))
             self._s3 = {"endpoint": endpoint, "scheme": scheme, "region": region}
+            # the defaults (two tries) hold a caller at most 2 × S3_REQUEST_TIMEOUT_S: a patience under that is one try
+            patient = patience_s is None or patience_s <= 0 or patience_s >= S3_REQUEST_TIMEOUT_S * S3_MAX_ATTEMPTS
             self.fs = pafs.S3FileSystem(
                 endpoint_override=endpoint,
-                connect_timeout=S3_CONNECT_TIMEOUT_S,
-                request_timeout=S3_REQUEST_TIMEOUT_S,
-                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS),
+                connect_timeout=S3_CONNECT_TIMEOUT_S if patient else min(S3_CONNECT_TIMEOUT_S, patience_s),
+                request_timeout=S3_REQUEST_TIMEOUT_S if patient else min(S3_REQUEST_TIMEOUT_S, patience_s),
+                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_MAX_ATTEMPTS if patient else 1),
                 region=region,
                 scheme=scheme,
                 # A small file is then one PutObject at close instead of a three-request multipart upload

@@ -40,9 +40,10 @@ class RunNotFoundError(FileNotFoundError):
     """The location holds no stallwatch run."""
 
 
-def open_run(uri: str) -> Run:
-    """Open a run directory (`stallwatch-runs/<id>` or `s3://bucket/prefix/<id>`) for reading."""
-    return Run(uri)
+def open_run(uri: str, *, patience_s: float | None = None) -> Run:
+    """Open a run directory (`stallwatch-runs/<id>` or `s3://bucket/prefix/<id>`) for reading (`patience_s`: the
+    most one request to S3 may take, RunLocation's)."""
+    return Run(uri, patience_s=patience_s)
 
 
 @dataclass
@@ -97,9 +98,9 @@ class SystemOverview:
 class Run:
     """One run directory. Cheap to create; every call lists and reads only what it needs."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, *, patience_s: float | None = None) -> None:
         self.uri = uri
-        self.location = RunLocation(uri)
+        self.location = RunLocation(uri, patience_s=patience_s)
         if not is_run(self.location):
             raise RunNotFoundError(
                 f"{uri} is not a stallwatch run (no {layout.RUN_JSON} and no {layout.NODES_DIR}/ there); "

@@ -87,7 +87,8 @@ class LiveRules:
             run = None
             while not self._stop.is_set():  # until this launch has claimed its node in the run
                 try:
-                    run = open_run(self.uri)
+                    # on a store, each request bounded as the uploads are: one that never returns holds no exit
+                    run = open_run(self.uri, patience_s=self.config.upload_timeout_s if "://" in self.uri else None)
                     if any((n.get("start_us") or 0) >= self._created_us for n in run.info["nodes"].values()):
                         break
                 except RunNotFoundError:
