@@ -238,10 +238,13 @@ class _SlowStore:
         from stallwatch.store.location import RunLocation
 
         self.inner, self.delay_s, self.uri = RunLocation(str(root)), delay_s, str(root)
+        self.landed: list[tuple[str, bool]] = []  # each claim that answered, once it did
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         time.sleep(self.delay_s)
-        return self.inner.create_exclusive(rel, data)
+        created = self.inner.create_exclusive(rel, data)
+        self.landed.append((rel, created))
+        return created
 
     def delete(self, rel: str) -> None:
         self.inner.delete(rel)
@@ -259,8 +262,12 @@ def test_a_store_slow_to_answer_a_claim_never_gives_two_machines_one_name(tmp_pa
     slow = _SlowStore(tmp_path / "run", 3.0)
     name = claim_node(slow, "vm", {"status": "starting"}, explicit=False, patience_s=0.1)
     assert name.startswith(f"vm-{os.getpid()}-") and name not in ("vm", "vm-2", "vm-3")
-    time.sleep(3.5)  # the late claim of vm-3 landed, and was taken back
-    assert sorted(p.name for p in (tmp_path / "run" / "nodes").iterdir()) == ["vm-2.json", "vm.json"]
+    # the late claim lands (3 s after it was made); one that created its file takes it back right after
+    (late,) = wait_until(lambda: slow.landed, 30, what="the late claim to land")
+    assert late[0] == "nodes/vm.json", late
+    names = lambda: sorted(p.name for p in (tmp_path / "run" / "nodes").iterdir())  # noqa: E731
+    wait_until(lambda: names() == ["vm-2.json", "vm.json"], 30, what="no node file but vm's and vm-2's")
+    assert names() == ["vm-2.json", "vm.json"]
 
 
 def test_two_nodes_build_one_run(tmp_path, run_stallwatch):
@@ -377,8 +384,9 @@ def test_a_launcher_killed_with_sigkill_takes_its_job_and_the_jobs_children_with
     pids = tmp_path / "pids"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
-                    "--", "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait", env={"TMPDIR": str(tmp)})
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--flush-interval", "0.5",
+                    "--out", str(run), "--node", "n", "--", "sh", "-c", f"sleep 300 & echo $$ $! > {pids}; wait",
+                    env={"TMPDIR": str(tmp)})
     try:
         wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30, what="the job and its child")
         wait_until(lambda: list((run / "system" / "n").glob("*")), 30, what="the sampler's first data")
@@ -413,8 +421,8 @@ def test_a_private_folder_left_by_a_killed_launcher_and_sampler_is_removed_by_th
     run = tmp_path / "run"
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--out", str(run), "--node", "n",
-                    "--", "sleep", "300", env={"TMPDIR": str(tmp)})
+    bg = Background(tmp_path, "run", "--report", "off", "--interval", "100ms", "--flush-interval", "0.5",
+                    "--out", str(run), "--node", "n", "--", "sleep", "300", env={"TMPDIR": str(tmp)})
     other = tmp / "stallwatch-other"
     other.mkdir()
     (other / "owner.json").write_text(json.dumps({"run": str(tmp_path / "elsewhere"), "node": "n", "pid": 1 << 22,

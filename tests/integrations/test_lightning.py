@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from collections import Counter
 import subprocess
 import sys
@@ -16,7 +18,7 @@ pytest.importorskip("lightning.pytorch")
 from stallwatch.integrations import Recorder  # noqa: E402
 from stallwatch.store.reader import open_run  # noqa: E402
 
-from ..collect._support import stallwatch as run_cli  # noqa: E402
+from ..collect._support import STALLWATCH  # noqa: E402
 from . import JOB_ENV, assert_steps, job_env  # noqa: E402
 
 # 2 epochs of 7 training batches, a validation loop of 3 batches after each (and Lightning's sanity check
@@ -85,18 +87,72 @@ def _script(tmp: Path, package: str = "lightning.pytorch") -> Path:
     return path
 
 
-def _under_run(tmp: Path, how: str, package: str = "lightning.pytorch") -> tuple[Path, dict]:
-    out, ran = tmp / f"run-{how}", tmp / f"ran-{how}.json"
-    p = run_cli(tmp, "run", "--report", "off", "--out", str(out), "--interval", "200ms", "--",
-                sys.executable, str(_script(tmp, package)), how, str(ran), env=JOB_ENV, timeout=120)
-    assert p.returncode == 0, p.stderr
-    return out, json.loads(ran.read_text())
+IMPORTS_CHECK = ("import sys, stallwatch.integrations.lightning as m\n"
+                 "assert not {'lightning', 'pytorch_lightning', 'torch'} & set(sys.modules), sorted(sys.modules)\n"
+                 "import pytorch_lightning\n"
+                 "assert m.StallwatchCallback.__mro__[-2].__module__.startswith('pytorch_lightning')\n"
+                 "assert 'lightning.pytorch' not in sys.modules\n")
+
+
+class _Job:
+    """A command started in the background in `tmp`, its output going to files there."""
+
+    def __init__(self, tmp: Path, cmd: list[str], env: dict[str, str]) -> None:
+        self.tmp, self.err_path = tmp, tmp / "job.stderr"
+        with open(tmp / "job.stdout", "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=tmp)
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        """Its exit code and stderr, once it ended."""
+        code = self.proc.wait(timeout=timeout)
+        return code, self.err_path.read_text(errors="replace")
+
+
+def _start_under_run(tmp: Path, *args: str) -> _Job:
+    """`stallwatch run ARGS` as `run_cli` runs it (in `tmp`, JOB_ENV over this environment), in the background."""
+    return _Job(tmp, [*STALLWATCH, "run", *args], {**os.environ, **JOB_ENV})
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The module's Lightning trainings, each a job of its own in a folder of its own, started together: each one
+    is mostly a single-threaded `import lightning`, so they run side by side. Each test waits for its own."""
+    started: dict[str, _Job] = {}
+    for key, how, package in (("zero", "zero", "lightning.pytorch"), ("explicit", "explicit", "lightning.pytorch"),
+                              ("old-package", "zero", "pytorch_lightning")):
+        if package == "pytorch_lightning" and importlib.util.find_spec("pytorch_lightning") is None:
+            continue
+        tmp = tmp_path_factory.mktemp(key)
+        started[key] = _start_under_run(tmp, "--report", "off", "--out", str(tmp / f"run-{how}"), "--interval",
+                                        "200ms", "--", sys.executable, str(_script(tmp, package)), how,
+                                        str(tmp / f"ran-{how}.json"))
+    tmp = tmp_path_factory.mktemp("own")
+    started["own"] = _Job(tmp, [sys.executable, str(_script(tmp)), "own", str(tmp / "ran.json"), str(tmp / "own")],
+                          job_env())
+    tmp = tmp_path_factory.mktemp("closure")
+    (tmp / "job.py").write_text(CLOSURE_SCRIPT)
+    started["closure"] = _start_under_run(tmp, "--report", "off", "--out", str(tmp / "run"), "--", sys.executable,
+                                          str(tmp / "job.py"), str(tmp / "spans.json"))
+    tmp = tmp_path_factory.mktemp("imports")
+    started["imports"] = _Job(tmp, [sys.executable, "-c", IMPORTS_CHECK], job_env())
+    yield started
+    for job in started.values():
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait(30)
+
+
+def _under_run(jobs: dict[str, _Job], key: str, how: str) -> tuple[Path, dict]:
+    job = jobs[key]
+    code, stderr = job.finish()
+    assert code == 0, stderr
+    return job.tmp / f"run-{how}", json.loads((job.tmp / f"ran-{how}.json").read_text())
 
 
 @pytest.mark.timeout(120)
-def test_zero_code_under_stallwatch_run_gives_each_batch_as_one_step(tmp_path):
+def test_zero_code_under_stallwatch_run_gives_each_batch_as_one_step(jobs):
     """A script that never imports stallwatch: the callback is added, sanity-check batches are no steps."""
-    out, ran = _under_run(tmp_path, "zero")
+    out, ran = _under_run(jobs, "zero", "zero")
     assert ran == {"train": 14, "eval": 6, "sanity": 2, "ours": ["stallwatch.integrations.lightning"]}
     seen = assert_steps(out, train=14, evals=6)
     for step in seen["steps"]["EVAL"]:
@@ -104,22 +160,21 @@ def test_zero_code_under_stallwatch_run_gives_each_batch_as_one_step(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_the_users_callback_under_stallwatch_run_is_the_only_one(tmp_path):
-    out, ran = _under_run(tmp_path, "explicit")
+def test_the_users_callback_under_stallwatch_run_is_the_only_one(jobs):
+    out, ran = _under_run(jobs, "explicit", "explicit")
     assert ran["ours"] == ["stallwatch.integrations.lightning"]  # zero-code added no second one
     assert_steps(out, train=14, evals=ran["eval"])
     assert ran["eval"] == 6 + 2  # validation, then trainer.test
 
 
 @pytest.mark.timeout(120)
-def test_the_callback_records_a_run_itself_outside_stallwatch_run(tmp_path):
-    out, ran_path = tmp_path / "own", tmp_path / "ran.json"
-    p = subprocess.run([sys.executable, str(_script(tmp_path)), "own", str(ran_path), str(out)], env=job_env(),
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+def test_the_callback_records_a_run_itself_outside_stallwatch_run(jobs):
+    out = jobs["own"].tmp / "own"
+    code, stderr = jobs["own"].finish()
+    assert code == 0, stderr
     # fit is recorded into `out`; trainer.test, a second recording into the same `out`, is its own node there
     # (the default name is taken: said, never refused, so the job always runs)
-    assert "is taken" in p.stderr
+    assert "is taken" in stderr
     nodes = sorted(json.loads(f.read_text())["node"] for f in (out / "nodes").glob("*.json"))
     assert len(nodes) == 2
     events = open_run(str(out)).framework().to_pylist()
@@ -131,23 +186,18 @@ def test_the_callback_records_a_run_itself_outside_stallwatch_run(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_pytorch_lightning_the_old_package_name(tmp_path):
+def test_pytorch_lightning_the_old_package_name(jobs):
     pytest.importorskip("pytorch_lightning")
-    out, ran = _under_run(tmp_path, "zero", package="pytorch_lightning")
+    out, ran = _under_run(jobs, "old-package", "zero")
     assert ran["ours"] == ["stallwatch.integrations.lightning"] and ran["train"] == 14
     assert_steps(out, train=14, evals=6)
 
 
-def test_importing_the_module_imports_no_lightning():
-    code = ("import sys, stallwatch.integrations.lightning as m\n"
-            "assert not {'lightning', 'pytorch_lightning', 'torch'} & set(sys.modules), sorted(sys.modules)\n"
-            "import pytorch_lightning\n"
-            "assert m.StallwatchCallback.__mro__[-2].__module__.startswith('pytorch_lightning')\n"
-            "assert 'lightning.pytorch' not in sys.modules\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=job_env())
-    if "No module named 'pytorch_lightning'" in p.stderr:
+def test_importing_the_module_imports_no_lightning(jobs):
+    code, stderr = jobs["imports"].finish()  # IMPORTS_CHECK, run in a fresh interpreter
+    if "No module named 'pytorch_lightning'" in stderr:
         pytest.skip("pytorch_lightning is not installed")
-    assert p.returncode == 0, p.stderr
+    assert code == 0, stderr
 
 
 class _Exploding:
@@ -229,14 +279,12 @@ json.dump(spans, open(sys.argv[1], "w"))
 
 
 @pytest.mark.timeout(120)
-def test_a_closures_own_code_is_not_optimizer_time(tmp_path):
+def test_a_closures_own_code_is_not_optimizer_time(jobs):
     """The optimizer's phases are the update around the closure, never inside `training_step` (its logging and
     CPU work are the loop's own code): the bug-report model read "optimizer 85 %" for a 0.25 ms SGD update."""
-    script, out, spans_path = tmp_path / "job.py", tmp_path / "run", tmp_path / "spans.json"
-    script.write_text(CLOSURE_SCRIPT)
-    p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--", sys.executable, str(script),
-                str(spans_path), env=JOB_ENV, timeout=120)
-    assert p.returncode == 0, p.stderr
+    out, spans_path = jobs["closure"].tmp / "run", jobs["closure"].tmp / "spans.json"
+    code, stderr = jobs["closure"].finish()
+    assert code == 0, stderr
     spans = json.loads(spans_path.read_text())
     seen = assert_steps(out, train=20, evals=0)
     assert len(spans) == 20

@@ -281,10 +281,19 @@ def test_the_jobs_own_sitecustomize_still_runs_and_auto_can_be_turned_off(tmp_pa
         "m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "for xb in torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4):\n"
         "    opt.zero_grad(); m(xb).sum().backward(); opt.step()\n")
+    from ..collect._support import Background
+
+    # the two runs are independent (a run folder each): run side by side
+    jobs = {auto: Background(tmp_path, "run", "--report", "off", "--out", str(tmp_path / f"run-{auto}"), "--",
+                             sys.executable, str(script), env={"PYTHONPATH": str(own), "STALLWATCH_AUTO": auto},
+                             name=f"launcher-{auto}")
+            for auto in ("1", "0")}
+    try:
+        codes = {auto: job.wait(90) for auto, job in jobs.items()}
+    finally:
+        for job in jobs.values():
+            job.kill_all()
     for auto, expected in (("1", 4), ("0", 0)):
-        out = tmp_path / f"run-{auto}"
-        p = run_cli(tmp_path, "run", "--report", "off", "--out", str(out), "--", sys.executable, str(script),
-                    env={"PYTHONPATH": str(own), "STALLWATCH_AUTO": auto})
-        assert p.returncode == 0, p.stderr
-        assert b"site: ran" in p.stdout
-        assert len(_rows(open_run(str(out)).framework(kinds=[STEP]), mode=TRAIN)) == expected
+        assert codes[auto] == 0, jobs[auto].stderr
+        assert b"site: ran" in jobs[auto].stdout
+        assert len(_rows(open_run(str(tmp_path / f"run-{auto}")).framework(kinds=[STEP]), mode=TRAIN)) == expected
