@@ -41,7 +41,7 @@ def runq_column(cols: FrameworkColumns, pattern: str = RUNQ_PATTERN, missing: in
 
 def step_runq(cols: FrameworkColumns, rows: np.ndarray) -> np.ndarray:
     """The run-queue delay (µs) of the step rows `rows`, at most each step's duration."""
-    runq = runq_column(cols)[rows]
+    runq = np.maximum(runq_column(cols, missing=-1)[rows], 0)  # the one decoding CPUContention counts measured by
     return np.minimum(runq, np.maximum(cols.end[rows] - cols.start[rows], 0))
 
 

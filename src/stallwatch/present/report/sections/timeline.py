@@ -14,8 +14,8 @@ from stallwatch.present.report.model import Chart, NotApplicable, Paragraph, Sec
 from stallwatch.timeutil import format_us
 
 INTRO = ("The system metrics of every node over the whole job, one line per node (CPU utilization of all cores "
-         "and the job's own, GPU utilization, memory, I/O wait, network), with the training phases and the top findings' windows shaded, and every "
-         "range and moment the rules flagged in the track on top. "
+         "and the job's own, GPU utilization, memory, I/O wait, network), with the training phases and the top "
+         "findings' windows shaded, and every range and moment the rules flagged in the track on top. "
          "Scroll to zoom into a stretch of time, drag to pan; click a legend entry to hide it. Each line keeps the "
          "minimum and the maximum of every time bucket, so short spikes and drops stay visible however long the "
          "job ran.")
